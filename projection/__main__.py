@@ -1,0 +1,5 @@
+import sys
+
+from projection.cli import main
+
+sys.exit(main())

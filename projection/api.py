@@ -1,0 +1,57 @@
+"""What notebooks and the CLI call. Every function here is pure apart from reading the config files it is given.
+
+    from projection import api
+    sc = api.load("exp.yaml", hardware="mi300x", nodes=4)
+    report = api.inspect(sc)
+    report.params_total, report.per_rank[0].params
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from projection.formats.common import parse_set
+from projection.formats.detect import load_raw
+from projection.paths import HARDWARE_DIR, MODELS_DIR
+from projection.report.inspect import InspectReport, build_inspect_report
+from projection.specs.hardware import load_device
+from projection.specs.scenario import Origin, Scenario, build_scenario
+
+DEFAULT_HARDWARE = "mi300x"
+
+
+def load(config: str | Path, *, hardware: str | None = None, nodes: int | None = None,
+         gpus_per_node: int | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None,
+         primus_root: str | Path | None = None, env: Mapping[str, str] | None = None,
+         fmt: str | None = None, hardware_dir: Path = HARDWARE_DIR, models_dir: Path = MODELS_DIR) -> Scenario:
+    """Load and validate any supported config file into a Scenario.
+
+    overrides: `KEY=VALUE` strings or a mapping, in the file's own key space (Megatron/Primus argument names,
+    TorchTitan `section.key`, canonical `plan.tp` for native and HF files). `env` resolves `${VAR}` in Primus YAML and
+    `$VAR` in launch scripts (the CLI passes the process environment; the default is an empty environment).
+    Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, 1 node and the
+    device's usual GPUs per node.
+    """
+    ov = parse_set(list(overrides)) if isinstance(overrides, Sequence) and not isinstance(overrides, str) \
+        else dict(overrides or {})
+    raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
+                   models_dir=models_dir, env=env or {})
+    cli = Origin("command line")
+    if hardware is not None:
+        raw.set("cluster.hardware", hardware, Origin("command line", None, "--hardware"))
+    if nodes is not None:
+        raw.set("cluster.nodes", nodes, Origin("command line", None, "--nodes"))
+    if gpus_per_node is not None:
+        raw.set("cluster.gpus_per_node", gpus_per_node, Origin("command line", None, "--gpus-per-node"))
+    if raw.get("cluster.hardware") is None:
+        raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
+    del cli
+    device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
+    return build_scenario(raw, device)
+
+
+def inspect(scenario: Scenario) -> InspectReport:
+    """Resolved values with their origins, and parameter counts (total, by component, activated, per rank)."""
+    return build_inspect_report(scenario)

@@ -1,0 +1,53 @@
+"""Command line: argparse -> projection.api. The only module that reads argv and the environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from projection import __version__, api
+from projection.errors import ProjectionError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="Primus YAML, Megatron args/script/MODEL_ARGS YAML, TorchTitan "
+                   "TOML, HF config.json or a native scenario YAML (format detected from the file)")
+    p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
+    p.add_argument("--nodes", type=int, help="number of nodes")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the device's usual count)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a value, in the config file's own key space (repeatable)")
+    p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="projection", description="Per-rank memory and step-time projection for "
+                                     "large-model training.")
+    parser.add_argument("--version", action="version", version=f"projection {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="resolved config with provenance, and parameter counts per rank")
+    _common(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                            overrides=args.set, primus_root=args.primus_root, env=dict(os.environ))
+        if args.command == "inspect":
+            report = api.inspect(scenario)
+            text = json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_table()
+    except ProjectionError as e:
+        print(f"error: {e.render()}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

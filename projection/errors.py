@@ -1,0 +1,55 @@
+"""User-facing errors. Every one names the file, the key and the fix; the CLI turns them into exit code 2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input: where (file, key, line), what, and how to fix it."""
+
+    message: str
+    key: str | None = None
+    file: str | None = None
+    line: int | None = None
+    fix: str | None = None
+
+    def render(self) -> str:
+        where = self.file or "<input>"
+        if self.line is not None:
+            where += f":{self.line}"
+        head = f"{where}: "
+        if self.key:
+            head += f"key '{self.key}': "
+        text = head + self.message
+        if self.fix:
+            text += f"\n    fix: {self.fix}"
+        return text
+
+
+class ProjectionError(Exception):
+    """Base class of errors caused by the user's input (exit code 2 in the CLI)."""
+
+    def __init__(self, problems: list[Problem] | Problem | str):
+        if isinstance(problems, str):
+            problems = [Problem(problems)]
+        elif isinstance(problems, Problem):
+            problems = [problems]
+        self.problems: list[Problem] = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        if len(self.problems) == 1:
+            return self.problems[0].render()
+        lines = [f"{len(self.problems)} problems:"]
+        lines += [f"  {i}. " + p.render().replace("\n", "\n     ") for i, p in enumerate(self.problems, 1)]
+        return "\n".join(lines)
+
+
+class ConfigError(ProjectionError):
+    """A config file is missing, unreadable, malformed, or has an unknown/mistyped key."""
+
+
+class PlanError(ProjectionError):
+    """The parallel layout is inconsistent with the model, the batch or the cluster."""

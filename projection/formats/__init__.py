@@ -1,0 +1,1 @@
+"""One loader per framework config format; detect.py picks one from the file."""

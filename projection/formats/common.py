@@ -1,0 +1,133 @@
+"""Shared loader helpers: reading YAML/TOML/JSON with clear errors and line numbers, and `--set KEY=VALUE`."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from projection.errors import ConfigError, Problem
+
+KeyPath = tuple[str, ...]
+
+
+def read_text(path: Path) -> str:
+    if not path.exists():
+        raise ConfigError(Problem(f"file not found: {path}", file=str(path),
+                                  fix="check the path (relative paths are taken from the current directory)"))
+    if path.is_dir():
+        raise ConfigError(Problem(f"{path} is a directory, not a config file", file=str(path),
+                                  fix="pass the YAML/TOML/JSON file itself"))
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(Problem(f"cannot read file: {e}", file=str(path), fix="check permissions and encoding")) \
+            from None
+
+
+def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, int]]:
+    """Parse YAML safely; also return the 1-based line of every mapping key, keyed by its path of keys."""
+    text = read_text(path) if text is None else text
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(Problem(f"YAML syntax error: {problem}", file=str(path), line=line,
+                                  fix="fix the YAML syntax at that line (indentation, quotes, ':' after keys)")) \
+            from None
+    lines: dict[KeyPath, int] = {}
+    if node is not None:
+        _walk(node, (), lines)
+    return data, lines
+
+
+def _walk(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                path = (*prefix, str(k.value))
+                lines[path] = k.start_mark.line + 1
+                _walk(v, path, lines)
+
+
+def load_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], dict[KeyPath, int]]:
+    """Parse TOML; also return the line of every `key = value` (by section path), found by a light scan since
+    tomllib keeps no positions."""
+    text = read_text(path) if text is None else text
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(Problem(f"TOML syntax error: {e}", file=str(path),
+                                  fix="fix the TOML syntax (quotes around strings, [section] headers)")) from None
+    lines: dict[KeyPath, int] = {}
+    section: KeyPath = ()
+    for i, raw in enumerate(text.splitlines(), 1):
+        s = raw.split("#", 1)[0].strip()
+        if s.startswith("[") and s.endswith("]"):
+            section = tuple(p.strip().strip('"') for p in s.strip("[]").split("."))
+            lines.setdefault(section, i)
+        elif "=" in s:
+            key = s.split("=", 1)[0].strip().strip('"')
+            lines[(*section, *key.split("."))] = i
+    return data, lines
+
+
+def load_json(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, int]]:
+    """Parse JSON; line numbers of top-level keys found by a light scan."""
+    text = read_text(path) if text is None else text
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(Problem(f"JSON syntax error: {e.msg}", file=str(path), line=e.lineno,
+                                  fix="fix the JSON syntax at that line")) from None
+    lines: dict[KeyPath, int] = {}
+    if isinstance(data, dict):
+        for i, raw in enumerate(text.splitlines(), 1):
+            s = raw.strip()
+            if s.startswith('"') and '":' in s:
+                key = s[1:s.index('"', 1)]
+                if key in data:
+                    lines.setdefault((key,), i)
+    return data, lines
+
+
+def coerce_scalar(text: str) -> Any:
+    """'8' -> 8, '1e-5' -> 1e-05, 'true' -> True, 'null' -> None, '[1,2]' -> [1, 2], anything else stays a string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_set(items: list[str] | tuple[str, ...] | None) -> dict[str, Any]:
+    """`--set KEY=VALUE` items -> {KEY: value}. Values are read as YAML scalars."""
+    out: dict[str, Any] = {}
+    problems = []
+    for item in items or ():
+        if "=" not in item:
+            problems.append(Problem(f"--set {item!r} is not KEY=VALUE", key=item, file="<command line>",
+                                    fix="write it as --set key=value, e.g. --set tensor_model_parallel_size=8"))
+            continue
+        k, v = item.split("=", 1)
+        out[k.strip().lstrip("-")] = coerce_scalar(v.strip())
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def set_nested(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        child = node.get(p)
+        if not isinstance(child, dict):
+            child = {}
+            node[p] = child
+        node = child
+    node[parts[-1]] = value

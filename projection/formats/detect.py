@@ -1,0 +1,75 @@
+"""Pick the loader for a config file from its name and content, then load it into a RawScenario."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from projection.errors import ConfigError, Problem
+from projection.formats.common import load_yaml, read_text
+from projection.paths import MODELS_DIR
+from projection.specs.scenario import RawScenario
+
+FORMATS = ("primus", "megatron", "torchtitan", "hf", "native")
+
+
+def detect_format(path: Path) -> str:
+    """One of FORMATS, from the suffix and the content."""
+    text = read_text(path)
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        return "torchtitan"
+    if suffix == ".json":
+        return "hf"
+    if suffix in (".sh", ".bash") or text.startswith("#!"):
+        return "megatron"
+    if suffix in (".yaml", ".yml"):
+        data, _ = load_yaml(path, text)
+        if isinstance(data, dict):
+            if "modules" in data:
+                return "primus"
+            if "MODEL_ARGS" in data:
+                return "megatron"
+            if "model" in data and ({"training", "plan", "cluster"} & set(data) or len(data) == 1):
+                return "native"
+            if "num_layers" in data and "hidden_size" in data:
+                return "megatron"  # a flat file of Megatron argument names, e.g. a models/ preset
+        raise ConfigError(Problem(
+            "cannot tell which format this YAML is", file=str(path),
+            fix="a Primus experiment has 'modules:', a Megatron test config 'MODEL_ARGS:', a native scenario "
+                "'model:' with 'training:'/'plan:'/'cluster:'"))
+    if "--" in text:
+        return "megatron"  # a plain file of Megatron flags
+    raise ConfigError(Problem("unrecognised config file", file=str(path),
+                              fix="use a .yaml (Primus, Megatron MODEL_ARGS, native), .toml (TorchTitan), "
+                                  ".json (HF config) or a launch script / file of Megatron flags"))
+
+
+def load_raw(path: Path, overrides: Mapping[str, Any] | None = None, *, fmt: str | None = None,
+             primus_root: Path | None = None, models_dir: Path = MODELS_DIR,
+             env: Mapping[str, str] | None = None) -> RawScenario:
+    """Load any supported config into a RawScenario. `overrides` are in the file's own key space."""
+    fmt = fmt or detect_format(path)
+    ov = dict(overrides or {})
+    if fmt == "primus":
+        from projection.formats.primus import load_primus
+
+        return load_primus(path, ov, primus_root=primus_root, models_dir=models_dir, env=env)
+    if fmt == "megatron":
+        from projection.formats.megatron import load_megatron
+
+        return load_megatron(path, ov, env=env)
+    if fmt == "torchtitan":
+        from projection.formats.torchtitan import load_torchtitan
+
+        return load_torchtitan(path, ov)
+    if fmt == "hf":
+        from projection.formats.hf import load_hf
+
+        return load_hf(path, ov)
+    if fmt == "native":
+        from projection.formats.native import load_native
+
+        return load_native(path, ov, models_dir)
+    raise ConfigError(Problem(f"unknown format {fmt!r}", key="--format-in", fix=f"use one of {', '.join(FORMATS)}"))

@@ -1,0 +1,148 @@
+"""HuggingFace `config.json` -> canonical model fields (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE,
+DeepSeek-V2/V3). The file describes only the architecture; training, plan and cluster come from flags (`--set`) or a
+native scenario YAML that points at the file.
+
+Key meanings: config-formats.md §5 (transformers configuration_*.py). Architectural implicits that no key states:
+Qwen2 has Q/K/V biases; Qwen3 has per-head Q/K RMSNorm; DeepSeek MLA has RMSNorms on the q and kv latents.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from projection.errors import ConfigError, Problem
+from projection.formats.common import load_json
+from projection.specs.scenario import Origin, RawScenario
+
+SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+
+
+def is_hf_config(data: Any) -> bool:
+    return isinstance(data, dict) and ("model_type" in data or "architectures" in data) and \
+        ("hidden_size" in data or "text_config" in data)
+
+
+def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...], int]) -> list[tuple[str, Any, Origin]]:
+    """(canonical key, value, origin) for every model field the config determines."""
+    mt = cfg.get("model_type")
+    if mt not in SUPPORTED:
+        raise ConfigError(Problem(f"model_type {mt!r} is not supported", key="model_type", file=file,
+                                  line=lines.get(("model_type",)),
+                                  fix=f"use one of {', '.join(SUPPORTED)}, or describe the model inline in a "
+                                      "scenario YAML"))
+    out: list[tuple[str, Any, Origin]] = []
+    missing: list[Problem] = []
+
+    def o(key: str) -> Origin:
+        return Origin(file, lines.get((key,)), key)
+
+    def take(canon: str, key: str, default: Any = ..., conv: Any = None) -> Any:
+        if key in cfg and cfg[key] is not None:
+            v = cfg[key]
+            origin = o(key)
+        elif default is ...:
+            missing.append(Problem("required key is missing", key=key, file=file, fix=f"add \"{key}\" to the file"))
+            return None
+        else:
+            v, origin = default, Origin(f"default (transformers {mt} config)", None, key)
+        v = conv(v) if conv else v
+        out.append((canon, v, origin))
+        return v
+
+    take("model.name", "_name_or_path", mt)
+    layers = take("model.num_layers", "num_hidden_layers")
+    hidden = take("model.hidden_size", "hidden_size")
+    heads = take("model.num_attention_heads", "num_attention_heads")
+    take("model.ffn_hidden_size", "intermediate_size")
+    take("model.vocab_size", "vocab_size")
+    take("model.max_position_embeddings", "max_position_embeddings", None)
+    rope = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta"))
+    out.append(("model.rope_theta", float(rope) if rope is not None else 10000.0, o("rope_theta")))
+    take("model.tie_embeddings", "tie_word_embeddings", False, bool)
+    const = Origin(f"architecture of {mt} (transformers modeling_{mt}.py)")
+    out += [("model.norm", "rmsnorm", const), ("model.gated_mlp", True, const), ("model.activation", "silu", const),
+            ("model.position_embedding", "rope", const), ("model.vocab_divisible_by", 1, const)]
+    bias = bool(cfg.get("attention_bias", False))
+    out.append(("model.add_qkv_bias", bias or mt in ("qwen2", "qwen2_moe"), o("attention_bias")))
+    out.append(("model.add_bias_linear", bool(cfg.get("mlp_bias", False)) and bias, o("mlp_bias")))
+    out.append(("model.qk_norm", mt in ("qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3"), const))
+    if mt.startswith("deepseek"):
+        out.append(("model.mla", {
+            "q_lora_rank": cfg.get("q_lora_rank") or 0, "kv_lora_rank": cfg["kv_lora_rank"],
+            "qk_head_dim": cfg["qk_nope_head_dim"], "qk_rope_head_dim": cfg["qk_rope_head_dim"],
+            "v_head_dim": cfg["v_head_dim"]}, o("kv_lora_rank")))
+        take("model.mtp_num_layers", "num_nextn_predict_layers", 0)
+    else:
+        take("model.num_kv_heads", "num_key_value_heads", heads)
+        if cfg.get("head_dim") is not None:
+            take("model.head_dim", "head_dim")
+    moe = _moe(cfg, mt, layers)
+    if moe is not None:
+        key = {"mixtral": "num_local_experts", "deepseek_v2": "n_routed_experts",
+               "deepseek_v3": "n_routed_experts"}.get(mt, "num_experts")
+        out.append(("model.moe", moe, o(key)))
+    if missing:
+        raise ConfigError(missing)
+    del hidden
+    return out
+
+
+def _moe(cfg: dict[str, Any], mt: str, layers: int | None) -> dict[str, Any] | None:
+    """MoE block from the family's keys; None for dense models."""
+    if mt == "mixtral":
+        # Every layer is MoE; intermediate_size is the per-expert size (MixtralSparseMoeBlock).
+        return {"num_experts": cfg.get("num_local_experts", 8), "top_k": cfg.get("num_experts_per_tok", 2),
+                "expert_ffn_hidden_size": cfg["intermediate_size"]}
+    if mt in ("qwen2_moe", "qwen3_moe") and cfg.get("num_experts"):
+        # Qwen*MoeDecoderLayer: MoE iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+        step = cfg.get("decoder_sparse_step", 1) or 1
+        only = set(cfg.get("mlp_only_layers") or [])
+        pattern = tuple(int(i not in only and (i + 1) % step == 0) for i in range(layers or 0))
+        shared = cfg.get("shared_expert_intermediate_size") or 0
+        return {"num_experts": cfg["num_experts"], "top_k": cfg["num_experts_per_tok"],
+                "expert_ffn_hidden_size": cfg["moe_intermediate_size"], "layer_pattern": pattern,
+                "shared_expert_ffn_hidden_size": shared, "num_shared_experts": 1 if shared else 0,
+                "shared_expert_gate": bool(shared)}
+    if mt.startswith("deepseek") and cfg.get("n_routed_experts"):
+        # DeepseekV3DecoderLayer: MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0; the shared
+        # experts form one MLP of n_shared_experts * moe_intermediate_size.
+        n_shared = cfg.get("n_shared_experts") or 0
+        return {"num_experts": cfg["n_routed_experts"], "top_k": cfg["num_experts_per_tok"],
+                "expert_ffn_hidden_size": cfg["moe_intermediate_size"],
+                "shared_expert_ffn_hidden_size": n_shared * cfg["moe_intermediate_size"],
+                "num_shared_experts": n_shared, "first_k_dense": cfg.get("first_k_dense_replace", 0),
+                "layer_freq": cfg.get("moe_layer_freq", 1)}
+    return None
+
+
+def load_hf(path: Path, overrides: dict[str, Any] | None = None) -> RawScenario:
+    """Read an HF config.json into a RawScenario holding the model; training and plan come from `overrides`
+    (canonical dotted keys such as `plan.tp` or `training.seq_length`) or take defaults."""
+    data, lines = load_json(path)
+    if not is_hf_config(data):
+        raise ConfigError(Problem("not a HuggingFace config.json (no model_type / hidden_size)", file=str(path),
+                                  fix="pass a model's config.json, or a scenario YAML"))
+    if "text_config" in data and "hidden_size" not in data:
+        data = {**data["text_config"], "model_type": data["text_config"].get("model_type", data.get("model_type"))}
+    raw = RawScenario(source=str(path), framework="hf")
+    for key, value, origin in hf_model_fields(data, str(path), lines):
+        raw.set(key, value, origin)
+    default = Origin("default (config.json has no training settings; --set training.seq_length=N to change)")
+    raw.set("training.seq_length", min(4096, data.get("max_position_embeddings") or 4096), default)
+    dtype = data.get("torch_dtype", data.get("dtype"))
+    if dtype in ("bfloat16", "float16", "float32"):
+        raw.set("training.params_dtype", {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype],
+                Origin(str(path), lines.get(("torch_dtype",)), "torch_dtype"))
+    apply_canonical_overrides(raw, overrides or {})
+    return raw
+
+
+def apply_canonical_overrides(raw: RawScenario, overrides: dict[str, Any]) -> None:
+    """`--set section.key=value` in the canonical key space (model., training., plan., cluster.)."""
+    bad = [k for k in overrides if k.split(".")[0] not in ("model", "training", "plan", "cluster")]
+    if bad:
+        raise ConfigError([Problem("--set key must start with model., training., plan. or cluster.", key=k,
+                                   file="<command line>", fix=f"e.g. --set plan.{k}=...") for k in bad])
+    for k, v in overrides.items():
+        raw.set(k, v, Origin("--set", None, k))

@@ -1,0 +1,1 @@
+"""Renderers: tables, JSON, traces."""

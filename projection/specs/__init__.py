@@ -1,0 +1,1 @@
+"""The input language: pydantic v2 models, frozen, extra keys forbidden."""

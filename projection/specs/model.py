@@ -1,0 +1,138 @@
+"""ModelSpec: the architecture of a decoder-only transformer, independent of any framework's config format.
+
+Sizes are counts (not bytes). `ffn_hidden_size` is the inner size per branch (with a gated MLP the first linear
+outputs 2 x ffn: gate and up), the same meaning as Megatron's `--ffn-hidden-size` and HF's `intermediate_size`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from projection.specs.base import Spec
+
+
+class MLASpec(Spec):
+    """Multi-latent attention (DeepSeek-V2/V3). q_lora_rank 0 means a direct h -> heads*(qk+rope) Q projection."""
+
+    q_lora_rank: int = Field(0, ge=0)
+    kv_lora_rank: int = Field(512, gt=0)
+    qk_head_dim: int = Field(128, gt=0, description="'nope' part of each Q/K head")
+    qk_rope_head_dim: int = Field(64, ge=0, description="rotary part; the K rope part is shared by all heads")
+    v_head_dim: int = Field(128, gt=0)
+
+
+class MoESpec(Spec):
+    """Mixture of experts. Which layers are MoE: `layer_pattern` if given (one 0/1 per layer), else layers with index
+    >= first_k_dense whose index satisfies the `layer_freq` rule in `freq_convention` form."""
+
+    num_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    expert_ffn_hidden_size: int = Field(gt=0, description="per routed expert, per branch")
+    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="total over all shared experts (Megatron)")
+    num_shared_experts: int = Field(0, ge=0, description="informative; the size above is the total")
+    shared_expert_gate: bool = False
+    first_k_dense: int = Field(0, ge=0)
+    layer_freq: int = Field(1, gt=0)
+    freq_convention: Literal["megatron", "plus_one"] = Field(
+        "megatron", description="megatron: layer i is MoE iff i % freq == 0; plus_one (HF Qwen-MoE, Llama-4): "
+        "iff (i + 1) % freq == 0")
+    layer_pattern: tuple[int, ...] | None = None
+    router_bias: bool = Field(False, description="a learned bias on the router linear (rare)")
+
+    @model_validator(mode="after")
+    def _check(self) -> MoESpec:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) is larger than num_experts ({self.num_experts})")
+        if self.layer_pattern is not None and any(v not in (0, 1) for v in self.layer_pattern):
+            raise ValueError("layer_pattern entries must be 0 (dense) or 1 (MoE)")
+        return self
+
+
+class ModelSpec(Spec):
+    """A decoder-only transformer LM. Only architecture: no batch, precision or parallelism."""
+
+    name: str = "model"
+    num_layers: int = Field(gt=0, description="decoder layers, MTP layers not included")
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int | None = Field(None, gt=0, description="None = MHA (kv heads = heads)")
+    head_dim: int | None = Field(None, gt=0, description="None = hidden / heads")
+    mla: MLASpec | None = None
+    ffn_hidden_size: int = Field(gt=0)
+    gated_mlp: bool = True
+    activation: Literal["silu", "gelu", "relu", "squared_relu", "quick_gelu"] = "silu"
+    moe: MoESpec | None = None
+    mtp_num_layers: int = Field(0, ge=0)
+    vocab_size: int = Field(gt=0, description="tokenizer vocabulary before padding")
+    vocab_divisible_by: int = Field(1, gt=0, description="padded vocab is a multiple of this (times TP if "
+                                    "vocab_pad_with_tp)")
+    vocab_pad_with_tp: bool = Field(False, description="Megatron: pad to a multiple of divisor * TP")
+    tie_embeddings: bool = False
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    qk_norm: bool = False
+    position_embedding: Literal["rope", "learned", "none"] = "rope"
+    max_position_embeddings: int | None = Field(None, gt=0)
+    rope_theta: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        problems = []
+        if self.mla is None and self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            problems.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                            f"{self.num_attention_heads}; give head_dim explicitly")
+        kv = self.kv_heads
+        if self.mla is None and self.num_attention_heads % kv:
+            problems.append(f"num_attention_heads {self.num_attention_heads} is not a multiple of num_kv_heads {kv}")
+        if self.position_embedding == "learned" and not self.max_position_embeddings:
+            problems.append("learned position embeddings need max_position_embeddings")
+        if self.moe and self.moe.layer_pattern is not None and len(self.moe.layer_pattern) != self.num_layers:
+            problems.append(f"moe.layer_pattern has {len(self.moe.layer_pattern)} entries, expected num_layers "
+                            f"= {self.num_layers}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ---- derived quantities (pure, cheap) ----
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_dim_(self) -> int:
+        """Per-head Q/K/V width for MHA/GQA (Megatron kv_channels)."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def attention_kind(self) -> Literal["mha", "gqa", "mqa", "mla"]:
+        if self.mla is not None:
+            return "mla"
+        if self.kv_heads == self.num_attention_heads:
+            return "mha"
+        return "mqa" if self.kv_heads == 1 else "gqa"
+
+    def padded_vocab(self, tp: int = 1) -> int:
+        """Embedding rows. Megatron: ceil(V / (d * tp)) * d * tp (megatron/training/tokenizer, _vocab_size_with_padding)."""
+        multiple = self.vocab_divisible_by * (tp if self.vocab_pad_with_tp else 1)
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer i (0-based) has an MoE block instead of a dense MLP."""
+        moe = self.moe
+        if moe is None:
+            return False
+        if moe.layer_pattern is not None:
+            return bool(moe.layer_pattern[i])
+        if i < moe.first_k_dense:
+            return False
+        if moe.freq_convention == "plus_one":
+            return (i + 1) % moe.layer_freq == 0
+        return i % moe.layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))

@@ -1,0 +1,114 @@
+"""ParallelPlan: how one training job is laid out over ranks.
+
+Dense grid: world = tp * cp * dp * pp. MoE grid (Megatron "parallel folding"): world = etp * ep * edp * pp.
+`dp=None` means "whatever is left of the world" and is resolved against a cluster by `resolve_dp`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from projection.specs.base import Spec
+
+ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "v_half", "v_min", "dualpipe",
+                       "dualpipev"]
+
+
+class RecomputeSpec(Spec):
+    """Activation recomputation. granularity full: whole layers (method uniform/block with num_layers, or an explicit
+    list of global layer ids). selective: only `modules` (Megatron names: core_attn, mlp, moe, moe_act, layernorm,
+    mla_up_proj, shared_experts) or TorchTitan 'op' (per-op SAC) / every-Nth-layer ('layer:N')."""
+
+    granularity: Literal["none", "full", "selective"] = "none"
+    method: Literal["uniform", "block"] | None = None
+    num_layers: int | None = Field(None, ge=0)
+    layer_ids: tuple[int, ...] | None = None
+    modules: tuple[str, ...] = ()
+    distribute_saved_activations: bool = False
+
+
+class OffloadSpec(Spec):
+    """CPU offload. optimizer_fraction: share of the optimizer state and master params kept on the CPU."""
+
+    optimizer: bool = False
+    optimizer_fraction: float = Field(1.0, ge=0.0, le=1.0)
+    activation_layers: int = Field(0, ge=0)
+    fsdp_params: bool = Field(False, description="TorchTitan enable_cpu_offload: params, grads and optimizer state")
+
+
+class OverlapSpec(Spec):
+    grad_reduce: bool = False
+    param_gather: bool = False
+    tp_comm: bool = False
+    ep_comm: bool = False
+    p2p_comm: bool = True
+
+
+class ShardingSpec(Spec):
+    """Data-parallel sharding. zero_stage: 0 plain DDP, 1 optimizer state (Megatron distributed optimizer),
+    2 + gradients, 3 + parameters (FSDP full shard). fsdp names the implementation when zero_stage is 3."""
+
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    fsdp: Literal["none", "torch_fsdp2", "megatron_fsdp"] = "none"
+    reshard_after_forward: bool = True
+    dp_replicate: int = Field(1, gt=0, description="HSDP replicas: shards live inside dp / dp_replicate ranks")
+    distributed_optimizer_instances: int = Field(1, gt=0)
+
+
+class ParallelPlan(Spec):
+    tp: int = Field(1, gt=0)
+    sp: bool = False
+    pp: int = Field(1, gt=0)
+    vpp: int | None = Field(None, gt=0, description="virtual chunks per pipeline rank (None = 1)")
+    pipeline_layout: str | None = Field(None, description="Megatron --pipeline-model-parallel-layout")
+    first_stage_layers: int | None = Field(None, ge=0)
+    last_stage_layers: int | None = Field(None, ge=0)
+    stage_layers: tuple[int, ...] | None = Field(None, description="explicit decoder layers per pipeline stage "
+                                                 "(pp*vpp entries, stage-major: chunk 0 of every rank first)")
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    dp: int | None = Field(None, gt=0)
+    cp: int = Field(1, gt=0)
+    ep: int = Field(1, gt=0)
+    etp: int | None = Field(None, gt=0, description="None = tp (Megatron default)")
+    sharding: ShardingSpec = ShardingSpec()
+    recompute: RecomputeSpec = RecomputeSpec()
+    offload: OffloadSpec = OffloadSpec()
+    overlap: OverlapSpec = OverlapSpec()
+    schedule: ScheduleName = "1f1b"
+    microbatch_group_size: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ParallelPlan:
+        given = [x for x in (self.pipeline_layout, self.stage_layers) if x is not None]
+        if len(given) > 1:
+            raise ValueError("give at most one of pipeline_layout and stage_layers")
+        return self
+
+    @property
+    def vpp_(self) -> int:
+        return self.vpp or 1
+
+    @property
+    def etp_(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def sp_(self) -> bool:
+        """Megatron turns sequence parallelism off silently at TP = 1."""
+        return self.sp and self.tp > 1
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    def dp_(self) -> int:
+        if self.dp is None:
+            raise ValueError("dp is not resolved: call resolve_dp(plan, world_size) first")
+        return self.dp
+
+    def edp(self) -> int:
+        """Expert-data-parallel size: world / (etp * ep * pp)."""
+        return (self.tp * self.cp * self.dp_()) // (self.etp_ * self.ep)

@@ -1,0 +1,156 @@
+"""Scenario: model + training + plan + cluster, validated once, with the provenance of every value.
+
+Loaders (projection/formats) produce a `RawScenario`: a nested dict in the canonical key space plus, for each dotted
+canonical key, the `Origin` (file, line, native key) that set it. `build_scenario` turns it into a `Scenario`,
+collecting every schema problem and every layout violation before raising one error that lists them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from projection.errors import ConfigError, PlanError, Problem
+from projection.specs.base import Spec
+from projection.specs.hardware import ClusterSpec, DeviceSpec
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from: file (or 'default', 'cli'), 1-based line if known, and the key as written there."""
+
+    file: str
+    line: int | None = None
+    key: str | None = None
+
+    def render(self) -> str:
+        s = self.file
+        if self.line is not None:
+            s += f":{self.line}"
+        if self.key:
+            s += f" ({self.key})"
+        return s
+
+
+@dataclass
+class RawScenario:
+    """What a loader hands over: canonical nested dict + provenance. Mutable only while a loader builds it."""
+
+    source: str
+    framework: str
+    data: dict[str, Any] = field(default_factory=lambda: {"model": {}, "training": {}, "plan": {}, "cluster": {}})
+    origins: dict[str, Origin] = field(default_factory=dict)
+
+    def set(self, dotted: str, value: Any, origin: Origin) -> None:
+        """Set canonical key `dotted` (e.g. 'plan.sharding.zero_stage') to value, remembering where it came from."""
+        node = self.data
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+        self.origins[dotted] = origin
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for p in dotted.split("."):
+            if not isinstance(node, dict) or p not in node:
+                return default
+            node = node[p]
+        return node
+
+
+class Scenario(Spec):
+    """One validated training job on one cluster."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    plan: ParallelPlan
+    cluster: ClusterSpec
+    framework: str = "native"
+    source: str = "<memory>"
+    origins: dict[str, str] = {}
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.world_size
+
+
+def origin_problem(raw: RawScenario, dotted: str, message: str, fix: str | None = None) -> Problem:
+    """A Problem located at the file/line/native key that set `dotted` (or at the scenario's source file)."""
+    o = _closest_origin(raw, dotted)
+    if o is None:
+        return Problem(message, key=dotted, file=raw.source, fix=fix)
+    return Problem(message, key=o.key or dotted, file=o.file, line=o.line, fix=fix)
+
+
+def _closest_origin(raw: RawScenario, dotted: str) -> Origin | None:
+    parts = dotted.split(".")
+    while parts:
+        o = raw.origins.get(".".join(parts))
+        if o is not None:
+            return o
+        parts.pop()
+    return None
+
+
+def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> list[Problem]:
+    out = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"] if not isinstance(x, int))
+        dotted = f"{section}.{loc}" if loc else section
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            fix = "remove it or check its spelling"
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            fix = f"set {dotted}"
+        else:
+            fix = f"give {dotted} a valid value (got {e.get('input')!r})"
+        out.append(origin_problem(raw, dotted, msg, fix))
+    return out
+
+
+def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
+    """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
+    problem found at once."""
+    from projection.specs.validate import layout_problems, resolve_dp
+
+    problems: list[Problem] = []
+    specs: dict[str, Any] = {}
+    for name, cls in (("model", ModelSpec), ("training", TrainingSpec), ("plan", ParallelPlan)):
+        try:
+            specs[name] = cls.model_validate(raw.data.get(name, {}))
+        except ValidationError as err:
+            problems += _pydantic_problems(raw, name, err)
+    cluster_data = dict(raw.data.get("cluster", {}))
+    cluster_data.pop("hardware", None)
+    cluster_data.setdefault("gpus_per_node", device.gpus_per_node)
+    try:
+        cluster = ClusterSpec.model_validate({**cluster_data, "device": device})
+    except ValidationError as err:
+        problems += _pydantic_problems(raw, "cluster", err)
+    if problems:
+        raise ConfigError(problems)
+    plan, dp_problems = resolve_dp(raw, specs["model"], specs["plan"], cluster.world_size)
+    problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
+    if problems:
+        raise PlanError(problems)
+    origins = {k: o.render() for k, o in raw.origins.items()}
+    return Scenario(model=specs["model"], training=specs["training"], plan=plan, cluster=cluster,
+                    framework=raw.framework, source=raw.source, origins=origins)
+
+
+def origin_of(scenario: Scenario, dotted: str) -> str:
+    """Where a resolved value came from: its own origin, the closest parent's, or 'default'."""
+    parts = dotted.split(".")
+    while parts:
+        o = scenario.origins.get(".".join(parts))
+        if o is not None:
+            return o
+        parts.pop()
+    return "default"

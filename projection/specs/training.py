@@ -1,0 +1,73 @@
+"""TrainingSpec: sequence, batch, precision and optimizer of one training job."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from projection.specs.base import Spec
+
+DType = Literal["fp32", "bf16", "fp16", "fp8"]
+
+# Bytes per element of each dtype name used in specs.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+class Fp8Spec(Spec):
+    """FP8 GEMMs (Transformer Engine / torchao). `param_gather` keeps compute weights in fp8 (Megatron
+    --fp8-param-gather, TorchTitan enable_fsdp_float8_all_gather)."""
+
+    format: Literal["e4m3", "hybrid"] = "hybrid"
+    recipe: Literal["delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"] = "delayed"
+    param_gather: bool = False
+    amax_history_len: int = Field(1, gt=0)
+
+
+class OptimizerSpec(Spec):
+    """Optimizer and the dtypes of its state. Defaults are Megatron's mixed-precision Adam: fp32 master params and
+    fp32 moments; `main_grads_dtype` is the dtype gradients are accumulated and reduced in."""
+
+    name: Literal["adam", "adamw", "sgd", "muon", "lion"] = "adam"
+    main_params_dtype: DType = "fp32"
+    main_grads_dtype: DType = "fp32"
+    exp_avg_dtype: DType = "fp32"
+    exp_avg_sq_dtype: DType = "fp32"
+    precision_aware: bool = False
+
+    @property
+    def num_moments(self) -> int:
+        """State tensors per parameter besides the master copy: Adam 2, SGD (momentum) 1, Muon 1, Lion 1."""
+        return {"adam": 2, "adamw": 2, "sgd": 1, "muon": 1, "lion": 1}[self.name]
+
+
+class TrainingSpec(Spec):
+    """Per-step workload. Batch sizes count sequences; global batch = micro * dp * gradient-accumulation steps."""
+
+    seq_length: int = Field(gt=0)
+    micro_batch_size: int = Field(1, gt=0)
+    global_batch_size: int | None = Field(None, gt=0, description="None = local_batch_size * dp")
+    local_batch_size: int | None = Field(None, gt=0, description="sequences per DP rank per step when "
+                                         "global_batch_size is None (TorchTitan); None = micro_batch_size")
+    params_dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
+    fp8: Fp8Spec | None = None
+    optimizer: OptimizerSpec = OptimizerSpec()
+    gradient_accumulation_fusion: bool = True
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    attention_backend: Literal["flash", "fused", "unfused", "auto"] = "auto"
+    fused_loss: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingSpec:
+        if self.params_dtype == "fp32" and self.fp8 is not None:
+            raise ValueError("fp8 needs bf16 or fp16 params (params_dtype)")
+        return self
+
+    def resolved_global_batch(self, dp: int) -> int:
+        if self.global_batch_size is not None:
+            return self.global_batch_size
+        return (self.local_batch_size or self.micro_batch_size) * dp
+
+    def num_microbatches(self, dp: int) -> int:
+        """Microbatches per step on each DP rank: gbs / (mbs * dp) (Megatron get_num_microbatches)."""
+        return self.resolved_global_batch(dp) // (self.micro_batch_size * dp)

@@ -1,0 +1,95 @@
+"""Cross-spec checks: a parallel layout against the model, the batch and the world size. Every violation is listed
+(never only the first), each located at the file/line/key that set the offending value."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from projection.errors import Problem
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.training import TrainingSpec
+from projection.workload.stages import LayoutError, layer_counts
+
+if TYPE_CHECKING:
+    from projection.specs.scenario import RawScenario
+
+
+def resolve_dp(raw: RawScenario, model: ModelSpec, plan: ParallelPlan, world: int) -> tuple[ParallelPlan, list[Problem]]:
+    """Fill plan.dp from the world size (world = tp * cp * pp * dp), or check a given dp against it."""
+    from projection.specs.scenario import origin_problem
+
+    mp = plan.tp * plan.cp * plan.pp
+    if world % mp:
+        return plan, [origin_problem(
+            raw, "plan.tp", f"world size {world} is not divisible by tp * cp * pp = {plan.tp} * {plan.cp} * "
+            f"{plan.pp} = {mp}", "change --nodes/--gpus-per-node or the tp/cp/pp sizes so that tp*cp*pp divides "
+            "the number of GPUs")]
+    dp = world // mp
+    if plan.dp is not None and plan.dp != dp:
+        return plan, [origin_problem(
+            raw, "plan.dp", f"dp = {plan.dp}, but world {world} / (tp*cp*pp = {mp}) = {dp}",
+            f"set dp to {dp}, or change the number of nodes/GPUs")]
+    return plan.model_copy(update={"dp": dp}), []
+
+
+def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                    world: int) -> list[Problem]:
+    """All inconsistencies between the plan and the model/batch/world, at once."""
+    from projection.specs.scenario import origin_problem
+
+    out: list[Problem] = []
+
+    def bad(key: str, message: str, fix: str) -> None:
+        out.append(origin_problem(raw, key, message, fix))
+
+    tp = plan.tp
+    if model.num_attention_heads % tp:
+        bad("plan.tp", f"tp = {tp} does not divide num_attention_heads = {model.num_attention_heads}",
+            f"use a tp that divides {model.num_attention_heads}")
+    if model.mla is None and model.kv_heads % tp:
+        bad("plan.tp", f"tp = {tp} does not divide the number of KV heads = {model.kv_heads}",
+            f"use a tp that divides {model.kv_heads} (or more KV heads)")
+    if model.moe is not None:
+        if model.moe.num_experts % plan.ep:
+            bad("plan.ep", f"ep = {plan.ep} does not divide num_experts = {model.moe.num_experts}",
+                f"use an ep that divides {model.moe.num_experts}")
+        if plan.dp is not None and (tp * plan.cp * plan.dp) % (plan.etp_ * plan.ep):
+            bad("plan.ep", f"etp * ep = {plan.etp_} * {plan.ep} does not divide tp * cp * dp = "
+                f"{tp * plan.cp * plan.dp} (Megatron expert grid: world = etp*ep*edp*pp)",
+                "choose ep and etp whose product divides the non-pipeline ranks")
+        if model.moe.expert_ffn_hidden_size % plan.etp_:
+            bad("plan.etp", f"etp = {plan.etp_} does not divide the expert FFN size "
+                f"{model.moe.expert_ffn_hidden_size}", "use a smaller etp")
+    elif plan.ep > 1:
+        bad("plan.ep", f"ep = {plan.ep} but the model has no experts", "set ep to 1")
+    if model.ffn_hidden_size % tp:
+        bad("plan.tp", f"tp = {tp} does not divide ffn_hidden_size = {model.ffn_hidden_size}", "use a smaller tp")
+    try:
+        layer_counts(model, plan)
+    except LayoutError as e:
+        key = "plan.pipeline_layout" if plan.pipeline_layout else "plan.pp"
+        if plan.vpp and not plan.pipeline_layout:
+            key = "plan.vpp"
+        bad(key, str(e), "change pp/vpp (or the layout / first-last stage layer counts) so the layers split evenly")
+    if plan.cp > 1 and training.seq_length % (2 * plan.cp):
+        bad("training.seq_length", f"seq_length {training.seq_length} is not divisible by 2 * cp = {2 * plan.cp}",
+            "use a sequence length divisible by 2*cp (load-balanced causal context parallelism)")
+    if plan.dp is not None:
+        per_step = training.micro_batch_size * plan.dp
+        gbs = training.resolved_global_batch(plan.dp)
+        if gbs % per_step:
+            bad("training.global_batch_size", f"global batch {gbs} is not divisible by micro batch * dp = "
+                f"{training.micro_batch_size} * {plan.dp} = {per_step}",
+                f"use a global batch that is a multiple of {per_step}")
+        if plan.sharding.dp_replicate > 1 and plan.dp % plan.sharding.dp_replicate:
+            bad("plan.sharding.dp_replicate", f"dp_replicate {plan.sharding.dp_replicate} does not divide dp "
+                f"{plan.dp}", "use a replicate degree that divides dp")
+    if plan.pp > 1 and plan.vpp_ > 1 and plan.schedule in ("1f1b", "gpipe"):
+        bad("plan.schedule", f"vpp = {plan.vpp_} needs an interleaved or V schedule, not {plan.schedule}",
+            "set schedule to interleaved_1f1b (or a V schedule)")
+    r = plan.recompute
+    if r.granularity == "full" and r.layer_ids is None and (r.method is None or r.num_layers is None):
+        bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "
+            "layer_ids", "set recompute method and num_layers")
+    return out

@@ -1,0 +1,1 @@
+"""Model workload: stage split, parameter counts, ops per layer."""
