@@ -34,11 +34,12 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, 1 node and the
     device's usual GPUs per node.
     """
-    ov = parse_set(list(overrides)) if isinstance(overrides, Sequence) and not isinstance(overrides, str) \
-        else dict(overrides or {})
+    if isinstance(overrides, Mapping):
+        ov = dict(overrides)
+    else:
+        ov = parse_set(list(overrides or ()))
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
                    models_dir=models_dir, env=env or {})
-    cli = Origin("command line")
     if hardware is not None:
         raw.set("cluster.hardware", hardware, Origin("command line", None, "--hardware"))
     if nodes is not None:
@@ -47,7 +48,6 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw.set("cluster.gpus_per_node", gpus_per_node, Origin("command line", None, "--gpus-per-node"))
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
-    del cli
     device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
     return build_scenario(raw, device)
 

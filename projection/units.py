@@ -6,7 +6,7 @@ Parallel axes: tp tensor, sp sequence (TP-sharded norms/dropout), pp pipeline, v
 cp context, dp data, ep expert, etp expert-tensor, edp expert-data (= world / (etp * ep * pp)).
 
 Parsers accept a number (already SI, returned as float) or a string "<number>[ ]<prefix><unit>". Booleans are
-rejected (YAML `yes`/`true` is never a quantity). Negative quantities are rejected.
+rejected (YAML `yes`/`true` is never a quantity), and so are negative, infinite and NaN values.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ _BYTE_RATE_UNITS = {"B/s", "Bps"}  # case-sensitive; spelled-out forms below are
 _BIT_RATE_UNITS = {"b/s", "bps"}
 _FLOP_RATE_UNITS = {"flop/s", "flops", "flop", ""}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|µs|μs|ns|min|h)?\s*$")
-_SECONDS = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9, "min": 60.0,
-            "h": 3600.0}
+# Sub-second units divide (5 / 1e6 == 5e-06 exactly; 5 * 1e-6 is not); longer ones multiply.
+_PER_SECOND = {None: 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "μs": 1e6, "ns": 1e9}
+_SECONDS_PER = {"min": 60.0, "h": 3600.0}
 
 GiB = 2**30
 GB = 10**9
@@ -65,15 +66,16 @@ def parse_duration(text: str | int | float) -> float:
     m = _DURATION.match(text)
     if not m:
         raise ValueError(f"cannot parse duration {text!r} (expected e.g. '2us', '3ms', '1.5s' or seconds)")
-    return float(m.group(1)) * _SECONDS[m.group(2)]
+    unit = m.group(2)
+    return float(m.group(1)) * _SECONDS_PER[unit] if unit in _SECONDS_PER else float(m.group(1)) / _PER_SECOND[unit]
 
 
 def _number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"expected a {what} (number or string with a unit), got {value!r}")
     out = float(value)
-    if math.isnan(out) or out < 0:
-        raise ValueError(f"expected a non-negative {what}, got {value!r}")
+    if not math.isfinite(out) or out < 0:
+        raise ValueError(f"expected a finite, non-negative {what}, got {value!r}")
     return out
 
 

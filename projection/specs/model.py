@@ -116,7 +116,8 @@ class ModelSpec(Spec):
         return "mqa" if self.kv_heads == 1 else "gqa"
 
     def padded_vocab(self, tp: int = 1) -> int:
-        """Embedding rows. Megatron: ceil(V / (d * tp)) * d * tp (megatron/training/tokenizer, _vocab_size_with_padding)."""
+        """Embedding rows. Megatron: ceil(V / (d * tp)) * d * tp (_vocab_size_with_padding in
+        megatron/training/tokenizer)."""
         multiple = self.vocab_divisible_by * (tp if self.vocab_pad_with_tp else 1)
         return math.ceil(self.vocab_size / multiple) * multiple
 

@@ -109,6 +109,9 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
             msg = "unknown key"
         elif e["type"] == "missing":
             fix = f"set {dotted}"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            fix = "change the values named above so that they agree"
         else:
             fix = f"give {dotted} a valid value (got {e.get('input')!r})"
         out.append(origin_problem(raw, dotted, msg, fix))

@@ -90,8 +90,8 @@ def layer_params(model: ModelSpec, i: int, sh: Sharding = Sharding()) -> dict[st
 def embedding_params(model: ModelSpec, tp: int = 1, vocab_tp: int | None = None) -> int:
     """Word embedding rows (padded vocab) split over TP, plus a learned position table (replicated)."""
     v = model.padded_vocab(vocab_tp or tp)
-    pos = model.max_position_embeddings * model.hidden_size if model.position_embedding == "learned" else 0
-    return v * model.hidden_size // tp + (pos or 0)
+    pos = (model.max_position_embeddings or 0) * model.hidden_size if model.position_embedding == "learned" else 0
+    return v * model.hidden_size // tp + pos
 
 
 def output_params(model: ModelSpec, tp: int = 1, vocab_tp: int | None = None) -> int:

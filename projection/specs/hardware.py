@@ -1,0 +1,297 @@
+"""Device and cluster specs, and the loader of the bundled device YAMLs (`hardware_specs/*.yaml`).
+
+Units are SI inside (FLOP/s, bytes, bytes/s, seconds, watts). A YAML file may write a quantity as a number in those
+units or as a string with a unit ("192GB", "5.3TB/s", "400Gbps", "1307.4 TFLOP/s", "2us"); `projection.units` converts.
+FLOP/s peaks are dense (no structured sparsity). Every numeric value must cite where it comes from in `sources`
+(field path -> text starting with a trust tag: R read from a source, R2 secondary transcription, D derived, A assumed;
+the tags of /work/shared/reference/hardware.md §0).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
+
+from projection.errors import ConfigError, Problem
+from projection.paths import HARDWARE_DIR
+from projection.specs.base import Spec
+from projection.units import parse_bandwidth, parse_bytes, parse_duration, parse_flop_rate
+
+Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
+
+
+def _number(parse: Callable[[str], float] | None = None, *, integer: bool = False) -> BeforeValidator:
+    """Before-validator of a number field: strings go through `parse` (a units.py parser); booleans are refused."""
+
+    def convert(value: object) -> object:
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got the boolean {value!r}")
+        if isinstance(value, str) and parse is not None:
+            number = parse(value)  # unit arithmetic leaves float noise ("5.3GB"); bytes are whole
+            return int(round(number)) if integer else number
+        return value
+
+    return BeforeValidator(convert)
+
+
+FlopPerS = Annotated[float, _number(parse_flop_rate), Field(gt=0)]
+Bytes = Annotated[int, _number(parse_bytes, integer=True), Field(gt=0)]
+BytesPerS = Annotated[float, _number(parse_bandwidth), Field(gt=0)]
+Seconds = Annotated[float, _number(parse_duration), Field(gt=0)]
+Count = Annotated[int, _number(), Field(gt=0)]
+Watts = Annotated[float, _number(), Field(gt=0)]
+
+
+class IntraNodeLinkSpec(Spec):
+    """GPU-to-GPU fabric inside one node (xGMI / Infinity Fabric, NVLink, PCIe).
+
+    topology: mesh = point-to-point links to each peer (a pair gets one link's share); switch = any-to-any at the full
+    per-GPU bandwidth (NVSwitch). bandwidth_per_direction_bytes_per_s: bytes/s per GPU, all its links together, one
+    direction (a datasheet 'bidirectional' figure halved). latency_s: per-message latency (alpha), seconds."""
+
+    kind: Literal["xgmi", "nvlink", "pcie"]
+    topology: Literal["mesh", "switch"]
+    links_per_gpu: Count
+    bandwidth_per_direction_bytes_per_s: BytesPerS
+    latency_s: Seconds
+
+
+class NicSpec(Spec):
+    """Scale-out network interfaces of one node. bandwidth_bytes_per_s: each NIC, one direction (400 Gb/s = 5e10
+    bytes/s); latency_s: per-message latency across the scale-out fabric (alpha), seconds."""
+
+    count_per_node: Count
+    bandwidth_bytes_per_s: BytesPerS
+    latency_s: Seconds
+
+
+class DeviceSpec(Spec):
+    """One accelerator model: peak dense FLOP/s per dtype, HBM, and the links of its typical node, with sources."""
+
+    name: str = Field(min_length=1)  # short identifier, e.g. 'mi300x' (the file's stem for bundled devices)
+    vendor: Literal["amd", "nvidia"]
+    marketing_name: str = Field(min_length=1)
+    aliases: tuple[str, ...] = ()
+    """Other names `load_device` accepts (compared case-insensitively, ignoring '-', '_' and spaces)."""
+    peak_flop_per_s: dict[Dtype, FlopPerS] = Field(min_length=1)
+    """Datasheet peak, dense, FLOP/s per dtype. A dtype the part cannot run (or whose peak is unknown) is absent."""
+    hbm_bytes: Bytes
+    hbm_bandwidth_bytes_per_s: BytesPerS
+    gpus_per_node: Count  # GPUs in the typical node of this part (8 for every bundled device)
+    intra_node: IntraNodeLinkSpec
+    nic: NicSpec
+    tdp_w: Watts | None = None  # board power in watts (vendors' TDP / TBP), if known
+    sources: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
+    """Field path ('peak_flop_per_s.bf16', 'nic.latency_s') -> citation, starting with a tag R / R2 / D / A."""
+
+    @field_validator("sources")
+    @classmethod
+    def _every_number_has_a_source(cls, sources: dict[str, str], info: Any) -> dict[str, str]:
+        needed = [p for key, value in info.data.items() for p in _numeric_paths(value, key)]
+        missing = [p for p in needed if p not in sources]
+        unknown = sorted(set(sources) - set(_source_keys()))
+        errors = [f"{what}: {', '.join(keys)}" for what, keys in
+                  (("numeric fields without a source", missing), ("sources name no field", unknown)) if keys]
+        if errors:
+            raise ValueError("; ".join(errors))
+        return sources
+
+
+class ClusterSpec(Spec):
+    """A homogeneous cluster: `nodes` nodes of `gpus_per_node` devices, joined by a rail-optimized or fat-tree
+    scale-out fabric whose upper tiers may be oversubscribed (1.0 = full bisection bandwidth)."""
+
+    device: DeviceSpec
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(default=0, ge=1)  # if not given: the device's typical node, filled in before validation
+    inter_node_topology: Literal["rail_optimized", "fat_tree"] = "rail_optimized"
+    oversubscription: float = Field(default=1.0, ge=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_gpus_per_node(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("gpus_per_node") is None:
+            device = data.get("device")
+            per_node = device.get("gpus_per_node") if isinstance(device, dict) else getattr(device, "gpus_per_node", 0)
+            data = {**data, "gpus_per_node": per_node} if per_node else data
+        return data
+
+    @property
+    def world_size(self) -> int:
+        """Total number of devices (ranks)."""
+        return self.nodes * self.gpus_per_node
+
+
+def _numeric_paths(value: object, prefix: str) -> list[str]:
+    """Dotted paths of the numbers (not booleans) inside a validated value."""
+    value = value.model_dump() if isinstance(value, BaseModel) else value
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _numeric_paths(v, f"{prefix}.{k}")]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return [prefix]
+    return []
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every leaf path of a model's schema; dicts keyed by a Literal expand to one path per key."""
+    out: list[str] = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _field_paths(ann, path + ".")
+        elif get_origin(ann) is dict and get_origin(get_args(ann)[0]) is Literal:
+            out += [f"{path}.{k}" for k in get_args(get_args(ann)[0])]
+        else:
+            out.append(path)
+    return out
+
+
+def _source_keys() -> list[str]:
+    return [p for p in _field_paths(DeviceSpec) if p != "sources"]
+
+
+_EXAMPLES = {  # leaf key -> an example value for the fix line; unit strings or plain SI numbers both work
+    "peak_flop_per_s": "{bf16: 1307.4 TFLOP/s}", "hbm_bytes": "192GB or 1.92e+11", "tdp_w": "750",
+    "hbm_bandwidth_bytes_per_s": "5.3TB/s or 5.3e+12", "bandwidth_per_direction_bytes_per_s": "448GB/s or 4.48e+11",
+    "bandwidth_bytes_per_s": "400Gbps or 5.0e+10", "latency_s": "2us or 2.0e-6", "gpus_per_node": "8",
+    "links_per_gpu": "7", "count_per_node": "8"}
+
+
+def list_devices(search_dir: Path = HARDWARE_DIR) -> list[str]:
+    """Names (file stems) of the device YAML files in `search_dir`, sorted; [] if the folder does not exist."""
+    if not search_dir.is_dir():
+        return []
+    return sorted(p.stem for p in search_dir.glob("*.yaml") if p.is_file())
+
+
+def load_device(name_or_path: str | Path, search_dir: Path = HARDWARE_DIR) -> DeviceSpec:
+    """Load a DeviceSpec from a bundled name ('mi300x', 'MI300X', 'h100', 'a100' ...) or a path to a YAML file.
+
+    Raises ConfigError naming the file, the line, the key and the fix for a missing or malformed file, an unknown or
+    mistyped key, a number without a source, or an unknown device name (the error lists the available ones)."""
+    path = _resolve(name_or_path, search_dir)
+    data, lines = _read_yaml(path)
+    try:
+        return DeviceSpec.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError([_problem(e, path, lines) for e in err.errors()]) from None
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _resolve(name_or_path: str | Path, search_dir: Path) -> Path:
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text:
+        return Path(text).expanduser()
+    want = _norm(text)
+    stems = list_devices(search_dir)
+    by_norm = {_norm(stem): stem for stem in stems}
+    if want in by_norm:
+        return search_dir / f"{by_norm[want]}.yaml"
+    matches = []
+    for stem in stems:
+        try:
+            header = yaml.safe_load((search_dir / f"{stem}.yaml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # a broken file is reported when it is loaded by path or by its own name
+        if isinstance(header, dict):
+            names = [header.get("name")] + list(header.get("aliases") or [])
+            if any(isinstance(n, str) and _norm(n) == want for n in names):
+                matches.append(stem)
+    if len(matches) == 1:
+        return search_dir / f"{matches[0]}.yaml"
+    available = ", ".join(stems) or f"(no device YAML files in {search_dir})"
+    if matches:
+        raise ConfigError(Problem(f"device name {text!r} is ambiguous: aliases of {', '.join(matches)}", key="device",
+                                  file=str(search_dir), fix=f"use the exact name, one of: {available}"))
+    raise ConfigError(Problem(f"unknown device {text!r}", key="device", file=str(search_dir),
+                              fix=f"use one of: {available}; or give the path to a device YAML file"))
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """Parse a YAML mapping; also return the 1-based line of each key path (from yaml.compose)."""
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise ConfigError(Problem("device file not found", file=file, fix="check the path, or give a bundled "
+                                      f"device name: {', '.join(list_devices())}")) from None
+        raise ConfigError(Problem(f"cannot read device file: {err}", file=file, fix="give a UTF-8 YAML file")) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(Problem(f"invalid YAML: {problem}", file=file,
+                                  line=mark.line + 1 if mark is not None else None,
+                                  fix="fix the YAML syntax (indentation, quotes, ':' after each key)")) from None
+    if not isinstance(data, dict) or root is None:
+        raise ConfigError(Problem("the file must hold a YAML mapping of device fields", file=file,
+                                  line=root.start_mark.line + 1 if root is not None else None,
+                                  fix="start with 'name: <device>' (see hardware_specs/README.md)"))
+    lines: dict[tuple[str, ...], int] = {}
+    duplicates: list[Problem] = []
+    _index_lines(root, (), lines, duplicates, file)
+    if duplicates:
+        raise ConfigError(duplicates)
+    return data, lines
+
+
+def _index_lines(node: yaml.Node, path: tuple[str, ...], lines: dict[tuple[str, ...], int],
+                 duplicates: list[Problem], file: str) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)  # a key's own line is set first, by its parent
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            sub = (*path, str(key_node.value))
+            if sub in lines:  # keys of a mapping are indexed only here, so a second sighting is a duplicate
+                duplicates.append(Problem("duplicate key", key=".".join(sub), file=file,
+                                          line=key_node.start_mark.line + 1, fix="keep only one of them"))
+            lines.setdefault(sub, key_node.start_mark.line + 1)
+            _index_lines(value_node, sub, lines, duplicates, file)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, (*path, str(i)), lines, duplicates, file)
+
+
+def _problem(err: Any, path: Path, lines: dict[tuple[str, ...], int]) -> Problem:
+    """Turn one pydantic error into a Problem at the key's file and line."""
+    loc = tuple(str(x) for x in err["loc"] if x != "[key]")
+    key = ".".join(loc) or None
+    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
+    kind = err["type"]
+    example = _EXAMPLES.get(loc[-1] if loc else "", "")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        message = "unknown key"
+        fix = "remove it or fix its spelling" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
+    elif kind == "missing":
+        message = "required key is missing"
+        fix = f"add it{f', e.g. {loc[-1]}: {example}' if example else ''} (see hardware_specs/README.md)"
+    elif key == "sources":
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
+        fix = "give each number a citation under 'sources:', e.g. hbm_bytes: 'R2: hardware.md §1 MI300X row'"
+        if "name no field" in message:
+            fix += "; valid keys: " + ", ".join(_source_keys())
+    elif kind == "literal_error":
+        message = f"{err['msg']} (got {err.get('input')!r})"
+        fix = f"use one of {err.get('ctx', {}).get('expected', 'the values listed')}"
+    else:
+        detail = err.get("ctx", {}).get("error") if kind == "value_error" else None
+        message = f"{detail or err['msg']} (got {err.get('input')!r})"
+        fix = f"write e.g. {example}" if example else "give a value of the right type"
+    return Problem(message, key=key, file=str(path), line=line, fix=fix)
+
+
+def _allowed_keys(loc: tuple[str, ...]) -> list[str]:
+    prefix = "".join(f"{part}." for part in loc)
+    return sorted({p[len(prefix):].split(".")[0] for p in _field_paths(DeviceSpec) if p.startswith(prefix)})

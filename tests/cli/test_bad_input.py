@@ -1,0 +1,138 @@
+"""One test per bad-input class: the CLI exits 2, prints no traceback, and names the file, the key and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
+
+GOOD = """\
+model:
+  num_layers: 32
+  hidden_size: 4096
+  num_attention_heads: 32
+  num_kv_heads: 8
+  ffn_hidden_size: 14336
+  vocab_size: 128256
+training:
+  seq_length: 4096
+  micro_batch_size: 1
+  global_batch_size: 64
+plan:
+  tp: 2
+  pp: 2
+cluster:
+  hardware: mi300x
+  nodes: 1
+"""
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "projection", *args], capture_output=True, text=True, timeout=120)
+
+
+def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def assert_user_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert res.returncode == 2, res.stderr + res.stdout
+    assert "Traceback" not in res.stderr
+    assert res.stdout == ""  # nothing half-written
+    for n in needles:
+        assert n in res.stderr, f"{n!r} not in:\n{res.stderr}"
+    assert "fix:" in res.stderr
+
+
+def test_good_config_runs(tmp_path: Path) -> None:
+    res = run("inspect", "--config", str(write(tmp_path, GOOD)), "--format", "json")
+    assert res.returncode == 0, res.stderr
+
+
+def test_unknown_key(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("  pp: 2", "  pp: 2\n  tpp: 4"))
+    assert_user_error(run("inspect", "--config", str(p)), str(p), "plan.tpp", "unknown key", ":15")
+
+
+def test_wrong_type(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("tp: 2", "tp: two"))
+    assert_user_error(run("inspect", "--config", str(p)), str(p), "plan.tp", "'two'")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    assert_user_error(run("inspect", "--config", str(tmp_path / "nope.yaml")), "nope.yaml", "file not found")
+
+
+def test_yaml_syntax_error(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("  tp: 2", "  tp: [2"))
+    assert_user_error(run("inspect", "--config", str(p)), str(p), "YAML syntax error")
+
+
+def test_toml_syntax_error(tmp_path: Path) -> None:
+    p = write(tmp_path, "[model]\nname = \"llama3\"\nflavor = 8B\n", "job.toml")
+    assert_user_error(run("inspect", "--config", str(p)), str(p), "TOML syntax error")
+
+
+def test_unknown_preset(tmp_path: Path) -> None:
+    text = "model: llama9_1T\n" + GOOD[GOOD.index("training:"):]
+    p = write(tmp_path, text)
+    assert_user_error(run("inspect", "--config", str(p)), str(p), "llama9_1T", "llama3.1_8B")
+
+
+def test_unknown_hardware(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD)
+    res = run("inspect", "--config", str(p), "--hardware", "tpu-v9")
+    assert_user_error(res, "tpu-v9", "mi300x")
+
+
+def test_bad_set_item(tmp_path: Path) -> None:
+    assert_user_error(run("inspect", "--config", str(write(tmp_path, GOOD)), "--set", "plan.tp"), "KEY=VALUE")
+
+
+def test_every_layout_violation_at_once(tmp_path: Path) -> None:
+    """tp not dividing heads and KV heads, layers not divisible by pp*vpp, gbs not divisible by mbs*dp, ep with
+    no experts: all reported in one run, each with the line that set it."""
+    text = GOOD.replace("num_attention_heads: 32", "num_attention_heads: 30\n  head_dim: 128").replace(
+        "num_kv_heads: 8", "num_kv_heads: 6")
+    text = text.replace("global_batch_size: 64", "global_batch_size: 63")
+    text = text.replace("micro_batch_size: 1", "micro_batch_size: 2")
+    text = text.replace("  tp: 2\n  pp: 2", "  tp: 4\n  pp: 2\n  vpp: 5\n  schedule: interleaved_1f1b\n  ep: 2")
+    res = run("inspect", "--config", str(write(tmp_path, text)))
+    assert_user_error(res, "num_attention_heads = 30", "KV heads = 6", "pp * vpp", "global batch 63",
+                      "no experts", "problems:")
+    assert "exp.yaml:14" in res.stderr  # the line of `tp: 4`
+
+
+def test_world_not_divisible(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("  tp: 2\n  pp: 2", "  tp: 2\n  pp: 3").replace("num_layers: 32",
+                                                                                    "num_layers: 33"))
+    assert_user_error(run("inspect", "--config", str(p)), "world size 8 is not divisible by tp * cp * pp")
+
+
+def test_experts_not_divisible_by_ep(tmp_path: Path) -> None:
+    text = GOOD.replace("  ffn_hidden_size: 14336", "  ffn_hidden_size: 14336\n  moe: {num_experts: 6, top_k: 2, "
+                        "expert_ffn_hidden_size: 1024}").replace("  pp: 2", "  pp: 1\n  ep: 4")
+    assert_user_error(run("inspect", "--config", str(write(tmp_path, text))), "ep = 4 does not divide num_experts = 6")
+
+
+def test_layout_stage_count(tmp_path: Path) -> None:
+    text = GOOD.replace("  pp: 2", "  pp: 2\n  vpp: 2\n  schedule: interleaved_1f1b\n  pipeline_layout: "
+                        "'Et*8|t*8|t*8|t*8L|t*0'")
+    assert_user_error(run("inspect", "--config", str(write(tmp_path, text))), "layout has 5 stages",
+                      "pp * vpp = 2 * 2 = 4")
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures absent (user clone)")
+def test_unresolved_variable(tmp_path: Path) -> None:
+    text = (FIXTURES / "primus/examples/megatron/configs/MI300X/llama2_7B-BF16-pretrain.yaml").read_text()
+    text = text.replace("micro_batch_size: 4", "micro_batch_size: ${MY_MBS}")
+    assert "${MY_MBS}" in text
+    p = write(tmp_path, text)
+    res = run("inspect", "--config", str(p), "--primus-root", str(FIXTURES / "primus"))
+    assert_user_error(res, str(p), "MY_MBS", "micro_batch_size")
