@@ -102,3 +102,17 @@ def test_preset_total_equals_transformers_meta_count(path: Path) -> None:
     ours = model_params(model)
     hf_cfg = hf_config_for(model, vocab=model.padded_vocab(1))
     assert sum(ours.values()) - ours["mtp"] == count(meta_model(hf_cfg))
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 2), (4, 4)])
+def test_per_rank_gpt_style_tied(tp: int, pp: int) -> None:
+    """Megatron defaults (LayerNorm, biases, learned positions, plain GELU MLP, tied embeddings) = GPT-2's layout:
+    row-parallel biases and position table replicated; tied with pp > 1 keeps an embedding copy on the last stage."""
+    model = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, ffn_hidden_size=1024, gated_mlp=False,
+                      activation="gelu", vocab_size=50257, vocab_divisible_by=128, vocab_pad_with_tp=True,
+                      tie_embeddings=True, norm="layernorm", add_bias_linear=True, position_embedding="learned",
+                      max_position_embeddings=1024)
+    hf = meta_model(hf_config_for(model, vocab=model.padded_vocab(tp)))
+    assert sum(model_params(model, vocab_tp=tp).values()) == count(hf)
+    ours = [r.params for r in per_rank_params(model, ParallelPlan(tp=tp, pp=pp, dp=1))]
+    assert ours == _independent_per_rank(hf, model, tp, pp, 1, 1)
