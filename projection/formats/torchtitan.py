@@ -1,0 +1,306 @@
+"""TorchTitan train configs (TOML, v0.1 and v0.2 layouts) -> RawScenario in the canonical key space.
+
+Spec: shared/reference/config-formats.md §3 (sections and defaults of pytorch/torchtitan @v0.2.2 `JobConfig`, flavors,
+PP stage split) and the traps of §8.2 (#2 FFN rounding, #12 version drift). v0.1 differences handled here: `[float8]`
+instead of `[quantize.linear.float8]`, `[mx]` instead of `[quantize.linear.mx]`, `training.compile` instead of
+`[compile] enable`, `model.tokenizer_path`, `parallelism.pipeline_parallel_split_points`.
+
+`job_config_to_raw` takes the nested sections as a mapping, so the Primus loader can feed it the torchtitan YAML it has
+merged. Batch sizes count sequences; sequence lengths count tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from projection.errors import ConfigError
+from projection.formats.common import coerce_scalar, load_toml, set_nested
+from projection.formats.torchtitan_flavors import NO_PIPELINE_MODELS, FlavorError, known_models, model_fields
+from projection.formats.torchtitan_schema import (
+    FLOAT8_LINEAR_CONVERTERS,
+    KNOWN_CONVERTERS,
+    MX_LINEAR_CONVERTERS,
+    SCHEDULES,
+    JobReader,
+    check_schema,
+)
+from projection.specs.scenario import Origin, RawScenario
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def load_torchtitan(path: Path, overrides: Mapping[str, Any] | None = None) -> RawScenario:
+    """Load a TorchTitan TOML train config. `overrides` use TorchTitan's CLI spelling (`training.local_batch_size`,
+    leading dashes allowed) and are applied before conversion; string values are read as YAML scalars."""
+    data, lines = load_toml(path)
+    origins = {".".join(k): Origin(str(path), line, ".".join(k)) for k, line in lines.items()}
+    for key, value in (overrides or {}).items():
+        dotted = key.lstrip("-")
+        set_nested(data, dotted, coerce_scalar(value) if isinstance(value, str) else value)
+        origins[dotted] = Origin("--set", None, dotted)
+    return job_config_to_raw(data, origins, source=str(path))
+
+
+def job_config_to_raw(cfg: Mapping[str, Any], origins: Mapping[str, Origin], *, source: str,
+                      framework: str = "torchtitan") -> RawScenario:
+    """Convert TorchTitan JobConfig sections (nested mapping) to a RawScenario. `origins` maps dotted "section.key" to
+    where it was written. Raises ConfigError listing every problem: unknown section, unknown key in a modelled section,
+    unknown model/flavor, bad value, unsupported feature."""
+    job = JobReader(cfg, origins, source)
+    check_schema(job)
+    raw = RawScenario(source=source, framework=framework)
+    model = _model(job, raw)
+    tp, pp, cp = (job.integer(f"parallelism.{k}_parallel_degree", 1) for k in ("tensor", "pipeline", "context"))
+    _training(job, raw, pp)
+    fsdp = _plan(job, raw, tp, pp, cp, model)
+    _fp8(job, raw, fsdp)
+    _recompute(job, raw)
+    if pp > 1 and model is not None:
+        _pipeline(job, raw, pp, model)
+    if job.problems:
+        raise ConfigError(job.problems)
+    return raw
+
+
+def _model(job: JobReader, raw: RawScenario) -> dict[str, Any] | None:
+    """Flavor table -> canonical model fields, all located at `model.flavor`."""
+    name, flavor = str(job.get("model.name", "llama3")), str(job.get("model.flavor", "debugmodel"))
+    try:
+        fields = model_fields(name, flavor)
+    except FlavorError as err:
+        key = "model.name" if name not in known_models() else "model.flavor"
+        job.problem(key, str(err), "use one of: " + ", ".join(err.known))
+        return None
+    origin = job.origin("model.flavor")
+    for field, value in fields.items():
+        raw.set(f"model.{field}", value, origin)
+    return {**fields, "model": name}
+
+
+def _training(job: JobReader, raw: RawScenario, pp: int) -> None:
+    """Sequence, batch, precision and optimizer (config-formats.md §3.2 [training], [optimizer])."""
+    raw.set("training.seq_length", job.integer("training.seq_len", 2048), job.origin("training.seq_len"))
+    local = job.integer("training.local_batch_size", 8)
+    raw.set("training.local_batch_size", local, job.origin("training.local_batch_size"))
+    micro, micro_key = local, "training.local_batch_size"
+    if pp > 1:  # PP microbatches = local_batch_size / pipeline_parallel_microbatch_size
+        micro_key = "parallelism.pipeline_parallel_microbatch_size"
+        micro = job.integer(micro_key, 1)
+        if local % micro:
+            job.problem(micro_key, f"local_batch_size {local} is not divisible by the pipeline microbatch size "
+                        f"{micro}", "choose a pipeline_parallel_microbatch_size that divides local_batch_size")
+    raw.set("training.micro_batch_size", micro, job.origin(micro_key))
+    # -1 (any value < 0) means local_batch_size * dp, dp = dp_replicate * dp_shard (CP excluded): leave it unset.
+    gbs = job.integer("training.global_batch_size", -1, minimum=-(2**62))
+    if gbs > 0:
+        raw.set("training.global_batch_size", gbs, job.origin("training.global_batch_size"))
+    elif gbs == 0:
+        job.problem("training.global_batch_size", "global batch size 0", "use -1 (= local_batch_size * dp) or > 0")
+    dtype = job.choice("training.dtype", "float32", tuple(_DTYPES))
+    opt = "training.optimizer"
+    if dtype == "bfloat16":  # pure bf16: params, grads and optimizer state in bf16, no fp32 master copy
+        origin = job.origin("training.dtype")
+        raw.set("training.params_dtype", "bf16", origin)
+        for field in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            raw.set(f"{opt}.{field}", "bf16", origin)
+    else:  # FSDP mixed precision: fp32 master params, compute in mixed_precision_param, reduce in ..._reduce
+        param = job.choice("training.mixed_precision_param", "bfloat16", tuple(_DTYPES))
+        reduce = job.choice("training.mixed_precision_reduce", "float32", tuple(_DTYPES))
+        raw.set("training.params_dtype", _DTYPES[param], job.origin("training.mixed_precision_param"))
+        raw.set(f"{opt}.main_params_dtype", "fp32", job.origin("training.dtype"))
+        raw.set(f"{opt}.main_grads_dtype", _DTYPES[reduce], job.origin("training.mixed_precision_reduce"))
+    name = str(job.get("optimizer.name", "AdamW"))
+    if name.lower() in ("adam", "adamw"):  # torchtitan build_optimizers: Adam / AdamW
+        raw.set(f"{opt}.name", name.lower(), job.origin("optimizer.name"))
+    else:
+        job.problem("optimizer.name", f"optimizer {name!r} is not a TorchTitan optimizer", "use AdamW or Adam")
+
+
+def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: dict[str, Any] | None) -> bool:
+    """Parallel degrees, sharding, offload and overlap; returns whether FSDP2 is applied."""
+    p = "parallelism"
+    raw.set("plan.tp", tp, job.origin(f"{p}.tensor_parallel_degree"))
+    raw.set("plan.sp", tp > 1, job.origin(f"{p}.tensor_parallel_degree"))  # TorchTitan TP always shards sequence
+    raw.set("plan.pp", pp, job.origin(f"{p}.pipeline_parallel_degree"))
+    raw.set("plan.cp", cp, job.origin(f"{p}.context_parallel_degree"))
+    rep = job.integer(f"{p}.data_parallel_replicate_degree", 1)
+    shard = job.integer(f"{p}.data_parallel_shard_degree", -1, also=(-1,))
+    if shard != -1:  # -1 = the ranks left over, resolved from the world size later
+        raw.set("plan.dp", rep * shard, job.origin(f"{p}.data_parallel_shard_degree"))
+    ep = job.integer(f"{p}.expert_parallel_degree", 1)
+    etp = job.integer(f"{p}.expert_tensor_parallel_degree", 1)
+    if model is not None and model.get("moe"):  # EP/ETP have no effect on dense models (JobConfig docs)
+        raw.set("plan.ep", ep, job.origin(f"{p}.expert_parallel_degree"))
+        if ep > 1 and etp not in (1, tp):
+            job.problem(f"{p}.expert_tensor_parallel_degree", f"expert_tensor_parallel_degree {etp} must be 1 or "
+                        f"equal to tensor_parallel_degree {tp} when EP > 1", f"set it to 1 or {tp}")
+        elif ep > 1:  # with EP = 1 the experts are TP-sharded like the rest: etp stays None (= tp)
+            raw.set("plan.etp", etp, job.origin(f"{p}.expert_tensor_parallel_degree"))
+    # FSDP2 (fully_shard, ZeRO-3) is applied whenever dp_shard * cp > 1 (config-formats.md §3.4).
+    fsdp = shard == -1 or shard * cp > 1
+    policy = job.choice(f"{p}.fsdp_reshard_after_forward", "default", ("default", "always", "never"))
+    if fsdp:
+        origin = job.origin(f"{p}.data_parallel_shard_degree")
+        raw.set("plan.sharding.zero_stage", 3, origin)
+        raw.set("plan.sharding.fsdp", "torch_fsdp2", origin)
+        # "default" reshards after forward unless PP is on (torchtitan parallelize: not pp_enabled).
+        reshard = {"always": True, "never": False}.get(policy, pp == 1)
+        raw.set("plan.sharding.reshard_after_forward", reshard, job.origin(f"{p}.fsdp_reshard_after_forward"))
+        raw.set("plan.overlap.param_gather", True, origin)  # FSDP2 prefetches the next all-gather
+    if rep > 1:
+        raw.set("plan.sharding.dp_replicate", rep, job.origin(f"{p}.data_parallel_replicate_degree"))
+    if fsdp or rep > 1:  # FSDP2 reduce-scatter and DDP all-reduce both run during backward
+        raw.set("plan.overlap.grad_reduce", True, job.origin(f"{p}.data_parallel_shard_degree"))
+    if job.flag("training.enable_cpu_offload", False):
+        raw.set("plan.offload.fsdp_params", True, job.origin("training.enable_cpu_offload"))
+    # Async TP needs torch.compile of the model: [compile] enable + "model" component (v0.2), training.compile (v0.1).
+    compiled = (job.flag("compile.enable", False) and "model" in job.get("compile.components", ["model", "loss"])) \
+        or job.flag("training.compile", False)
+    if tp > 1 and compiled and job.flag(f"{p}.enable_async_tensor_parallel", False):
+        raw.set("plan.overlap.tp_comm", True, job.origin(f"{p}.enable_async_tensor_parallel"))
+    return fsdp
+
+
+def _fp8(job: JobReader, raw: RawScenario, fsdp: bool) -> None:
+    """FP8 is on only when a float8/MX linear converter is listed in model.converters (trap §8.2 #12)."""
+    converters = job.get("model.converters", [])
+    if isinstance(converters, str):  # CLI form: comma-separated
+        converters = [c.strip() for c in converters.split(",") if c.strip()]
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        job.problem("model.converters", f"expected a list of names, got {converters!r}", 'e.g. converters = ["float8"]')
+        return
+    for name in converters:
+        if name not in KNOWN_CONVERTERS:
+            job.problem("model.converters", f"unknown model converter {name!r}",
+                        "use one of: " + ", ".join(sorted(KNOWN_CONVERTERS)))
+    fp8: dict[str, Any] | None = None
+    if FLOAT8_LINEAR_CONVERTERS & set(converters):
+        sec = "quantize.linear.float8" if job.has("quantize.linear.float8") or not job.has("float8") else "float8"
+        recipe = job.get(f"{sec}.recipe_name", "tensorwise")
+        if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+            job.problem(f"{sec}.recipe_name", f"unknown float8 recipe {recipe!r}",
+                        "use tensorwise, rowwise or rowwise_with_gw_hp")
+            return
+        # torchao: tensorwise = e4m3 forward / e5m2 gradients (hybrid); rowwise recipes cast everything to e4m3.
+        # FP8 all-gather applies to tensorwise scaling under FSDP only.
+        gather = recipe == "tensorwise" and fsdp and job.flag(f"{sec}.enable_fsdp_float8_all_gather", False)
+        fp8 = {"format": "hybrid" if recipe == "tensorwise" else "e4m3",
+               "recipe": "tensorwise" if recipe == "tensorwise" else "rowwise", "param_gather": gather}
+    elif MX_LINEAR_CONVERTERS & set(converters):
+        sec = "quantize.linear.mx" if job.has("quantize.linear.mx") or not job.has("mx") else "mx"
+        recipe = str(job.get(f"{sec}.recipe_name", "mxfp8_cublas"))
+        if "mxfp8" not in recipe:
+            job.problem(f"{sec}.recipe_name", f"MX recipe {recipe!r} is not MXFP8; only fp8 GEMMs can be projected",
+                        "use an mxfp8 recipe (e.g. mxfp8_cublas) or remove the mx converter")
+            return
+        fp8 = {"format": "e4m3", "recipe": "mxfp8", "param_gather": False}  # MX block scales, e4m3 elements
+    if fp8 is not None:
+        raw.set("training.fp8", fp8, job.origin("model.converters"))
+
+
+def _recompute(job: JobReader, raw: RawScenario) -> None:
+    """[activation_checkpoint] -> plan.recompute (config-formats.md §3.2)."""
+    key = "activation_checkpoint.mode"
+    mode = job.choice(key, "selective", ("none", "selective", "full", "memory_budget"))
+    origin = job.origin(key)
+    if mode == "memory_budget":
+        job.problem(key, "mode 'memory_budget' lets the compiler choose what to recompute; it cannot be projected",
+                    "use none, selective or full")
+    elif mode == "full":  # every TransformerBlock is checkpoint-wrapped: Megatron uniform recompute of 1 layer
+        raw.set("plan.recompute", {"granularity": "full", "method": "uniform", "num_layers": 1}, origin)
+    elif mode == "selective":
+        opt_key = "activation_checkpoint.selective_ac_option"
+        option = str(job.get(opt_key, "2")).strip()
+        if option == "op":
+            modules: tuple[str, ...] = ("op",)
+        elif option.isdigit() and int(option) >= 1:  # every N-th block fully checkpointed
+            modules = (f"layer:{int(option)}",)
+        else:
+            job.problem(opt_key, f"selective_ac_option {option!r} is neither 'op' nor a positive integer",
+                        "use 'op' or an integer N >= 1 (checkpoint every N-th layer)")
+            return
+        raw.set("plan.recompute", {"granularity": "selective", "modules": modules}, job.origin(opt_key))
+    else:
+        raw.set("plan.recompute", {"granularity": "none"}, origin)
+
+
+def stage_layer_counts(num_layers: int, num_stages: int, first_stage_less_layers: int = 1,
+                       last_stage_less_layers: int = 1) -> list[int]:
+    """Decoder layers per virtual stage, data-flow order, as torchtitan `generate_llm_fqn_per_model_part` splits them.
+
+    Units = layers + first_stage_less_layers (embedding) + last_stage_less_layers (norm + output); each stage gets
+    floor(units / stages) units and the first (units mod stages) one more; stage 0 spends its first units on the
+    embedding, the last stage on norm + output (config-formats.md §3.2). Raises ValueError where torchtitan asserts."""
+    if num_stages == 1:
+        return [num_layers]
+    units = num_layers + first_stage_less_layers + last_stage_less_layers
+    per, extra = divmod(units, num_stages)
+    if per < 1 or max(first_stage_less_layers, last_stage_less_layers) > per:
+        raise ValueError(f"{num_layers} layers + {first_stage_less_layers} + {last_stage_less_layers} less-layer units "
+                         f"cannot fill {num_stages} stages ({per} units each)")
+    counts = [per + (s < extra) for s in range(num_stages)]
+    counts[0] -= first_stage_less_layers
+    counts[-1] -= last_stage_less_layers
+    return counts
+
+
+def _pipeline(job: JobReader, raw: RawScenario, pp: int, model: dict[str, Any]) -> None:
+    """Schedule, stages per rank and TorchTitan's own layer split -> plan.schedule / vpp / stage_layers."""
+    p = "parallelism"
+    if model["model"] in NO_PIPELINE_MODELS:
+        job.problem(f"{p}.pipeline_parallel_degree", f"TorchTitan v0.2.2 has no pipeline parallelism for "
+                    f"{model['model']} (its train spec's pipelining_fn is None)", "set pipeline_parallel_degree = 1")
+        return
+    sched_key = f"{p}.pipeline_parallel_schedule"
+    name = str(job.get(sched_key, "1F1B"))
+    if name.lower() not in SCHEDULES:
+        job.problem(sched_key, f"unsupported pipeline schedule {name!r}",
+                    "use one of: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, "
+                    "DualPipeV")
+        return
+    schedule, multi = SCHEDULES[name.lower()]
+    n = model["num_layers"]
+    in_w = job.integer(f"{p}.pipeline_parallel_first_stage_less_layers", 1, minimum=0)
+    out_w = job.integer(f"{p}.pipeline_parallel_last_stage_less_layers", 1, minimum=0)
+    fqns, splits = job.get(f"{p}.module_fqns_per_model_part"), job.get(f"{p}.pipeline_parallel_split_points")
+    try:
+        if fqns:  # explicit modules per stage: count the `layers.<i>` entries of each part
+            src = f"{p}.module_fqns_per_model_part"
+            counts = [sum(bool(re.fullmatch(r"layers\.\d+", str(m))) for m in part) for part in fqns]
+        elif splits:  # v0.1: each split point "layers.<i>" starts a new stage
+            src = f"{p}.pipeline_parallel_split_points"
+            bounds = [0, *(int(str(s).rsplit(".", 1)[-1]) for s in splits), n]
+            counts = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+            if min(counts) < 0:
+                raise ValueError(f"split points {splits} are not increasing layer names within 0..{n}")
+        else:
+            lps_key = f"{p}.pipeline_parallel_layers_per_stage"
+            src = lps_key if job.has(lps_key) else f"{p}.pipeline_parallel_first_stage_less_layers"
+            if job.has(lps_key):  # stages = ceil(units / layers_per_stage)
+                stages = math.ceil((n + in_w + out_w) / job.integer(lps_key, 1))
+            else:  # 1 stage per rank for single-stage schedules, 2 for looped / V schedules
+                stages = pp * (2 if multi else 1)
+            counts = stage_layer_counts(n, stages, in_w, out_w)
+    except (ValueError, TypeError) as err:
+        job.problem(src, str(err), "change the pipeline degree, the layers per stage or the less-layers counts")
+        return
+    per_rank, rest = divmod(len(counts), pp)
+    if rest or per_rank < 1:
+        job.problem(src, f"{len(counts)} pipeline stages are not a multiple of pipeline_parallel_degree {pp}",
+                    "make the number of stages a multiple of the PP degree")
+    elif (per_rank == 1) == multi or (schedule in ("zbv", "dualpipev") and per_rank != 2):
+        need = "exactly 2" if schedule in ("zbv", "dualpipev") else ("2 or more" if multi else "exactly 1")
+        job.problem(sched_key, f"schedule {name} needs {need} stage(s) per rank, the split gives {per_rank}",
+                    "change the schedule or pipeline_parallel_layers_per_stage")
+    else:
+        raw.set("plan.schedule", schedule, job.origin(sched_key))
+        raw.set("plan.stage_layers", tuple(counts), job.origin(src))
+        if per_rank > 1:
+            raw.set("plan.vpp", per_rank, job.origin(sched_key))
+        if schedule == "dualpipev" and raw.get("plan.ep", 1) > 1 and \
+                job.flag(f"{p}.pipeline_parallel_expert_parallel_overlap", True):
+            raw.set("plan.overlap.ep_comm", True, job.origin(f"{p}.pipeline_parallel_expert_parallel_overlap"))

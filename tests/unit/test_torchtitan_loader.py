@@ -1,0 +1,324 @@
+"""TorchTitan loader: flavor FFN rounding, batch and DP defaults, PP stage split, precision, v0.1 layout, errors.
+
+Expected numbers come from shared/reference/config-formats.md §3 (worked examples and rules), computed by hand here.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projection.errors import ConfigError
+from projection.formats.torchtitan import job_config_to_raw, load_torchtitan, stage_layer_counts
+from projection.formats.torchtitan_flavors import (
+    known_flavors,
+    llama4_expert_hidden_dim,
+    llama_ffn_hidden_dim,
+    model_fields,
+)
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import Origin
+from projection.workload.stages import split_stages
+
+
+def _cfg(**sections: dict[str, Any]) -> dict[str, Any]:
+    base: dict[str, Any] = {"model": {"name": "llama3", "flavor": "8B"}, "training": {"local_batch_size": 4}}
+    for name, body in sections.items():
+        base[name] = {**base.get(name, {}), **body}
+    return base
+
+
+def _raw(cfg: dict[str, Any]) -> Any:
+    return job_config_to_raw(cfg, {}, source="job.toml")
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "train.toml"
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ FFN rounding (§3.3)
+@pytest.mark.parametrize(("dim", "multiple_of", "mult", "expected"), [
+    (4096, 1024, 1.3, 14336),   # 8B: 16384 -> 10922 -> 14198 -> 14336
+    (8192, 4096, 1.3, 28672),   # 70B: 32768 -> 21845 -> 28398 -> 28672
+    (16384, 4096, 1.2, 53248),  # 405B: 65536 -> 43690 -> 52428 -> 53248 (rounding down would give 49152)
+    (256, 256, None, 768),      # debugmodel: 1024 -> 682 -> 768
+    (5120, 2048, 1.2, 16384),   # Llama-4 Maverick dense layers
+])
+def test_llama_ffn_truncates_twice_then_rounds_up(dim: int, multiple_of: int, mult: float | None,
+                                                  expected: int) -> None:
+    assert llama_ffn_hidden_dim(dim, multiple_of, mult) == expected
+
+
+def test_llama4_expert_hidden_divides_by_topk_plus_shared_before_rounding() -> None:
+    # Scout: 20480 -> 13653 -> 16383 -> /(1 + 1) = 8191 -> 8192
+    assert llama4_expert_hidden_dim(5120, 2048, 1.2, top_k=1, num_shared_experts=1) == 8192
+    # without auto-scaling the dense size comes back
+    assert llama4_expert_hidden_dim(5120, 2048, 1.2, 1, 1, auto_scale=False) == 16384
+
+
+def test_flavor_moe_layer_patterns() -> None:
+    maverick = ModelSpec.model_validate(model_fields("llama4", "17bx128e"))
+    assert [maverick.is_moe_layer(i) for i in range(4)] == [False, True, False, True]  # (i + 1) % 2 == 0
+    ds = ModelSpec.model_validate(model_fields("deepseek_v3", "16B"))
+    assert not ds.is_moe_layer(0) and ds.is_moe_layer(1) and ds.num_moe_layers == 26
+    qwen = ModelSpec.model_validate(model_fields("qwen3", "235B-A22B"))
+    assert qwen.num_moe_layers == 94 and qwen.moe is not None and qwen.moe.shared_expert_ffn_hidden_size == 0
+    assert ModelSpec.model_validate(model_fields("qwen3", "0.6B")).tie_embeddings
+
+
+def test_every_flavor_is_a_valid_model_spec() -> None:
+    for model in ("llama3", "llama4", "deepseek_v3", "qwen3"):
+        for flavor in known_flavors(model):
+            ModelSpec.model_validate(model_fields(model, flavor))
+
+
+# ------------------------------------------------------------------------------------------------ batch, DP, FSDP
+def test_global_batch_minus_one_is_left_unset() -> None:
+    raw = _raw(_cfg(training={"global_batch_size": -1}))
+    assert raw.get("training.global_batch_size") is None
+    assert raw.get("training.micro_batch_size") == 4 and raw.get("training.local_batch_size") == 4
+    raw = _raw(_cfg(training={"global_batch_size": 512}))
+    assert raw.get("training.global_batch_size") == 512
+
+
+def test_dp_shard_minus_one_leaves_dp_to_the_world_size() -> None:
+    raw = _raw(_cfg())
+    assert raw.get("plan.dp") is None
+    assert raw.get("plan.sharding.zero_stage") == 3 and raw.get("plan.sharding.fsdp") == "torch_fsdp2"
+    raw = _raw(_cfg(parallelism={"data_parallel_replicate_degree": 2, "data_parallel_shard_degree": 4}))
+    assert raw.get("plan.dp") == 8 and raw.get("plan.sharding.dp_replicate") == 2
+    ddp = _raw(_cfg(parallelism={"data_parallel_replicate_degree": 8, "data_parallel_shard_degree": 1}))
+    assert ddp.get("plan.sharding.zero_stage") is None and ddp.get("plan.dp") == 8
+
+
+def test_reshard_after_forward_default_depends_on_pp() -> None:
+    assert _raw(_cfg()).get("plan.sharding.reshard_after_forward") is True
+    piped = _raw(_cfg(parallelism={"pipeline_parallel_degree": 2}))
+    assert piped.get("plan.sharding.reshard_after_forward") is False
+    never = _raw(_cfg(parallelism={"fsdp_reshard_after_forward": "never"}))
+    assert never.get("plan.sharding.reshard_after_forward") is False
+
+
+def test_tp_implies_sp_and_pp_microbatch_size() -> None:
+    raw = _raw(_cfg(parallelism={"tensor_parallel_degree": 4, "pipeline_parallel_degree": 2,
+                                 "pipeline_parallel_microbatch_size": 2}))
+    assert raw.get("plan.sp") is True and raw.get("plan.tp") == 4
+    assert raw.get("training.micro_batch_size") == 2 and raw.get("training.local_batch_size") == 4
+
+
+def test_expert_degrees() -> None:
+    ds = {"name": "deepseek_v3", "flavor": "16B"}
+    raw = _raw(_cfg(model=ds, parallelism={"expert_parallel_degree": 8, "expert_tensor_parallel_degree": 1}))
+    assert raw.get("plan.ep") == 8 and raw.get("plan.etp") == 1
+    assert _raw(_cfg(model=ds, parallelism={"expert_tensor_parallel_degree": 1,
+                                            "tensor_parallel_degree": 2})).get("plan.etp") is None  # EP 1: etp = tp
+    assert _raw(_cfg(parallelism={"expert_parallel_degree": 8})).get("plan.ep") is None  # dense model: no effect
+    with pytest.raises(ConfigError, match="must be 1 or equal to tensor_parallel_degree 4"):
+        _raw(_cfg(model=ds, parallelism={"expert_parallel_degree": 8, "expert_tensor_parallel_degree": 2,
+                                         "tensor_parallel_degree": 4}))
+
+
+# ------------------------------------------------------------------------------------------------ precision, AC
+def test_precision_mapping() -> None:
+    mixed = _raw(_cfg())
+    assert mixed.get("training.params_dtype") == "bf16"
+    assert mixed.get("training.optimizer.main_params_dtype") == "fp32"
+    assert mixed.get("training.optimizer.name") == "adamw"
+    pure = _raw(_cfg(training={"dtype": "bfloat16"}))
+    assert pure.get("training.params_dtype") == "bf16"
+    assert pure.get("training.optimizer.main_params_dtype") == "bf16"
+    assert _raw(_cfg(training={"mixed_precision_param": "float32"})).get("training.params_dtype") == "fp32"
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ({}, {"granularity": "selective", "modules": ("layer:2",)}),  # TorchTitan default: selective, option "2"
+    ({"mode": "selective", "selective_ac_option": "op"}, {"granularity": "selective", "modules": ("op",)}),
+    ({"mode": "selective", "selective_ac_option": "3"}, {"granularity": "selective", "modules": ("layer:3",)}),
+    ({"mode": "full"}, {"granularity": "full", "method": "uniform", "num_layers": 1}),
+    ({"mode": "none"}, {"granularity": "none"}),
+])
+def test_activation_checkpoint(section: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert _raw(_cfg(activation_checkpoint=section)).get("plan.recompute") == expected
+
+
+def test_activation_checkpoint_rejects_what_it_cannot_project() -> None:
+    with pytest.raises(ConfigError, match="memory_budget"):
+        _raw(_cfg(activation_checkpoint={"mode": "memory_budget"}))
+    with pytest.raises(ConfigError, match="neither 'op' nor a positive integer"):
+        _raw(_cfg(activation_checkpoint={"mode": "selective", "selective_ac_option": "0"}))
+
+
+# ------------------------------------------------------------------------------------------------ PP stage split
+@pytest.mark.parametrize(("pp", "schedule", "first", "last", "expected"), [
+    (2, "1F1B", 1, 1, (16, 16)),                            # 34 units / 2 = 17 each
+    (2, "1F1B", 3, 0, (15, 17)),                            # 35 units -> 18 - 3, 17 - 0
+    (4, "1F1B", 1, 1, (8, 9, 8, 7)),                        # 34 / 4 = 8 r 2 -> 9, 9, 8, 8
+    (4, "GPipe", 2, 1, (7, 9, 9, 7)),                       # 35 / 4 = 8 r 3 -> 9, 9, 9, 8
+    (4, "1F1B", 0, 0, (8, 8, 8, 8)),
+    (2, "Interleaved1F1B", 1, 1, (8, 9, 8, 7)),             # 2 stages per rank
+    (4, "Interleaved1F1B", 1, 1, (4, 5, 4, 4, 4, 4, 4, 3)),  # 34 / 8 = 4 r 2
+])
+def test_stage_split(pp: int, schedule: str, first: int, last: int, expected: tuple[int, ...]) -> None:
+    raw = _raw(_cfg(parallelism={"pipeline_parallel_degree": pp, "pipeline_parallel_schedule": schedule,
+                                 "pipeline_parallel_first_stage_less_layers": first,
+                                 "pipeline_parallel_last_stage_less_layers": last}))
+    assert raw.get("plan.stage_layers") == expected
+    assert raw.get("plan.vpp") == (2 if len(expected) > pp else None)
+    model = ModelSpec.model_validate(raw.data["model"])
+    slots = split_stages(model, ParallelPlan.model_validate(raw.data["plan"]))
+    assert [len(s.layers) for s in slots] == list(expected) and slots[0].embedding and slots[-1].loss
+
+
+def test_v_schedule_places_stages_in_a_v() -> None:
+    raw = _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "ZBVZeroBubble"}))
+    assert raw.get("plan.schedule") == "zbv" and raw.get("plan.vpp") == 2
+    slots = split_stages(ModelSpec.model_validate(raw.data["model"]), ParallelPlan.model_validate(raw.data["plan"]))
+    assert [s.pp_rank for s in slots] == [0, 1, 1, 0]
+
+
+def test_layers_per_stage_and_explicit_parts() -> None:
+    # ceil((32 + 1 + 1) / 6) = 6 stages = 3 per rank; 34 / 6 = 5 r 4 -> 6, 6, 6, 6, 5, 5
+    raw = _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "Interleaved1F1B",
+                                 "pipeline_parallel_layers_per_stage": 6}))
+    assert raw.get("plan.stage_layers") == (5, 6, 6, 6, 5, 4) and raw.get("plan.vpp") == 3
+    with pytest.raises(ConfigError, match="not a multiple of pipeline_parallel_degree"):
+        _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "Interleaved1F1B",
+                               "pipeline_parallel_layers_per_stage": 4}))  # ceil(34 / 4) = 9 stages
+    parts = [["tok_embeddings", *(f"layers.{i}" for i in range(10))],
+             [*(f"layers.{i}" for i in range(10, 32)), "norm", "output"]]
+    raw = _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "module_fqns_per_model_part": parts}))
+    assert raw.get("plan.stage_layers") == (10, 22)
+    v01 = _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_split_points": ["layers.12"]}))
+    assert v01.get("plan.stage_layers") == (12, 20)
+
+
+def test_stage_split_rules() -> None:
+    assert stage_layer_counts(32, 1) == [32]
+    assert stage_layer_counts(2, 4, 1, 1) == [0, 1, 1, 0]  # 1 unit each: stages 0 and 3 hold only emb / output
+    with pytest.raises(ValueError, match="cannot fill"):
+        stage_layer_counts(2, 5, 1, 1)  # 4 units for 5 stages
+    with pytest.raises(ValueError, match="cannot fill"):
+        stage_layer_counts(4, 7, 2, 1)  # 1 unit per stage, but the embedding weighs 2
+    assert sum(stage_layer_counts(126, 16)) == 126
+
+
+def test_single_stage_schedule_refuses_two_stages_per_rank_and_qwen3_refuses_pp() -> None:
+    with pytest.raises(ConfigError, match=r"needs exactly 1 stage\(s\) per rank"):
+        _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_layers_per_stage": 9}))
+    with pytest.raises(ConfigError, match="no pipeline parallelism for qwen3"):
+        _raw(_cfg(model={"name": "qwen3", "flavor": "32B"}, parallelism={"pipeline_parallel_degree": 2}))
+    with pytest.raises(ConfigError, match="unsupported pipeline schedule"):
+        _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "Zigzag"}))
+
+
+# ------------------------------------------------------------------------------------------------ FP8, v0.1 layout
+V01 = """\
+    [model]
+    name = "llama3"
+    flavor = "8B"
+    tokenizer_path = "./assets/tokenizer/original/tokenizer.model"
+    converters = ["float8"]
+
+    [training]
+    local_batch_size = 1
+    seq_len = 8192
+    compile = true
+
+    [parallelism]
+    data_parallel_shard_degree = -1
+    tensor_parallel_degree = 2
+    enable_async_tensor_parallel = true
+
+    [checkpoint]
+    enable_checkpoint = false
+
+    [float8]
+    enable_fsdp_float8_all_gather = true
+    precompute_float8_dynamic_scale_for_fsdp = true
+    filter_fqns = ["output"]
+"""
+
+
+def test_v01_layout(tmp_path: Path) -> None:
+    raw = load_torchtitan(_write(tmp_path, V01))
+    assert raw.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True}
+    assert raw.get("plan.overlap.tp_comm") is True  # async TP with training.compile (v0.1)
+    assert raw.get("model.ffn_hidden_size") == 14336 and raw.framework == "torchtitan"
+
+
+def test_fp8_only_through_converters() -> None:
+    section = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
+    assert _raw({**_cfg(), **section}).get("training.fp8") is None  # the table alone does nothing
+    on = _raw({**_cfg(model={"converters": ["quantize.linear.float8"]}), **section})
+    assert on.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True}
+    rowwise = {"quantize": {"linear": {"float8": {"recipe_name": "rowwise", "enable_fsdp_float8_all_gather": True}}}}
+    assert _raw({**_cfg(model={"converters": ["float8"]}), **rowwise}).get("training.fp8") == {
+        "format": "e4m3", "recipe": "rowwise", "param_gather": False}
+    mx = _raw(_cfg(model={"converters": ["quantize.linear.mx"]}))
+    assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False}
+    with pytest.raises(ConfigError, match="unknown model converter 'int4'"):
+        _raw(_cfg(model={"converters": ["int4"]}))
+
+
+# ------------------------------------------------------------------------------------------------ errors, overrides
+def test_unknown_key_names_file_line_key_and_fix(tmp_path: Path) -> None:
+    path = _write(tmp_path, """\
+        [model]
+        name = "llama3"
+        flavor = "8B"
+
+        [parallelism]
+        tensor_paralel_degree = 8
+
+        [job]
+        anything_goes = 1
+
+        [trainig]
+        steps = 3
+    """)
+    with pytest.raises(ConfigError) as err:
+        load_torchtitan(path)
+    first, second = err.value.problems
+    assert (first.file, first.line, first.key) == (str(path), 6, "parallelism.tensor_paralel_degree")
+    assert "did you mean 'tensor_parallel_degree'" in first.message and first.fix
+    assert (second.line, second.key) == (11, "trainig") and "unknown section" in second.message
+
+
+def test_unknown_flavor_and_model_list_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        _raw(_cfg(model={"flavor": "7B"}))
+    problem = err.value.problems[0]
+    assert problem.key == "model.flavor" and problem.fix is not None and "405B" in problem.fix
+    with pytest.raises(ConfigError, match="unknown TorchTitan model name 'gpt5'") as err:
+        _raw(_cfg(model={"name": "gpt5"}))
+    assert "deepseek_v3" in (err.value.problems[0].fix or "")
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        _raw(_cfg(training={"seq_len": "long", "local_batch_size": 0}, optimizer={"name": "Lion"}))
+    assert len(err.value.problems) == 3
+
+
+def test_overrides_use_cli_spelling_and_origin(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\n')
+    raw = load_torchtitan(path, {"training.local_batch_size": 3, "--parallelism.tensor_parallel_degree": "2"})
+    assert raw.get("training.local_batch_size") == 3 and raw.get("plan.tp") == 2
+    assert raw.origins["training.local_batch_size"] == Origin("--set", None, "training.local_batch_size")
+    assert raw.origins["model.num_layers"] == Origin(str(path), 3, "model.flavor")
+
+
+def test_yaml_nulls_mean_defaults() -> None:
+    # Primus renders JobConfig as YAML, with null for Optional fields.
+    cfg = _cfg(parallelism={"pipeline_parallel_layers_per_stage": None, "module_fqns_per_model_part": None,
+                            "data_parallel_shard_degree": -1}, training={"global_batch_size": None})
+    raw = job_config_to_raw(cfg, {"model.flavor": Origin("exp.yaml", 7, "model.flavor")}, source="exp.yaml",
+                            framework="primus")
+    assert raw.framework == "primus" and raw.get("training.global_batch_size") is None
+    assert raw.origins["model.hidden_size"].line == 7
