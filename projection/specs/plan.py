@@ -36,6 +36,8 @@ class OffloadSpec(Spec):
     optimizer_fraction: float = Field(1.0, ge=0.0, le=1.0)
     activation_layers: int = Field(0, ge=0)
     fsdp_params: bool = Field(False, description="TorchTitan enable_cpu_offload: params, grads and optimizer state")
+    activation_modules: tuple[str, ...] = Field((), description="Megatron --fine-grained-activation-offloading "
+                                                "--offload-modules: module inputs/outputs moved to the CPU")
 
 
 class OverlapSpec(Spec):

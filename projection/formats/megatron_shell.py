@@ -1,0 +1,296 @@
+"""Read Megatron-LM flags out of a bash launch script (or a plain file of flags) without running it.
+
+What is understood (config-formats.md §1.1 "bash scripts building arrays such as MODEL_ARGS=( --num-layers 32 ... ),
+often with $VAR-style values set earlier in the script"):
+* flag tokens everywhere: bash arrays `X=( --a 1 --b )` and `X+=(...)`, strings `X="--a 1 --b"` (also inside array
+  elements: `"--fp8-format hybrid"`), and command lines (`torchrun ... pretrain_gpt.py --a 1 \\`);
+* variables: `NAME=value` (also after export/local/declare/readonly) in script order, starting from the `env` mapping
+  as bash starts from its environment; `$NAME`, `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:=default}`,
+  `${NAME:+alt}`, `${ARR[@]}` and `$(( integer arithmetic ))`. Positional parameters (`$1`) are unset;
+  command substitution `$(...)` is never run, so it stays unresolved;
+* `if / elif / else / fi` with `[ ]` / `[[ ]]` tests (-z, -n, ==, =, !=, -eq ...), joined by && and ||, so only the
+  branch bash would take contributes flags. A test the parser cannot decide (-f file, a command) counts as true.
+An unresolved variable is kept as the literal `${NAME}` in the value and reported with it, so the caller can refuse
+it only where the value is used.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from projection.formats.megatron_args import flag_to_dest, is_bool_dest, takes_one_value
+from projection.formats.megatron_shell_lex import Expander, Tok, Var, eval_test, lex
+
+
+@dataclass(frozen=True)
+class FlagHit:
+    """One `--flag [value...]` occurrence: the flag as written, its dest, whether the dest is the negation
+    (store_false), the value (True for a bare flag, a string, or a list for several words), and its 1-based line."""
+
+    flag: str
+    dest: str
+    inverted: bool
+    value: object
+    line: int | None
+    unresolved: frozenset[str] = frozenset()
+
+
+@dataclass
+class ShellResult:
+    flags: list[FlagHit] = field(default_factory=list)
+    variables: dict[str, Var] = field(default_factory=dict)
+    assigned_at: dict[str, int] = field(default_factory=dict)  # variable -> line of its last (taken) assignment
+
+
+@dataclass(frozen=True)
+class _Field:
+    text: str
+    line: int
+    unresolved: frozenset[str]
+
+
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
+_ARG_LIST_REF = re.compile(r'^"?\$\{?([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?\}?"?$')
+_FLAGGY = re.compile(r"(^|\s)--[A-Za-z]")
+_QUIET_COMMANDS = frozenset({"echo", "printf"})
+_PREFIXES = frozenset({"export", "local", "declare", "readonly", "typeset"})
+
+
+def parse_shell(text: str, env: Mapping[str, str] | None = None) -> ShellResult:
+    """Collect every Megatron flag of a bash script or flag file, in script order (a later flag overrides)."""
+    return _Interpreter(env or {}).run(lex(text))
+
+
+def is_flag(text: str) -> bool:
+    return len(text) > 2 and text.startswith("--") and text[2].isalpha()
+
+
+# -------------------------------------------------------------------------------------------------- interpreter
+
+
+class _Interpreter:
+    def __init__(self, env: Mapping[str, str]):
+        self.result = ShellResult(variables={k: Var(str(v)) for k, v in env.items()})
+        self.vars = self.result.variables
+        self.frames: list[list[bool]] = []  # per open `if`: [parent_active, branch_taken, active]
+
+    @property
+    def active(self) -> bool:
+        return not self.frames or self.frames[-1][2]
+
+    def run(self, toks: list[Tok]) -> ShellResult:
+        words: list[Tok] = []
+        i, n = 0, len(toks)
+        while i < n:
+            t = toks[i]
+            if t.kind == "word" and not words and t.raw in ("if", "elif", "else", "fi", "then", "do", "done", "{",
+                                                              "}", "case"):
+                i = self._keyword(toks, i)
+                continue
+            if t.kind == "word":
+                words.append(t)
+                i += 1
+                continue
+            if t.raw == "(" and words and _ASSIGN.match(words[-1].raw) and words[-1].raw.endswith("="):
+                i = self._array(toks, i + 1, words[-1])
+                words = []
+                continue
+            self._command(words)
+            words = []
+            i += 1
+        self._command(words)
+        return self.result
+
+    def _keyword(self, toks: list[Tok], i: int) -> int:
+        kw = toks[i].raw
+        if kw == "case":  # patterns are not modelled: skip the whole block
+            while i < len(toks) and not (toks[i].kind == "word" and toks[i].raw == "esac"):
+                i += 1
+            return i + 1
+        if kw in ("if", "elif"):
+            j, cond = i + 1, []
+            while j < len(toks) and not (toks[j].kind == "word" and toks[j].raw == "then"
+                                         and toks[j - 1].kind != "word"):
+                cond.append(toks[j])
+                j += 1
+            value = self._condition(cond) if self._parent_active(kw) else False
+            if kw == "if":
+                active = self.active and value
+                self.frames.append([self.active, active, active])
+            elif self.frames:
+                frame = self.frames[-1]
+                frame[2] = frame[0] and not frame[1] and value
+                frame[1] = frame[1] or frame[2]
+            return j + 1
+        if kw == "else" and self.frames:
+            frame = self.frames[-1]
+            frame[2] = frame[0] and not frame[1]
+            frame[1] = True
+        elif kw == "fi" and self.frames:
+            self.frames.pop()
+        return i + 1
+
+    def _parent_active(self, kw: str) -> bool:
+        if kw == "if":
+            return self.active
+        return bool(self.frames) and self.frames[-1][0] and not self.frames[-1][1]
+
+    def _condition(self, toks: list[Tok]) -> bool:
+        """Evaluate `[ ... ] && [[ ... ]] || ...` left to right; an undecidable test counts as true."""
+        result: bool | None = None
+        pending = "&&"
+        operand: list[Tok] = []
+        for t in [*toks, Tok("op", ";", 0)]:
+            if t.kind == "word":
+                operand.append(t)
+                continue
+            if t.raw not in ("&&", "||", ";", "\n"):
+                continue
+            if operand:
+                value = self._test(operand)
+                value = True if value is None else value
+                result = value if result is None else (result and value if pending == "&&" else result or value)
+                operand = []
+            if t.raw in ("&&", "||"):
+                pending = t.raw
+        return True if result is None else result
+
+    def _test(self, words: list[Tok]) -> bool | None:
+        negate = False
+        while words and words[0].raw == "!":
+            negate, words = not negate, words[1:]
+        if not words:
+            return None
+        head, tail = words[0].raw, words[-1].raw
+        if (head, tail) in (("[", "]"), ("[[", "]]")):
+            body = words[1:-1]
+        elif head == "test":
+            body = words[1:]
+        else:
+            return None
+        args: list[str] = []
+        for w in body:
+            ex = Expander(self.vars, keep_unresolved=False)
+            if head == "[":
+                args.extend(ex.fields(w.raw))  # unquoted empty expansions vanish inside [ ]
+            else:
+                args.append(ex.string(w.raw))
+        value = eval_test(args, glob=head == "[[")
+        return None if value is None else value != negate
+
+    def _array(self, toks: list[Tok], i: int, head: Tok) -> int:
+        elements: list[Tok] = []
+        while i < len(toks) and not (toks[i].kind == "op" and toks[i].raw == ")"):
+            if toks[i].kind == "word":
+                elements.append(toks[i])
+            i += 1
+        if not self.active:
+            return i + 1
+        m = _ASSIGN.match(head.raw)
+        assert m is not None
+        name, append = m.group(1), m.group(2) == "+"
+        fields: list[_Field] = []
+        emitted: list[_Field] = []
+        for w in elements:
+            new = self._fields(w)
+            fields += new
+            if not self._is_arg_list_ref(w.raw):
+                emitted += new
+        old = self.vars.get(name)
+        values = (tuple(old.value) if append and old and not isinstance(old.value, str) else ()) + tuple(
+            f.text for f in fields)
+        self.vars[name] = Var(values, frozenset().union(*(f.unresolved for f in fields)))
+        self.result.assigned_at[name] = head.line
+        self._flags(emitted)
+        return i + 1
+
+    def _command(self, words: list[Tok]) -> None:
+        if not words or not self.active:
+            return
+        while words and words[0].raw in _PREFIXES:
+            words = [w for w in words[1:] if not w.raw.startswith("-")] if words[0].raw == "declare" else words[1:]
+        while words and _ASSIGN.match(words[0].raw):
+            self._assign(words[0])
+            words = words[1:]
+        if not words or words[0].raw in _QUIET_COMMANDS:
+            return
+        fields: list[_Field] = []
+        for w in words:
+            if not self._is_arg_list_ref(w.raw):
+                fields += self._fields(w)
+        self._flags(fields)
+
+    def _assign(self, word: Tok) -> None:
+        m = _ASSIGN.match(word.raw)
+        assert m is not None
+        name, append, raw_value = m.group(1), m.group(2) == "+", m.group(3)
+        ex = Expander(self.vars, keep_unresolved=True)
+        value = ex.string(raw_value)
+        old = self.vars.get(name)
+        if append and old is not None:
+            value = old.text() + value
+        unresolved = frozenset(ex.unresolved) | (old.unresolved if append and old else frozenset())
+        self.vars[name] = Var(value, unresolved)
+        self.result.assigned_at[name] = word.line
+        if _FLAGGY.search(value):
+            self._flags(_split_flag_string(value, raw_value, word.line, unresolved))
+
+    def _fields(self, word: Tok) -> list[_Field]:
+        ex = Expander(self.vars, keep_unresolved=True)
+        out: list[_Field] = []
+        for text in ex.fields(word.raw):
+            if _FLAGGY.search(text) and re.search(r"\s", text.strip()):  # "--fp8-format hybrid" as one element
+                out += _split_flag_string(text, word.raw, word.line, frozenset(ex.unresolved))
+            else:
+                out.append(_Field(text, word.line, frozenset(ex.unresolved)))
+        return out
+
+    def _is_arg_list_ref(self, raw: str) -> bool:
+        """`${ARR[@]}` or `$ARGS` of a variable holding flags: its flags were collected where it was assigned."""
+        m = _ARG_LIST_REF.match(raw)
+        if not m:
+            return False
+        var = self.vars.get(m.group(1))
+        return var is not None and (not isinstance(var.value, str) or bool(_FLAGGY.search(var.value)))
+
+    def _flags(self, fields: list[_Field]) -> None:
+        i = 0
+        while i < len(fields):
+            f = fields[i]
+            if not is_flag(f.text):
+                i += 1
+                continue
+            name, eq, inline = f.text.partition("=")
+            dest, inverted = flag_to_dest(name)
+            values = [_Field(inline, f.line, f.unresolved)] if eq else []
+            j = i + 1
+            if not eq and not is_bool_dest(dest):
+                while j < len(fields) and not is_flag(fields[j].text):
+                    values.append(fields[j])
+                    j += 1
+                if takes_one_value(dest):
+                    values, j = values[:1], i + 1 + len(values[:1])
+            value: object = True if not values else values[0].text if len(values) == 1 else [v.text for v in values]
+            unresolved = frozenset().union(*(v.unresolved for v in values)) if values else frozenset()
+            self.result.flags.append(FlagHit(name, dest, inverted, value, f.line, unresolved))
+            i = j
+
+
+def _split_flag_string(value: str, raw: str, line: int, unresolved: frozenset[str]) -> list[_Field]:
+    """Split a string of flags into words; each word's line is found by locating it in the raw text."""
+    try:
+        parts = shlex.split(value, comments=True)
+    except ValueError:
+        parts = value.split()
+    out, pos = [], 0
+    for part in parts:
+        k = raw.find(part, pos)
+        if k >= 0:
+            pos = k + len(part)
+        out.append(_Field(part, line + raw.count("\n", 0, k if k >= 0 else pos), unresolved))
+    return out
+
+

@@ -1,0 +1,377 @@
+"""Megatron-LM loader: derived defaults (config-formats.md §1.3), flag spellings, bash parsing, the safe list
+expressions, tokenizer lengths, and bad input. Expected numbers come from the reference doc, not from the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projection.errors import ConfigError
+from projection.formats.megatron import args_to_raw, load_megatron
+from projection.formats.megatron_args import ArgValueError, eval_list_expression, flag_to_dest
+from projection.formats.tokenizers import tokenizer_vocab_size
+from projection.specs.hardware import load_device
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import Origin, build_scenario
+from projection.specs.training import TrainingSpec
+
+BASE: dict[str, Any] = {"num_layers": 4, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 2048,
+                        "max_position_embeddings": 2048, "vocab_size": 32000}
+
+
+def raw_of(**args: Any) -> Any:
+    merged = {**BASE, **args}
+    return args_to_raw(merged, {k: Origin("t.yaml", i + 1, k) for i, k in enumerate(merged)}, source="t.yaml")
+
+
+def model(**args: Any) -> ModelSpec:
+    return ModelSpec.model_validate(raw_of(**args).data["model"])
+
+
+def plan(**args: Any) -> ParallelPlan:
+    return ParallelPlan.model_validate(raw_of(**args).data["plan"])
+
+
+def training(**args: Any) -> TrainingSpec:
+    return TrainingSpec.model_validate(raw_of(**args).data["training"])
+
+
+def write(tmp_path: Path, text: str, name: str = "train.sh") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- derived defaults
+
+
+@pytest.mark.parametrize(("hidden", "swiglu", "ffn"), [(4096, True, 10880), (8192, True, 21824), (4096, False, 16384),
+                                                        (512, False, 2048)])
+def test_ffn_default_follows_megatron_rounding(hidden: int, swiglu: bool, ffn: int) -> None:
+    # §1.3: with --swiglu 8h/3 rounded *down* to a multiple of 64 (4096 -> 10880, 8192 -> 21824), else 4h.
+    m = model(hidden_size=hidden, swiglu=swiglu, num_attention_heads=8)
+    assert m.ffn_hidden_size == ffn
+    assert m.gated_mlp is swiglu
+    assert m.activation == ("silu" if swiglu else "gelu")
+
+
+def test_explicit_ffn_wins_and_derived_ffn_points_at_hidden_size() -> None:
+    assert model(ffn_hidden_size=11008, swiglu=True).ffn_hidden_size == 11008
+    raw = raw_of(swiglu=True)
+    assert raw.origins["model.ffn_hidden_size"].key == "hidden_size"
+
+
+def test_gqa_flag_semantics() -> None:
+    assert model(num_query_groups=8).kv_heads == 32  # groups ignored without --group-query-attention (§1.3)
+    assert model(group_query_attention=True).attention_kind == "mqa"  # CLI default num_query_groups = 1
+    assert model(group_query_attention=True, num_query_groups=8).kv_heads == 8
+
+
+def test_kv_channels_default_and_explicit() -> None:
+    assert model().head_dim_ == 4096 // 32
+    assert model(kv_channels=128, hidden_size=2048).head_dim_ == 128  # Qwen3-30B-A3B style, != h/heads
+
+
+def test_megatron_gpt_defaults() -> None:
+    m = model()
+    assert (m.norm, m.tie_embeddings, m.add_bias_linear, m.add_qkv_bias) == ("layernorm", True, True, True)
+    assert m.position_embedding == "learned" and m.max_position_embeddings == 2048
+    assert model(add_bias_linear=False).add_qkv_bias is False
+    assert model(add_bias_linear=False, add_qkv_bias=True).add_qkv_bias is True
+    t = training()
+    assert t.params_dtype == "fp32" and t.dropout == pytest.approx(0.1) and t.fp8 is None
+    p = plan()
+    assert (p.tp, p.pp, p.cp, p.ep, p.etp, p.vpp, p.sharding.zero_stage) == (1, 1, 1, 1, None, None, 0)
+    assert p.overlap.p2p_comm is False  # forced off without a virtual pipeline (§1.3)
+
+
+def test_padded_vocab_gpt2_at_tp8() -> None:
+    # §1.11: GPT-2 BPE 50257 -> 51200 at TP 8 with divisor 128.
+    for extra in ({"tokenizer_type": "GPT2BPETokenizer"}, {"vocab_file": "/d/vocab.json", "merge_file": "/d/m.txt"}):
+        args = {k: v for k, v in BASE.items() if k != "vocab_size"} | extra
+        m = ModelSpec.model_validate(args_to_raw(args, {}, source="x").data["model"])
+        assert m.vocab_size == 50257
+        assert m.padded_vocab(8) == 51200
+        assert m.padded_vocab(1) == 50304
+
+
+def test_odd_divisor_pads_with_tp() -> None:
+    m = model(vocab_size=151669, make_vocab_size_divisible_by=1187)
+    assert m.padded_vocab(1) == 151936  # §1.3: Qwen3-30B uses 1187 so 1187*128 = 151936
+
+
+def test_null_tokenizer_eod_choice() -> None:
+    assert model(tokenizer_type="NullTokenizer", vocab_size=128256).vocab_size == 128256
+    args = {**BASE, "tokenizer_type": "NullTokenizer", "vocab_size": 128256}
+    primus = args_to_raw(args, {}, source="p.yaml", framework="primus-megatron")
+    assert primus.data["model"]["vocab_size"] == 128257  # Primus pin d3528a2 adds the EOD id (§1.3 trap)
+    forced = args_to_raw(args, {}, source="x", null_tokenizer_adds_eod=True)
+    assert ModelSpec.model_validate(forced.data["model"]).padded_vocab(1) == 128384
+
+
+def test_missing_vocab_names_tokenizer_and_fix() -> None:
+    args = {k: v for k, v in BASE.items() if k != "vocab_size"} | {"tokenizer_model": "acme/secret-tok"}
+    with pytest.raises(ConfigError) as err:
+        args_to_raw(args, {"tokenizer_model": Origin("f.yaml", 7, "tokenizer_model")}, source="f.yaml")
+    p = err.value.problems[0]
+    assert (p.key, p.file, p.line) == ("tokenizer_model", "f.yaml", 7)
+    assert "--set vocab_size=N" in (p.fix or "")
+
+
+def test_moe_defaults_and_list_expression() -> None:
+    m = model(num_experts=8, ffn_hidden_size=14336, swiglu=True, num_layers=61,
+              moe_layer_freq="([0]*3+[1]*58)", moe_shared_expert_intermediate_size=2048)
+    assert m.moe is not None
+    assert (m.moe.top_k, m.moe.expert_ffn_hidden_size, m.moe.shared_expert_ffn_hidden_size) == (2, 14336, 2048)
+    assert m.num_moe_layers == 58 and not m.is_moe_layer(2) and m.is_moe_layer(3)
+    assert (m.moe.first_k_dense, m.moe.layer_freq, m.moe.layer_pattern) == (3, 1, None)  # DeepSeek form, as HF
+    odd = model(num_experts=4, num_layers=4, moe_layer_freq="[1,1,0,1]").moe
+    assert odd is not None and odd.layer_pattern == (1, 1, 0, 1)  # no (k, freq) rule: kept as a list
+    every_other = model(num_experts=4, moe_layer_freq=2)
+    assert [every_other.is_moe_layer(i) for i in range(4)] == [True, False, True, False]  # layer 0 is MoE
+    assert model(num_experts=0).moe is None
+
+
+def test_list_expression_is_evaluated_safely() -> None:
+    assert eval_list_expression("([0]*3+[1]*2)") == [0, 0, 0, 1, 1]
+    assert eval_list_expression("[1,0]*2") == [1, 0, 1, 0]
+    for bad in ("__import__('os').system('true')", "[0]*10**9", "[x]*3", "[0]*999999999", "open('f')", "[0.5]"):
+        with pytest.raises(ArgValueError):
+            eval_list_expression(bad)
+    with pytest.raises(ConfigError) as err:
+        raw_of(num_experts=8, moe_layer_freq="[__import__('os')]*4")
+    assert err.value.problems[0].key == "moe_layer_freq"
+
+
+def test_mla_uses_cli_defaults() -> None:
+    m = model(multi_latent_attention=True, num_attention_heads=128, hidden_size=7168)
+    assert m.mla is not None
+    # §1.8: CLI defaults q_lora_rank None (-> 0), kv_lora_rank 32 (not the dataclass's 512).
+    assert (m.mla.q_lora_rank, m.mla.kv_lora_rank, m.mla.qk_head_dim, m.mla.qk_rope_head_dim, m.mla.v_head_dim) == \
+        (0, 32, 128, 64, 128)
+    with pytest.raises(ConfigError):
+        raw_of(multi_latent_attention=True, group_query_attention=True)
+
+
+def test_virtual_pipeline_spellings() -> None:
+    p = plan(num_layers=32, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2)
+    assert (p.vpp, p.schedule) == (4, "interleaved_1f1b")
+    assert plan(num_layers=32, pipeline_model_parallel_size=4, num_virtual_stages_per_pipeline_rank=2).vpp == 2
+    assert plan(num_layers=8, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2).vpp is None
+    layout = plan(num_layers=14, pipeline_model_parallel_size=4, pipeline_model_parallel_layout="Et*2|(tt|)*5t|tmL")
+    assert (layout.vpp, layout.pipeline_layout) == (2, "Et*2|(tt|)*5t|tmL")
+    with pytest.raises(ConfigError):
+        raw_of(pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=1,
+               num_virtual_stages_per_pipeline_rank=2)
+    emb = plan(num_layers=30, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=4,
+               account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    assert emb.vpp == 2  # (30 + 1 + 1) / 4 / 4
+
+
+def test_primus_manual_split_list() -> None:
+    p = plan(num_layers=30, pipeline_model_parallel_size=4, decoder_pipeline_manual_split_list=[6, 8, 8, 8])
+    assert p.stage_layers == (6, 8, 8, 8)
+
+
+def test_sharding_flags() -> None:
+    assert plan(use_distributed_optimizer=True).sharding.zero_stage == 1
+    fsdp2 = plan(use_torch_fsdp2=True).sharding
+    assert (fsdp2.zero_stage, fsdp2.fsdp) == (3, "torch_fsdp2")
+    for strategy, stage in (("optim", 1), ("optim_grads", 2), ("optim_grads_params", 3), ("no_shard", 0)):
+        assert plan(use_custom_fsdp=True, data_parallel_sharding_strategy=strategy).sharding.zero_stage == stage
+    assert plan(use_megatron_fsdp=True).sharding.fsdp == "megatron_fsdp"
+
+
+def test_recompute_flags() -> None:
+    sel = plan(recompute_activations=True).recompute
+    assert (sel.granularity, sel.modules) == ("selective", ("core_attn",))
+    full = plan(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1).recompute
+    assert (full.granularity, full.method, full.num_layers) == ("full", "uniform", 1)
+    ids = plan(recompute_granularity="full", recompute_layer_ids="[0, 1, 2]").recompute
+    assert ids.layer_ids == (0, 1, 2)
+    mods = plan(recompute_granularity="selective", recompute_modules="[layernorm mla_up_proj mlp]").recompute
+    assert mods.modules == ("layernorm", "mla_up_proj", "mlp")
+    assert plan(moe_layer_recompute=True, num_experts=4).recompute.modules == ("moe",)
+
+
+def test_precision_and_optimizer() -> None:
+    t = training(bf16=True, fp8="hybrid", fp8_param_gather=True, grad_reduce_in_bf16=True)
+    assert t.params_dtype == "bf16" and t.fp8 is not None
+    assert (t.fp8.format, t.fp8.recipe, t.fp8.param_gather) == ("hybrid", "delayed", True)
+    assert t.optimizer.main_grads_dtype == "bf16"
+    pa = training(bf16=True, use_precision_aware_optimizer=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
+    assert pa.optimizer.precision_aware and pa.optimizer.exp_avg_dtype == "bf16"
+    assert training(fp16=True).params_dtype == "fp16"
+    with pytest.raises(ConfigError):
+        raw_of(bf16=True, fp16=True)
+
+
+@pytest.mark.parametrize("value", [1, "1", "true", True])
+def test_bools_arrive_as_ints_or_strings(value: Any) -> None:
+    assert plan(sequence_parallel=value, tensor_model_parallel_size=2).sp_ is True
+
+
+def test_bad_value_is_located() -> None:
+    with pytest.raises(ConfigError) as err:
+        args_to_raw({**BASE, "num_layers": "many"}, {"num_layers": Origin("f.sh", 12, "--num-layers")}, source="f.sh")
+    p = err.value.problems[0]
+    assert (p.key, p.file, p.line) == ("--num-layers", "f.sh", 12)
+
+
+def test_flag_spellings() -> None:
+    assert flag_to_dest("--disable-bias-linear") == ("add_bias_linear", True)
+    assert flag_to_dest("--no-gradient-accumulation-fusion") == ("gradient_accumulation_fusion", True)
+    assert flag_to_dest("--fp8-format") == ("fp8", False)
+    assert flag_to_dest("--num-experts") == ("num_experts", False)
+    assert flag_to_dest("--norm-epsilon") == ("layernorm_epsilon", False)
+    assert flag_to_dest("--no-load-optim") == ("no_load_optim", False)  # not a store_false of a known dest
+    assert flag_to_dest("--use-checkpoint-opt_param-scheduler")[0] == "use_checkpoint_opt_param_scheduler"
+
+
+@pytest.mark.parametrize(("name", "size"), [
+    ("meta-llama/Llama-3.1-70B", 128256), ("Llama3Tokenizer", 128256), ("meta-llama/Meta-Llama-3-8B", 128256),
+    ("meta-llama/Llama-2-7b-hf", 32000), ("Llama2Tokenizer", 32000), ("MixtralTokenizer", 32000),
+    ("mistralai/Mixtral-8x7B-v0.1", 32000), ("Qwen/Qwen2.5-72B", 151665), ("Qwen/Qwen3-30B-A3B", 151669),
+    ("deepseek-ai/DeepSeek-V3", 129280), ("DeepSeekV3Tokenizer", 129280), ("GPT2BPETokenizer", 50257),
+    ("/data/utils/nemotron_2_256k.model", 256000), ("huggyllama/llama-30b", None), ("acme/unknown", None),
+])
+def test_tokenizer_table(name: str, size: int | None) -> None:
+    assert tokenizer_vocab_size(name) == size
+
+
+# ---------------------------------------------------------------------------------------------------------- files
+
+SCRIPT = """#!/bin/bash
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+GPUS_PER_NODE=8
+NNODES=${SLURM_NNODES:-"2"}
+CHECKPOINT_PATH=$1
+NUM_LAYERS=${NUM_LAYERS:-16}
+DTYPE="fp8"
+MODEL_ARGS=(
+    --num-layers $NUM_LAYERS      # from a variable with a default
+    --hidden-size 4096
+    --num-attention-heads 32
+    --group-query-attention
+    --num-query-groups 8
+#   --num-experts 8
+    --swiglu
+    --disable-bias-linear
+    --normalization RMSNorm
+    --position-embedding-type rope
+    --untie-embeddings-and-output-weights
+)
+DTYPE_ARGS=()
+if [[ "$DTYPE" == "fp8" ]]; then
+    DTYPE_ARGS+=( "--fp8-format hybrid" "--fp8-param-gather" )
+else
+    DTYPE_ARGS+=( --fp8-format e4m3 )
+fi
+if [ -n "${WANDB_API_KEY}" ]; then
+    LOGGING=( --tensorboard-dir /tb )
+fi
+DATA="--tokenizer-type Llama3Tokenizer \\
+      --seq-length 8192 --max-position-embeddings 8192"
+torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py \\
+    ${MODEL_ARGS[@]} \\
+    ${DTYPE_ARGS[@]} $DATA \\
+    --tensor-model-parallel-size 2 --sequence-parallel \\
+    --bf16 --save $CHECKPOINT_PATH
+"""
+
+
+def test_bash_script_arrays_variables_branches(tmp_path: Path) -> None:
+    raw = load_megatron(write(tmp_path, SCRIPT))
+    m = ModelSpec.model_validate(raw.data["model"])
+    assert (m.num_layers, m.hidden_size, m.kv_heads, m.ffn_hidden_size) == (16, 4096, 8, 10880)
+    assert (m.norm, m.position_embedding, m.add_bias_linear, m.tie_embeddings) == ("rmsnorm", "rope", False, False)
+    assert m.moe is None  # commented out
+    assert m.vocab_size == 128256
+    t = TrainingSpec.model_validate(raw.data["training"])
+    assert (t.seq_length, t.params_dtype) == (8192, "bf16")
+    assert t.fp8 is not None and (t.fp8.format, t.fp8.param_gather) == ("hybrid", True)  # the taken branch only
+    assert raw.data["plan"]["tp"] == 2 and raw.data["plan"]["sp"] is True
+    assert raw.data["cluster"] == {"gpus_per_node": 8, "nodes": 2}
+    assert raw.origins["model.num_layers"] == Origin(str(tmp_path / "train.sh"), 9, "--num-layers")
+    assert raw.origins["training.seq_length"].line == 31
+    assert raw.origins["cluster.nodes"].line == 4
+
+
+def test_bash_env_and_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, SCRIPT)
+    raw = load_megatron(path, env={"NUM_LAYERS": "48", "SLURM_NNODES": "4", "DTYPE": "bf16"})
+    assert raw.data["model"]["num_layers"] == 48 and raw.data["cluster"]["nodes"] == 4
+    assert raw.data["training"]["fp8"]["format"] == "hybrid"  # DTYPE is assigned in the script, env loses
+    over = load_megatron(path, {"hidden_size": 2048, "--num-layers": 24, "plan.cp": 2, "--disable-bias-linear": False})
+    assert (over.data["model"]["hidden_size"], over.data["model"]["num_layers"]) == (2048, 24)
+    assert over.data["plan"]["cp"] == 2 and over.data["model"]["add_bias_linear"] is True
+    assert over.origins["model.hidden_size"].file == "--set"
+    assert load_megatron(path, {"disable-bias-linear": "true"}).data["model"]["add_bias_linear"] is False
+    with pytest.raises(ConfigError) as err:
+        load_megatron(path, {"num_layer": 4})
+    assert err.value.problems[0].key == "num_layer" and "num_layers" in (err.value.problems[0].fix or "")
+
+
+def test_unresolved_variable_in_used_flag(tmp_path: Path) -> None:
+    path = write(tmp_path, "ARGS=( --num-layers $LAYERS --hidden-size 64 --num-attention-heads 4 \n"
+                           "  --seq-length 128 --vocab-size 1000 --save $1 --tokenizer-model $TOK/gpt2-vocab.json )\n")
+    with pytest.raises(ConfigError) as err:
+        load_megatron(path)
+    assert len(err.value.problems) == 1  # --save and the tokenizer path are not used as values
+    p = err.value.problems[0]
+    assert (p.key, p.line) == ("--num-layers", 1) and "$LAYERS" in p.message
+    assert load_megatron(path, env={"LAYERS": "2"}).data["model"]["num_layers"] == 2
+    assert load_megatron(path, {"num_layers": 3}).data["model"]["num_layers"] == 3
+
+
+def test_plain_flag_file_and_flag_equals(tmp_path: Path) -> None:
+    path = write(tmp_path, "--num-layers=2 --hidden-size 64 --num-attention-heads 4\n--seq-length 128 "
+                           "--max-position-embeddings 128 --vocab-size 1000 --moe-layer-freq ([0]*1+[1]*1) "
+                           "--num-experts 2\n", "flags.txt")
+    m = ModelSpec.model_validate(load_megatron(path).data["model"])
+    assert m.num_layers == 2 and m.moe is not None and [m.is_moe_layer(i) for i in range(2)] == [False, True]
+    quoted = write(tmp_path, path.read_text().replace("([0]*1+[1]*1)", "'([1]*1+[0]*1)'"), "quoted.sh")
+    q = ModelSpec.model_validate(load_megatron(quoted).data["model"])
+    assert q.moe is not None and [q.is_moe_layer(i) for i in range(2)] == [True, False]
+
+
+def test_model_args_yaml_with_env(tmp_path: Path) -> None:
+    text = ("ENV_VARS:\n  X: 1\nMODEL_ARGS:\n  --num-layers: ${LAYERS}\n  --hidden-size: 64\n"
+            "  --num-attention-heads: 4\n  --seq-length: 128\n  --disable-bias-linear: true\n"
+            "  --tokenizer-type: GPT2BPETokenizer\n  --save: ${CHECKPOINT_SAVE_PATH}\n  --sequence-parallel: 1\n")
+    path = write(tmp_path, text, "model_config.yaml")
+    with pytest.raises(ConfigError) as err:
+        load_megatron(path)
+    assert (err.value.problems[0].key, err.value.problems[0].line) == ("--num-layers", 4)
+    raw = load_megatron(path, env={"LAYERS": "6"})
+    assert raw.data["model"]["num_layers"] == 6 and raw.data["model"]["add_bias_linear"] is False
+    assert raw.data["plan"]["sp"] is True and raw.origins["model.hidden_size"].line == 5
+
+
+def test_flat_yaml_of_dests(tmp_path: Path) -> None:
+    path = write(tmp_path, "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nswiglu: true\n"
+                           "tokenizer_model: meta-llama/Llama-2-7b-hf\n", "preset.yaml")
+    raw = load_megatron(path)
+    assert raw.data["model"]["vocab_size"] == 32000 and raw.data["model"]["ffn_hidden_size"] == 128
+    assert "seq_length" not in raw.data["training"]  # left for build_scenario to report
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_megatron(Path("/nonexistent/train.sh"))
+    assert "not found" in err.value.problems[0].message
+
+
+def test_missing_model_shape_is_reported_once_per_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_megatron(write(tmp_path, "--seq-length 128 --vocab-size 10\n", "f.txt"))
+    assert {p.key for p in err.value.problems} == {"--num-layers", "--hidden-size", "--num-attention-heads"}
+
+
+def test_builds_into_a_scenario(tmp_path: Path) -> None:
+    raw = load_megatron(write(tmp_path, SCRIPT))
+    sc = build_scenario(raw, load_device("mi300x"))
+    assert sc.world_size == 16 and sc.plan.dp == 8
