@@ -34,10 +34,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, 1 node and the
     device's usual GPUs per node.
     """
-    if isinstance(overrides, Mapping):
-        ov = dict(overrides)
-    else:
-        ov = parse_set(list(overrides or ()))
+    ov = dict(overrides) if isinstance(overrides, Mapping) else parse_set(list(overrides or ()))
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
                    models_dir=models_dir, env=env or {})
     if hardware is not None:
