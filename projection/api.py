@@ -43,6 +43,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw.set("cluster.nodes", nodes, Origin("command line", None, "--nodes"))
     if gpus_per_node is not None:
         raw.set("cluster.gpus_per_node", gpus_per_node, Origin("command line", None, "--gpus-per-node"))
+    if raw.get("cluster.nodes") is None:
+        raw.set("cluster.nodes", 1, Origin("default (1 node; --nodes to change)"))
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
     device = load_device(str(raw.get("cluster.hardware")), hardware_dir)

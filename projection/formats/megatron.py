@@ -64,6 +64,13 @@ def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, sourc
     _plan(a, raw)
     if a.problems:
         raise ConfigError(a.problems)
+    name = args.get("model")  # Primus keeps the model preset's name under `model`
+    if isinstance(name, str) and name:
+        raw.set("model.name", name.removesuffix(".yaml"), origins.get("model", Origin(source, None, "model")))
+    else:
+        stem = Path(source).stem
+        raw.set("model.name", Path(source).parent.name if stem == "model_config" else stem,
+                Origin(source, None, "(file name)"))
     return raw
 
 
@@ -355,12 +362,15 @@ def _yaml_hits(path: Path, text: str, env: Mapping[str, str]) -> list[FlagHit]:
         key = str(key)
         dest, inverted = flag_to_dest(key) if key.startswith("-") else (canonical_dest(key), False)
         unresolved: frozenset[str] = frozenset()
+        if value is None:
+            if not key.startswith("-"):
+                continue  # a dest set to null keeps Megatron's default (Primus/preset convention)
+            value = True  # `--flag:` with no value in MODEL_ARGS is a bare flag
         if isinstance(value, str) and "$" in value:
             ex = Expander(table, keep_unresolved=True)
             value = ex.string_no_quotes(value)
             unresolved = frozenset(ex.unresolved)
-        hits.append(FlagHit(key, dest, inverted, True if value is None else value, lines.get((*prefix, key)),
-                            unresolved))
+        hits.append(FlagHit(key, dest, inverted, value, lines.get((*prefix, key)), unresolved))
     return hits
 
 

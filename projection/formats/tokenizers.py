@@ -37,6 +37,7 @@ _TABLE: tuple[tuple[re.Pattern[str], int], ...] = tuple(
         (r"qwen[-_ ]?2(\.|_|p)5", 151665),
         (r"llama[-_ ]?3(?![0-9])", 128256),
         (r"llama[-_ ]?2(?![0-9])", 32000),
+        (r"mixtral[-_ ]?8x22b", 32768),  # v0.1 tokenizer v3: HF config vocab_size 32768
         (r"mixtral", 32000),
         (r"mistral[-_ ]?7b[-_ ]?v0[._]?[12](?![0-9])", 32000),
         (r"nemotron[-_ ]?\d*[-_ ]?256k", 256000),

@@ -204,6 +204,7 @@ def model_fields(model: str, flavor: str) -> dict[str, Any]:
             out["moe"] = _moe(moe, expert, layer_freq=a["interleave_moe_layer_step"], convention="plus_one")
     elif model == "deepseek_v3":
         out["ffn_hidden_size"] = a["inter_dim"]
+        out["qk_norm"] = True  # deepseek_v3/model.py Attention: q_norm (with q_lora) and kv_norm RMSNorms always
         out["mla"] = {"q_lora_rank": a["q_lora_rank"], "kv_lora_rank": a["kv_lora_rank"],
                       "qk_head_dim": a["qk_nope_head_dim"], "qk_rope_head_dim": a["qk_rope_head_dim"],
                       "v_head_dim": a["v_head_dim"]}

@@ -74,7 +74,7 @@ class ModelSpec(Spec):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: bool = Field(False, description="per-head Q/K norms; with MLA the RMSNorms on the q and kv latents")
     position_embedding: Literal["rope", "learned", "none"] = "rope"
     max_position_embeddings: int | None = Field(None, gt=0)
     rope_theta: float | None = None
