@@ -90,7 +90,7 @@ def substitute_env(text: str, env: Mapping[str, str], *, file: str | None = None
     def one(m: re.Match[str]) -> str:
         nonlocal replaced
         name, default = m.group(1), m.group(2)
-        if name in env:  # an empty value counts as set (Primus: os.environ.get(var, default))
+        if name in env:  # an empty value counts as set (Primus reads the process environment with a default)
             value = env[name]
         elif default is not None:
             value = default

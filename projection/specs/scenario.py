@@ -7,8 +7,9 @@ collecting every schema problem and every layout violation before raising one er
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -18,6 +19,8 @@ from projection.specs.hardware import ClusterSpec, DeviceSpec
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import TrainingSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,16 +85,17 @@ class Scenario(Spec):
 
 def origin_problem(raw: RawScenario, dotted: str, message: str, fix: str | None = None) -> Problem:
     """A Problem located at the file/line/native key that set `dotted` (or at the scenario's source file)."""
-    o = _closest_origin(raw, dotted)
+    o = closest(raw.origins, dotted)
     if o is None:
         return Problem(message, key=dotted, file=raw.source, fix=fix)
     return Problem(message, key=o.key or dotted, file=o.file, line=o.line, fix=fix)
 
 
-def _closest_origin(raw: RawScenario, dotted: str) -> Origin | None:
+def closest(origins: Mapping[str, T], dotted: str) -> T | None:
+    """The entry for `dotted`, else for its closest parent key (a.b.c -> a.b -> a), else None."""
     parts = dotted.split(".")
     while parts:
-        o = raw.origins.get(".".join(parts))
+        o = origins.get(".".join(parts))
         if o is not None:
             return o
         parts.pop()
@@ -150,10 +154,4 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
 
 def origin_of(scenario: Scenario, dotted: str) -> str:
     """Where a resolved value came from: its own origin, the closest parent's, or 'default'."""
-    parts = dotted.split(".")
-    while parts:
-        o = scenario.origins.get(".".join(parts))
-        if o is not None:
-            return o
-        parts.pop()
-    return "default"
+    return closest(scenario.origins, dotted) or "default"
