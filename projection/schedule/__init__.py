@@ -1,0 +1,1 @@
+"""Pipeline schedules as data: per-rank lists of Actions (see action.py)."""
