@@ -14,6 +14,7 @@ from typing import Any
 
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
+from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR
 from projection.report.inspect import InspectReport, build_inspect_report
 from projection.specs.hardware import load_device
@@ -54,3 +55,18 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
 def inspect(scenario: Scenario) -> InspectReport:
     """Resolved values with their origins, and parameter counts (total, by component, activated, per rank)."""
     return build_inspect_report(scenario)
+
+
+def estimate_memory(scenario: Scenario) -> MemoryReport:
+    """Per-rank memory (weights, gradients, optimizer, activations from the schedule's in-flight microbatches,
+    buffers), allocated and reserved peaks, and the verdict against the device's HBM."""
+    from projection.memory.estimate import estimate_memory as _estimate
+
+    return _estimate(scenario)
+
+
+def explain_memory(report: MemoryReport) -> str:
+    """Each memory term as a sympy formula with the numbers substituted."""
+    from projection.memory.explain import explain
+
+    return explain(report)

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="resolved config with provenance, and parameter counts per rank")
     _common(p)
+    p = sub.add_parser("memory", help="per-rank memory: weights, gradients, optimizer, activations, verdict")
+    _common(p)
+    p.add_argument("--explain", action="store_true", help="print each term's formula with the numbers substituted")
     return parser
 
 
@@ -42,6 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "inspect":
             report = api.inspect(scenario)
             text = json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_table()
+        elif args.command == "memory":
+            mem = api.estimate_memory(scenario)
+            text = json.dumps(mem.to_dict(), indent=2) if args.format == "json" else mem.to_table()
+            if args.explain:
+                text += "\n\n" + api.explain_memory(mem)
     except ProjectionError as e:
         print(f"error: {e.render()}", file=sys.stderr)
         return 2

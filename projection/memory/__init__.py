@@ -1,0 +1,1 @@
+"""Per-rank memory: model states, activations (schedule-aware), buffers, allocator, verdict."""

@@ -1,0 +1,211 @@
+"""Activation bytes saved for backward, per microbatch, as an inventory of named tensors per layer.
+
+The inventory follows what Megatron-core with Transformer Engine saves (Korthikanti et al. 2022 §4 give the
+16-bit GPT breakdown 34·s·b·h + 5·a·s²·b per layer with unfused attention and dropout; that case is reproduced
+exactly by this module, see tests): every norm saves its input, every linear its input (fp8 copies with FP8), the
+activation function its input, flash attention q, k, v, its output and the fp32 log-sum-exp, unfused attention the
+s x s softmax (plus dropout mask and output), dropout a 1-byte mask. Tensors along the hidden dimension that are
+replicated across TP are divided by TP only with sequence parallelism (Korthikanti §4.2.2).
+
+Symbols: b micro batch, s local sequence (seq / cp), T = b·s tokens, h hidden, t tp, r = 1/t with SP else 1,
+e activation bytes (2 for bf16/fp16), a heads, g KV heads, d head dim, f FFN, E experts, k top-k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-rank sizes for one microbatch."""
+
+    b: int
+    s: int  # local sequence length (after CP)
+    seq: int  # full sequence length (keys seen by each query)
+    T: int  # tokens on the rank before SP sharding
+    h: int
+    t: int
+    r: float  # 1/t with sequence parallelism, else 1
+    e: int  # bytes per activation element
+    e_lin: int  # bytes of a saved linear input (1 with FP8 GEMMs)
+    dropout: bool
+    unfused: bool
+
+
+def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
+    s = training.seq_length // plan.cp
+    b = training.micro_batch_size
+    e = 4 if training.params_dtype == "fp32" else 2
+    return Dims(b=b, s=s, seq=training.seq_length, T=b * s, h=model.hidden_size, t=plan.tp,
+                r=1 / plan.tp if plan.sp_ else 1.0, e=e, e_lin=1 if training.fp8 is not None else e,
+                dropout=training.dropout > 0, unfused=training.attention_backend == "unfused")
+
+
+def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
+    """Saved tensors of the attention block (input norm .. output dropout)."""
+    T, h, t, r, e = D.T, D.h, D.t, D.r, D.e
+    out: dict[str, float] = {"attn.norm_in": e * T * h * r, "attn.linear_in": D.e_lin * T * h * r}
+    heads = model.num_attention_heads // t
+    if model.mla is not None:
+        m = model.mla
+        if m.q_lora_rank:
+            # q latent: its norm input and the up-projection input (the normed latent); replicated across TP
+            out["attn.q_latent"] = e * T * m.q_lora_rank + D.e_lin * T * m.q_lora_rank
+        out["attn.kv_latent"] = e * T * (m.kv_lora_rank + m.qk_rope_head_dim) + D.e_lin * T * m.kv_lora_rank
+        q_w, k_w, v_w = heads * (m.qk_head_dim + m.qk_rope_head_dim), heads * (m.qk_head_dim + m.qk_rope_head_dim), \
+            heads * m.v_head_dim
+    else:
+        d = model.head_dim_
+        kv = max(1, model.kv_heads // t)
+        q_w, k_w, v_w = heads * d, kv * d, kv * d
+    out["attn.qkv"] = e * T * (q_w + k_w + v_w)
+    v_total = heads * (model.mla.v_head_dim if model.mla else model.head_dim_)
+    # Attention output: saved by flash attention (16-bit) and, being the same tensor, by the output projection;
+    # with FP8 the projection keeps its own fp8 copy as well.
+    out["attn.core_out"] = e * T * v_total + (T * v_total if D.e_lin == 1 else 0)
+    if D.unfused:
+        probs = D.b * heads * D.s * D.seq
+        out["attn.softmax"] = e * probs
+        if D.dropout:
+            out["attn.dropout"] = (1 + e) * probs  # mask + dropped probabilities (input of the V matmul)
+    else:
+        out["attn.lse"] = 4 * D.b * heads * D.s  # fp32 log-sum-exp per query row
+    if D.dropout:
+        out["attn.out_dropout_mask"] = 1 * T * h * r
+    return out
+
+
+def mlp_tensors(model: ModelSpec, D: Dims, ffn: int, prefix: str = "mlp", tokens: float | None = None,
+                shard: int | None = None, with_norm: bool = True) -> dict[str, float]:
+    """A (gated) MLP: norm input, fc1 input, activation input (fc1 output) and fc2 input."""
+    T = D.T if tokens is None else tokens
+    shard = D.t if shard is None else shard
+    out: dict[str, float] = {}
+    if with_norm:
+        out[f"{prefix}.norm_in"] = D.e * D.T * D.h * D.r
+        out[f"{prefix}.linear_in"] = D.e_lin * D.T * D.h * D.r
+    branches = 2 if model.gated_mlp else 1
+    out[f"{prefix}.act_in"] = D.e * T * branches * ffn / shard
+    out[f"{prefix}.fc2_in"] = D.e_lin * T * ffn / shard
+    if with_norm and D.dropout:
+        out[f"{prefix}.dropout_mask"] = 1 * D.T * D.h * D.r
+    return out
+
+
+def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, float]:
+    """MoE block (Megatron alltoall dispatcher, grouped GEMM), balanced routing.
+
+    Each rank's experts receive N = T·k·etp/t token copies (T·k routed copies per TP group of tokens, spread over ep
+    ranks holding E/ep experts, each replicated over the etp ranks of its expert-TP group)."""
+    moe = model.moe
+    assert moe is not None
+    out: dict[str, float] = {"moe.norm_in": D.e * D.T * D.h * D.r, "moe.linear_in": D.e_lin * D.T * D.h * D.r,
+                             "moe.router_probs": 4 * D.T * D.r * moe.num_experts}  # fp32 scores
+    n = D.T * moe.top_k * plan.etp_ / D.t
+    out["moe.dispatched"] = D.e_lin * n * D.h  # grouped-GEMM fc1 input (permuted token copies)
+    out.update(mlp_tensors(model, D, moe.expert_ffn_hidden_size, "moe.experts", tokens=n, shard=plan.etp_,
+                           with_norm=False))
+    out["moe.expert_out"] = D.e * n * D.h  # kept by unpermute for the gradient of the routing probabilities
+    if moe.shared_expert_ffn_hidden_size:
+        out.update(mlp_tensors(model, D, moe.shared_expert_ffn_hidden_size, "moe.shared", with_norm=False))
+    if D.dropout:
+        out["moe.dropout_mask"] = 1 * D.T * D.h * D.r
+    return out
+
+
+# Megatron --recompute-modules: which saved tensors each module's checkpoint drops (its input is kept).
+_SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
+    "core_attn": ("attn.softmax", "attn.dropout", "attn.lse"),
+    "mlp": ("mlp.act_in", "mlp.fc2_in"),
+    "moe": ("moe.dispatched", "moe.experts.act_in", "moe.experts.fc2_in", "moe.expert_out", "moe.router_probs",
+            "moe.shared.act_in", "moe.shared.fc2_in"),
+    "moe_act": ("moe.experts.fc2_in",),
+    "shared_experts": ("moe.shared.act_in", "moe.shared.fc2_in"),
+    "layernorm": ("attn.linear_in", "mlp.linear_in", "moe.linear_in"),
+    "mla_up_proj": ("attn.qkv",),
+    # TorchTitan per-op SAC keeps matmul / SDPA outputs and recomputes elementwise ops and norms.
+    "op": ("attn.norm_in", "mlp.norm_in", "moe.norm_in", "mlp.fc2_in", "moe.experts.fc2_in", "moe.shared.fc2_in"),
+}
+
+
+def layer_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, i: int) -> dict[str, float]:
+    """All tensors decoder layer i saves for one microbatch with no recompute."""
+    D = dims(model, training, plan)
+    out = attention_tensors(model, D)
+    if model.is_moe_layer(i):
+        out.update(moe_tensors(model, plan, D))
+    else:
+        out.update(mlp_tensors(model, D, model.ffn_hidden_size))
+    return out
+
+
+def layer_input_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
+    """The checkpointed input of a fully recomputed layer (sequence-sharded with SP, or with
+    --distribute-saved-activations across TP)."""
+    D = dims(model, training, plan)
+    shard = D.r if (plan.sp_ or not plan.recompute.distribute_saved_activations) else 1 / D.t
+    return D.e * D.T * D.h * shard
+
+
+def recomputed_layers(plan: ParallelPlan, stage_layers: tuple[int, ...]) -> set[int]:
+    """Global ids of the layers of one virtual stage that full recompute checkpoints."""
+    r = plan.recompute
+    if r.granularity != "full":
+        return set()
+    if r.layer_ids is not None:
+        return set(r.layer_ids) & set(stage_layers)
+    if r.method == "block":
+        return set(stage_layers[: r.num_layers or 0])
+    return set(stage_layers)  # uniform: every layer, checkpointed in chunks of num_layers
+
+
+def saved_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, i: int,
+                      full_recompute: bool, chunk_head: bool = True) -> float:
+    """Bytes layer i keeps per in-flight microbatch after recompute choices. In a uniform chunk of several layers
+    only the chunk's first layer keeps its input."""
+    if full_recompute:
+        return layer_input_bytes(model, training, plan) if chunk_head else 0.0
+    tensors = layer_tensors(model, training, plan, i)
+    if plan.recompute.granularity == "selective":
+        mods = plan.recompute.modules or ("core_attn",)
+        for mod in mods:
+            if mod.startswith("layer:"):
+                n = int(mod.split(":", 1)[1])
+                if n > 0 and i % n == 0:
+                    return layer_input_bytes(model, training, plan)
+                continue
+            for name in _SELECTIVE_DROPS.get(mod, ()):
+                tensors.pop(name, None)
+    return sum(tensors.values())
+
+
+def loss_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> dict[str, float]:
+    """Last stage: final norm input, output-layer input, and the cross-entropy state: fp32 softmax of the
+    vocab-parallel logits (Megatron vocab_parallel_cross_entropy upcasts and saves exp(logits)); a fused loss keeps
+    the 16-bit logits gradient instead."""
+    D = dims(model, training, plan)
+    v = model.padded_vocab(plan.tp) / D.t
+    ce = (D.e if training.fused_loss else 4) * D.T * v
+    return {"loss.norm_in": D.e * D.T * D.h * D.r, "loss.linear_in": D.e_lin * D.T * D.h * D.r, "loss.softmax": ce}
+
+
+def loss_working_set(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
+    """Transient bytes while the loss runs on the last stage: the 16-bit logits and the fp32 copy (or, in backward,
+    the fp32 gradient and its 16-bit cast) live at once besides the saved softmax."""
+    D = dims(model, training, plan)
+    v = model.padded_vocab(plan.tp) / D.t
+    return (D.e + (0 if training.fused_loss else 4)) * D.T * v
+
+
+def embedding_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> dict[str, float]:
+    """First stage: token ids (int64) and the embedding dropout mask."""
+    D = dims(model, training, plan)
+    out = {"embedding.ids": 8.0 * D.T}
+    if D.dropout:
+        out["embedding.dropout_mask"] = 1 * D.T * D.h * D.r
+    return out

@@ -1,0 +1,30 @@
+"""Runtime allocations outside the model and a caching-allocator model for reserved (not just allocated) bytes.
+
+Workspaces: PyTorch allocates the cuBLAS/hipBLASLt workspace through its caching allocator; with the default
+CUBLAS_WORKSPACE_CONFIG=":4096:8" that is 8 chunks of 4096 KiB = 32 MiB (PyTorch "Reproducibility" notes and
+CUDABlasHandlePool; Megatron's functional tests set exactly this value, fixtures/megatron/*/model_config.yaml).
+
+Reserved: the caching allocator rounds large blocks (> 1 MiB) up to 2 MiB multiples and keeps freed blocks
+cached; activations are allocated and freed every microbatch in varying sizes, so part of their peak is lost to
+fragmentation. FRAGMENTATION_OF_ACTIVATIONS is an assumption (not fitted to any end-to-end result): 10 % of the
+activation peak, plus the 2 MiB rounding slack of one block per saved tensor kind (small against GiB peaks).
+"""
+
+from __future__ import annotations
+
+from projection.specs.scenario import Scenario
+
+CUBLAS_WORKSPACE_BYTES = 8 * 4096 * 1024
+FRAGMENTATION_OF_ACTIVATIONS = 0.10
+BLOCK_ROUNDING_BYTES = 2 * 1024 * 1024
+
+
+def runtime_bytes(sc: Scenario) -> dict[str, int]:
+    """Allocations every rank makes besides model states and activations."""
+    return {"other.gemm_workspace": CUBLAS_WORKSPACE_BYTES}
+
+
+def reserved_bytes(allocated_peak: int, activation_bytes: int) -> int:
+    """Reserved-bytes peak of the caching allocator for an allocated peak (see module docstring)."""
+    slack = FRAGMENTATION_OF_ACTIVATIONS * activation_bytes
+    return int(-(-(allocated_peak + slack) // BLOCK_ROUNDING_BYTES) * BLOCK_ROUNDING_BYTES)

@@ -1,0 +1,91 @@
+"""`projection memory --explain`: each memory term as a sympy formula and with the numbers substituted.
+
+Activation terms are derived by running the same inventory functions (activations.py) on sympy symbols for the
+batch, sequence, hidden and element-size dimensions, so the printed formula is the code's own arithmetic, not a
+second transcription. Model-state formulas are written out here; tests check that every formula evaluates to the
+estimator's number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import sympy as sp
+
+from projection.memory import activations as act
+from projection.memory.model_states import shard_groups
+from projection.memory.report import MemoryReport
+from projection.specs.scenario import Scenario
+from projection.specs.training import DTYPE_BYTES
+from projection.workload.params import per_rank_params
+
+b, s, h, e = sp.symbols("b s h e", positive=True)
+
+
+def layer_formula(sc: Scenario, i: int) -> tuple[sp.Expr, Mapping[sp.Symbol, float]]:
+    """Saved bytes of decoder layer i per microbatch as a formula in b, s, h, e (no recompute)."""
+    m, t, p = sc.model, sc.training, sc.plan
+    D = act.dims(m, t, p)
+    sym = replace(D, b=b, s=s, T=b * s, h=h, e=e, e_lin=e if D.e_lin == D.e else D.e_lin)
+    terms = act.attention_tensors(m, sym)
+    if m.is_moe_layer(i):
+        terms.update(act.moe_tensors(m, p, sym))
+    else:
+        terms.update(act.mlp_tensors(m, sym, m.ffn_hidden_size))
+    expr = sp.nsimplify(sum(terms.values()), rational=True)
+    return sp.simplify(expr), {b: D.b, s: D.s, h: D.h, e: D.e}
+
+
+def state_formulas(sc: Scenario, pp_rank: int) -> list[tuple[str, sp.Expr, Mapping[sp.Symbol, float]]]:
+    """Weights, gradients and optimizer formulas for one rank (Megatron mixed precision; ZeRO / FSDP sharding)."""
+    rp = per_rank_params(sc.model, sc.plan)[pp_rank]
+    P_d, P_e, G_d, G_e = sp.symbols("P_dense P_expert d_dense d_expert", positive=True)
+    g_d, g_e = shard_groups(sc.plan)
+    opt, zero = sc.training.optimizer, sc.plan.sharding.zero_stage
+    fsdp2 = zero == 3 and sc.plan.sharding.fsdp == "torch_fsdp2"
+    mixed = sc.training.params_dtype != "fp32"
+    pbytes = DTYPE_BYTES[sc.training.params_dtype]
+
+    def n(stage: int) -> sp.Expr:
+        return P_d / G_d + P_e / G_e if zero >= stage else P_d + P_e
+
+    moment_bytes = sum(DTYPE_BYTES[d] for d in [opt.exp_avg_dtype, opt.exp_avg_sq_dtype][: opt.num_moments])
+    master = DTYPE_BYTES[opt.main_params_dtype] if (mixed and not fsdp2) else 0
+    w_bytes = (DTYPE_BYTES[opt.main_params_dtype] if mixed else pbytes) if fsdp2 else pbytes
+    g_bytes = (DTYPE_BYTES[opt.main_params_dtype if fsdp2 else opt.main_grads_dtype]) if mixed else pbytes
+    subs: dict[sp.Symbol, float] = {P_d: rp.params - rp.by_component.get("experts", 0), P_e: rp.by_component.get("experts", 0),
+            G_d: g_d, G_e: g_e}
+    return [
+        ("weights (params)", n(3) * w_bytes, subs),
+        ("gradients (main grads)", n(2) * g_bytes, subs),
+        ("optimizer (master + moments)", n(1) * (master + moment_bytes), subs),
+    ]
+
+
+def explain(report: MemoryReport) -> str:
+    sc = report.scenario
+    lines = ["Formulas (bytes). P = parameters on the rank (dense / expert), d = shard group sizes, b micro batch, "
+             "s local sequence, h hidden, e bytes per activation element.", ""]
+    for r in report.ranks:
+        lines.append(f"pp_rank {r.pp_rank}:")
+        for name, expr, subs in state_formulas(sc, r.pp_rank):
+            value = float(expr.subs(subs))
+            lines.append(f"  {name:<30} {sp.sstr(expr):<44} = {_subs_text(subs)} -> {value:,.0f}")
+        done: set[str] = set()
+        layers = per_rank_params(sc.model, sc.plan)[r.pp_rank].layers
+        for i in layers:
+            kind = "MoE layer" if sc.model.is_moe_layer(i) else "dense layer"
+            if kind in done:
+                continue
+            done.add(kind)
+            expr, subs = layer_formula(sc, i)
+            lines.append(f"  activations per {kind:<16} {sp.sstr(expr)}  with {_subs_text(subs)} -> "
+                         f"{float(expr.subs(subs)):,.0f} per microbatch (before recompute)")
+        lines.append(f"  in-flight microbatches at the peak, per virtual stage: {r.inflight}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _subs_text(subs: Mapping[sp.Symbol, float]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in subs.items())

@@ -1,0 +1,132 @@
+"""Weights, gradients and optimizer state per rank (bytes), after model-parallel sharding (params.py) and
+data-parallel sharding (distributed optimizer / ZeRO / FSDP).
+
+Megatron mixed precision (megatron/core/distributed, optimizer): bf16/fp16 params (2 B), fp32 main grads in the DDP
+grad buffer (4 B, bf16 with --grad-reduce-in-bf16), fp32 master params (4 B) and two fp32 Adam moments (8 B):
+18 B/param without the distributed optimizer, 6 + 12/d with it (d = data-parallel x context-parallel shard group for
+dense params, the expert-data-parallel group for expert params). ZeRO (Rajbhandari et al. 2020, §5): stage 2 also
+shards gradients, stage 3 parameters. FSDP2 (TorchTitan): params stored sharded in main_params_dtype (fp32), the
+compute-dtype copies of the units being run are unsharded on the fly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.training import DTYPE_BYTES, TrainingSpec
+from projection.workload.params import RankParams, Sharding, layer_params
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Model-state bytes of one rank. `terms` names each addend (for --explain and tests)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    cpu_optimizer: int
+    terms: dict[str, int] = field(default_factory=dict)
+
+
+def shard_groups(plan: ParallelPlan) -> tuple[int, int]:
+    """(dense shard group, expert shard group) sizes for the optimizer / ZeRO sharding.
+
+    Megatron shards dense params over the data-parallel group *with* context parallelism (dp*cp) and expert params
+    over the expert-data-parallel group (world / (etp*ep*pp)); --num-distributed-optimizer-instances replicates the
+    optimizer that many times inside that group; HSDP (dp_replicate) shards inside dp / dp_replicate."""
+    inst = plan.sharding.distributed_optimizer_instances * plan.sharding.dp_replicate
+    dense = max(1, plan.dp_() * plan.cp // inst)
+    expert = max(1, plan.edp() // inst) if plan.dp is not None else 1
+    return dense, expert
+
+
+def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams) -> StateBytes:
+    """Bytes of weights, main gradients and optimizer state on one rank of pipeline stage rank.pp_rank."""
+    opt = training.optimizer
+    sh = plan.sharding
+    expert_p = rank.by_component.get("experts", 0)
+    dense_p = rank.params - expert_p
+    g_dense, g_expert = shard_groups(plan)
+    zero = sh.zero_stage
+    pbytes = DTYPE_BYTES[training.params_dtype]
+    mixed = training.params_dtype != "fp32"
+    fsdp2 = zero == 3 and sh.fsdp == "torch_fsdp2"
+
+    def sharded(n_dense: float, n_expert: float, stage_needed: int) -> float:
+        if zero >= stage_needed:
+            return n_dense / g_dense + n_expert / g_expert
+        return n_dense + n_expert
+
+    terms: dict[str, int] = {}
+    # Weights. FSDP2 keeps the sharded master copy as the parameter (main_params_dtype); the compute-dtype unsharded
+    # copies are counted in `unsharded_units`. Megatron keeps compute-dtype params (sharded only with ZeRO-3/FSDP).
+    if fsdp2:
+        store = DTYPE_BYTES[opt.main_params_dtype] if mixed else pbytes
+        terms["weights.sharded"] = round(sharded(dense_p, expert_p, 3) * store)
+        terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank)
+    else:
+        terms["weights.params"] = round(sharded(dense_p, expert_p, 3) * pbytes)
+        if training.fp8 is not None and training.fp8.param_gather:
+            # --fp8-param-gather: the linear weights themselves are fp8 (1 B) instead of the params dtype
+            terms["weights.params"] -= round(_linear_params(rank) * (pbytes - 1) / (g_dense if zero == 3 else 1))
+        if zero == 3:
+            terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank)
+    if training.fp8 is not None:
+        terms["weights.fp8_copies"] = fp8_weight_bytes(model, training, plan, rank)
+    # Gradients: Megatron's main_grad buffer (fp32 by default); FSDP2 reduce-scatters into sharded grads of the
+    # parameter dtype.
+    gbytes = DTYPE_BYTES[opt.main_grads_dtype] if mixed else pbytes
+    if fsdp2:
+        gbytes = DTYPE_BYTES[opt.main_params_dtype] if mixed else pbytes
+    terms["gradients.main"] = round(sharded(dense_p, expert_p, 2) * gbytes)
+    # Optimizer: master params (mixed precision, unless FSDP2 where the param is the master) + moments.
+    moments = [opt.exp_avg_dtype, opt.exp_avg_sq_dtype][: opt.num_moments]
+    per_param = sum(DTYPE_BYTES[d] for d in moments)
+    master = DTYPE_BYTES[opt.main_params_dtype] if (mixed and not fsdp2) else 0
+    n_opt = sharded(dense_p, expert_p, 1)
+    total_opt = n_opt * (per_param + master)
+    off = plan.offload
+    cpu_frac = off.optimizer_fraction if off.optimizer else 0.0
+    if off.fsdp_params:
+        cpu_frac = 1.0
+    terms["optimizer.master"] = round(n_opt * master * (1 - cpu_frac))
+    terms["optimizer.moments"] = round(n_opt * per_param * (1 - cpu_frac))
+    cpu = round(total_opt * cpu_frac)
+    if off.fsdp_params:
+        cpu += terms.pop("weights.sharded", 0) + terms.pop("gradients.main")
+        terms["gradients.main"] = 0
+    weights = sum(v for k, v in terms.items() if k.startswith("weights."))
+    grads = terms["gradients.main"]
+    optim = terms["optimizer.master"] + terms["optimizer.moments"]
+    return StateBytes(weights, grads, optim, cpu, terms)
+
+
+def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams) -> int:
+    """Compute-dtype copies of FSDP units (one per decoder layer) held unsharded at the peak.
+
+    Reshard after forward: the unit being computed plus the one prefetched (FSDP2 default backward prefetch of one
+    unit), i.e. the two largest layers. No reshard: every layer stays unsharded from its forward to its backward
+    (the whole stage). The shard held by this rank is already counted in the sharded weights."""
+    pbytes = DTYPE_BYTES[training.params_dtype]
+    sh = Sharding(plan.tp, plan.ep, plan.etp_)
+    sizes = sorted((sum(layer_params(model, i, sh).values()) for i in rank.layers), reverse=True)
+    held = sum(sizes) if not plan.sharding.reshard_after_forward else sum(sizes[:2])
+    g_dense, _ = shard_groups(plan)
+    return round(held * pbytes * (1 - 1 / g_dense))
+
+
+def fp8_weight_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams) -> int:
+    """FP8 weight caches of the linear layers (Transformer Engine): an fp8 copy and its transpose (1 B each) per
+    GEMM weight. With fp8 param gather the fp8 copy is the parameter itself (counted in weights.params at the params
+    dtype), so only the transpose is extra. Norms, router and embeddings stay in high precision."""
+    assert training.fp8 is not None
+    copies = 1 if training.fp8.param_gather else 2
+    return _linear_params(rank) * copies
+
+
+def _linear_params(rank: RankParams) -> int:
+    """GEMM weights of a rank (attention, MLPs, experts, MTP); norms and the router are a negligible share."""
+    return sum(v for k, v in rank.by_component.items()
+               if k in ("attention", "dense_mlp", "experts", "shared_experts", "mtp"))
