@@ -1,0 +1,108 @@
+"""Interleaved 1F1B (Narayanan et al. 2021, "virtual pipeline"): vpp model chunks per rank, placed round-robin.
+
+Both frameworks build the same kind of order (re-derived from Megatron-LM `megatron/core/pipeline_parallel/
+schedules.py`, functions `get_pp_rank_microbatches`, `get_schedule_table` and
+`forward_backward_pipelining_with_interleaving`, and from torch.distributed.pipelining `ScheduleInterleaved1F1B`):
+
+* Microbatches are taken in groups of G; within a group, chunk 0 runs the whole group, then chunk 1, ... A rank's
+  k-th forward is entry k of the table [(mb, chunk) for each group for chunk in 0..vpp-1 for mb in group]; its k-th
+  backward is entry k with the chunk mirrored (vpp-1-chunk). Megatron's example, pp=2, G=3, m=5, vpp=2:
+  microbatch 0 1 2 0 1 2 3 4 3 4, chunk 0 0 0 1 1 1 0 0 1 1 (the last group is whatever remains).
+* Rank r runs W = min((pp - r - 1) * 2 + (vpp - 1) * G, m * vpp) warm-up forwards, then alternates forward k+W and
+  backward k (forward first), then the remaining backwards. Peak in-flight microbatches on rank r: min(W + 1, m*vpp).
+
+Where they differ (both styles are built here; Megatron is the default):
+* G. Megatron: `--microbatch-group-size-per-vp-stage` (default pp), which must lie in [pp, m], and the remainder
+  m % G must be 0 or >= pp (so with the default, m must be a multiple of pp). torch: G = m // max(1, m // pp) (the
+  "rounds" of pp microbatches), requiring m % max(1, m // pp) == 0; this admits m < pp (G = m) and e.g. pp=4, m=10
+  (G = 5), which Megatron accepts only with --microbatch-group-size-per-vp-stage 5.
+* vpp = 1. Megatron then runs its non-interleaved 1F1B (warm-up pp - r - 1); torch's interleaved class keeps the
+  interleaved warm-up formula, 2 * (pp - r - 1).
+With m a multiple of pp, G = pp and vpp >= 2 the two orders are identical.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from projection.schedule.action import Action, Schedule
+from projection.schedule.basic import one_f_one_b_rank
+from projection.schedule.builders import act, looped_placement, make_schedule, require_positive
+
+Style = Literal["megatron", "torch"]
+
+
+def schedule_table(n_microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
+    """(microbatch, chunk) of a rank's k-th forward, k = 0 .. m*vpp-1 (Megatron's schedule table)."""
+    table = []
+    for start in range(0, n_microbatches, group):
+        members = range(start, min(start + group, n_microbatches))
+        table += [(mb, chunk) for chunk in range(vpp) for mb in members]
+    return table
+
+
+def megatron_group_size(pp: int, n_microbatches: int, group: int | None) -> int:
+    """Validated `--microbatch-group-size-per-vp-stage` (default pp); ValueError as Megatron would refuse."""
+    g = pp if group is None else group
+    m = n_microbatches
+    if not isinstance(g, int) or isinstance(g, bool) or not pp <= g <= m:
+        raise ValueError(f"interleaved_1f1b (Megatron): microbatch group size {g} must lie in [pp, n_microbatches] = "
+                         f"[{pp}, {m}]" + (" (the default group size is pp, so n_microbatches must be >= pp)"
+                                           if group is None else ""))
+    rem = m % g
+    if 0 < rem < pp:
+        raise ValueError(f"interleaved_1f1b (Megatron): n_microbatches % group size = {m} % {g} = {rem}, which must be "
+                         f"0 or >= pp = {pp} (Megatron rejects the dependency bubble); use a multiple of {g} "
+                         "microbatches or set --microbatch-group-size-per-vp-stage")
+    return g
+
+
+def torch_group_size(pp: int, n_microbatches: int) -> int:
+    """torch's microbatches per round; ValueError where torch's ScheduleInterleaved1F1B refuses."""
+    rounds = max(1, n_microbatches // pp)
+    if n_microbatches % rounds:
+        raise ValueError(f"interleaved_1f1b (torch): n_microbatches = {n_microbatches} must be a multiple of the "
+                         f"number of rounds max(1, n_microbatches // pp) = {rounds}")
+    return n_microbatches // rounds
+
+
+def _rank_ops(rank: int, pp: int, m: int, vpp: int, group: int) -> list[Action]:
+    table = schedule_table(m, vpp, group)
+    total = m * vpp
+    warmup = min((pp - rank - 1) * 2 + (vpp - 1) * group, total)
+
+    def fwd(k: int) -> Action:
+        mb, chunk = table[k]
+        return act(chunk * pp + rank, "F", mb)
+
+    def bwd(k: int) -> Action:
+        mb, chunk = table[k]
+        return act((vpp - 1 - chunk) * pp + rank, "B", mb)
+
+    ops = [fwd(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        ops.append(fwd(warmup + k))
+        ops.append(bwd(k))
+    ops += [bwd(k) for k in range(total - warmup, total)]
+    return ops
+
+
+def interleaved_1f1b(pp: int, n_microbatches: int, vpp: int, *, microbatch_group_size: int | None = None,
+                     style: Style = "megatron") -> Schedule:
+    """Interleaved 1F1B over pp ranks with vpp chunks each (stage s on rank s % pp), in Megatron's or torch's order."""
+    require_positive(pp, n_microbatches, vpp)
+    m = n_microbatches
+    if style == "megatron":
+        if vpp == 1:
+            per_rank = [one_f_one_b_rank(r, pp, m) for r in range(pp)]
+            return make_schedule("interleaved_1f1b", looped_placement(pp, 1), m, per_rank)
+        group = megatron_group_size(pp, m, microbatch_group_size)
+    elif style == "torch":
+        if microbatch_group_size is not None:
+            raise ValueError("interleaved_1f1b (torch): the microbatch group size is derived from pp and "
+                             "n_microbatches; pass microbatch_group_size=None or style='megatron'")
+        group = torch_group_size(pp, m)
+    else:
+        raise ValueError(f"unknown interleaved_1f1b style {style!r} (expected 'megatron' or 'torch')")
+    per_rank = [_rank_ops(r, pp, m, vpp, group) for r in range(pp)]
+    return make_schedule("interleaved_1f1b", looped_placement(pp, vpp), m, per_rank)

@@ -1,0 +1,66 @@
+"""Build a schedule by its canonical name (the values of `ParallelPlan.schedule`).
+
+Constraints enforced (ValueError with the reason otherwise); pp, n_microbatches and vpp are positive integers:
+  gpipe             any vpp (vpp > 1: looped breadth-first, torch `ScheduleLoopedBFS`)
+  1f1b              vpp = 1 (use interleaved_1f1b for vpp > 1); style="torch" also needs m >= pp (`Schedule1F1B`)
+  interleaved_1f1b  Megatron (default): vpp = 1 runs plain 1F1B; vpp >= 2 needs the group size G
+                    (--microbatch-group-size-per-vp-stage, default pp) in [pp, m] and m % G in {0} or >= pp, so by
+                    default m is a multiple of pp. torch: m % max(1, m // pp) == 0 (m < pp allowed)
+  zb_h1, zb_h2      vpp = 1
+  zbv, v_half, v_min  vpp = 2 (exactly two stages per rank, V placement)
+  dualpipev         vpp = 2 and m >= 2pp
+  dualpipe          vpp = 1 (each rank holds model stages r and pp-1-r), even pp, even m, m >= 2pp
+`microbatch_group_size` only affects interleaved_1f1b (other schedules ignore it, so a plan can always pass it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from projection.schedule.action import Schedule
+from projection.schedule.basic import gpipe, one_f_one_b
+from projection.schedule.builders import require_positive
+from projection.schedule.dualpipe import dualpipe, dualpipev
+from projection.schedule.interleaved import interleaved_1f1b
+from projection.schedule.vshape import v_half, v_min, zbv
+from projection.schedule.zero_bubble import zb_h1, zb_h2
+
+SCHEDULE_NAMES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "v_half", "v_min",
+                                   "dualpipe", "dualpipev")
+_ONE_STAGE = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2}
+_TWO_STAGES = {"zbv": zbv, "v_half": v_half, "v_min": v_min, "dualpipev": dualpipev}
+
+
+def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
+                   microbatch_group_size: int | None = None,
+                   style: Literal["megatron", "torch"] = "megatron") -> Schedule:
+    """The per-rank action lists of schedule `name` for pp ranks, n_microbatches and vpp stages per rank.
+
+    `style` picks whose ordering interleaved_1f1b follows (and, for 1f1b, whose constraints apply): "megatron"
+    (default; Megatron-LM and Primus) or "torch" (torch.distributed.pipelining). Deterministic and pure.
+    """
+    if name not in SCHEDULE_NAMES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+    require_positive(pp, n_microbatches, vpp)
+    if style not in ("megatron", "torch"):
+        raise ValueError(f"unknown style {style!r} (expected 'megatron' or 'torch')")
+    if name == "gpipe":
+        return gpipe(pp, n_microbatches, vpp)
+    if name == "interleaved_1f1b":
+        return interleaved_1f1b(pp, n_microbatches, vpp, microbatch_group_size=microbatch_group_size, style=style)
+    if name in _ONE_STAGE:
+        if vpp != 1:
+            hint = "; use interleaved_1f1b for several stages per rank" if name == "1f1b" else ""
+            raise ValueError(f"{name} runs one stage per rank: vpp must be 1 (got {vpp}){hint}")
+        if name == "1f1b" and style == "torch" and n_microbatches < pp:
+            raise ValueError(f"1f1b (torch Schedule1F1B) needs n_microbatches >= pp = {pp} (got {n_microbatches})")
+        return _ONE_STAGE[name](pp, n_microbatches)
+    if name in _TWO_STAGES:
+        if vpp != 2:
+            raise ValueError(f"{name} is a V-shaped schedule with exactly two stages per rank: vpp must be 2 "
+                             f"(got {vpp})")
+        return _TWO_STAGES[name](pp, n_microbatches)
+    if vpp != 1:
+        raise ValueError(f"dualpipe splits the model into pp stages and places two of them (r and pp-1-r) on each "
+                         f"rank by itself: vpp must be 1 (got {vpp}); for a V placement of 2*pp stages use dualpipev")
+    return dualpipe(pp, n_microbatches)
