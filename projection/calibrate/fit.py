@@ -1,0 +1,277 @@
+"""Fit the collective model to measured rows: piecewise alpha-beta curves per (device, tier, kind, placement), tier
+parameters derived from them, and the fit quality per row, per tier and per op class (collective kind).
+
+Model of one curve: time(S) = alpha_j + bus_factor(kind, n) x S / busbw_j for S in segment j. Segments are contiguous
+size ranges: NCCL / RCCL switch protocol (LL, LL128, Simple), algorithm (ring, tree) and channel count at size
+thresholds, so a measured curve is a few alpha-beta regimes, not one (a single alpha-beta misses the 8x H100 NVLS
+all_reduce of hardware.md §2 by 16 % in time). Each segment is a weighted linear least-squares fit
+(scipy.optimize.nnls, alpha >= 0 and 1/busbw >= 0) of time against size with weights 1/time, i.e. relative
+residuals, so 8 B and 8 GiB messages count alike; the split points minimise the summed squared relative residual
+(exact dynamic programme over contiguous ranges). The number of segments is the smallest (1 to 6) whose largest
+relative error is within `target`, else the best; each segment holds at least two distinct sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import nnls
+
+from projection.calibrate.calibration import Calibration, CollectiveRow
+from projection.calibrate.errors import CalibrationError
+from projection.cost.collectives import (
+    CollectiveKind,
+    CurveSegment,
+    Fabric,
+    MeasuredCurve,
+    TierParams,
+    bus_factor,
+    tier_from_curve,
+)
+from projection.errors import Problem
+from projection.specs.base import Spec
+
+MAX_SEGMENTS = 6  # 3 protocols (LL, LL128, Simple) x 2 algorithms (ring, tree)
+TARGET_MAX_ERROR = 0.03
+FLAT_BUSBW = 1e18  # bytes/s of a segment whose time does not grow with size (latency only)
+_RING_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+
+
+class FitSegment(Spec):
+    """From min_bytes (up to the next segment's): time = alpha_s + bus_factor x size / busbw_bytes_per_s."""
+
+    min_bytes: int
+    alpha_s: float
+    busbw_bytes_per_s: float
+
+
+class RowResidual(Spec):
+    """One measured row against the fitted curve; rel_error = model / measured - 1."""
+
+    size_bytes: int
+    time_s: float
+    model_time_s: float
+    rel_error: float
+    in_place: bool
+    source: str
+
+
+class CurveFit(Spec):
+    """The fitted curve of one (device, kind, placement) and how well it reproduces its rows."""
+
+    device: str | None
+    tier: Literal["intra_node", "inter_node"]
+    kind: CollectiveKind
+    n_ranks: int
+    n_nodes: int
+    ranks_per_node: int
+    segments: tuple[FitSegment, ...]
+    residuals: tuple[RowResidual, ...]
+    median_abs_rel_error: float
+    max_abs_rel_error: float
+
+    def to_curve(self) -> MeasuredCurve:
+        """The cost model's view of this fit."""
+        return MeasuredCurve(self.kind, self.n_ranks, self.ranks_per_node, self.n_nodes,
+                             tuple(CurveSegment(s.min_bytes, s.alpha_s, s.busbw_bytes_per_s) for s in self.segments))
+
+    def time_s(self, size_bytes: float) -> float:
+        """Fitted seconds at this curve's own placement."""
+        return self.to_curve().time_s(size_bytes)
+
+    def busbw_bytes_per_s(self, size_bytes: float) -> float:
+        """Fitted bus bandwidth at size_bytes."""
+        return bus_factor(self.kind, self.n_ranks) * size_bytes / self.time_s(size_bytes)
+
+
+class TierFit(Spec):
+    """Tier parameters implied by one curve (`projection.cost.collectives.tier_from_curve`)."""
+
+    tier: Literal["intra_node", "inter_node"]
+    alpha_s: float
+    beta_bytes_per_s: float
+    from_kind: CollectiveKind
+    n_ranks: int
+    n_nodes: int
+
+
+class QualityRow(Spec):
+    """Fit quality of a set of rows: per tier or per op class."""
+
+    group: Literal["tier", "kind"]
+    name: str
+    n_rows: int
+    median_abs_rel_error: float
+    max_abs_rel_error: float
+
+
+class FittedFabric(Spec):
+    """All curve fits of a calibration, the tier parameters they imply, and what could not be fitted."""
+
+    curves: tuple[CurveFit, ...] = ()
+    tiers: tuple[TierFit, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+    def quality(self) -> list[QualityRow]:
+        """Median and largest |relative error| over the rows of each tier, then of each collective kind."""
+        out = []
+        for group in ("tier", "kind"):
+            errors: dict[str, list[float]] = defaultdict(list)
+            for c in self.curves:
+                errors[getattr(c, group)].extend(abs(r.rel_error) for r in c.residuals)
+            out += [QualityRow(group=group, name=name, n_rows=len(e), median_abs_rel_error=statistics.median(e),
+                               max_abs_rel_error=max(e)) for name, e in errors.items() if e]
+        return out
+
+    def apply(self, fabric: Fabric) -> Fabric:
+        """`fabric` with these tier parameters and curves."""
+        return fabric.with_fit({t.tier: TierParams(t.alpha_s, t.beta_bytes_per_s) for t in self.tiers},
+                               [c.to_curve() for c in self.curves])
+
+    def to_table(self) -> str:
+        """Plain-text report: each curve with its segments and errors, quality per tier and kind, tiers, skips."""
+        lines = ["collective fits (relative time error of the fitted model against each measured row)",
+                 f"{'tier':<11} {'kind':<15} {'ranks':>5} {'nodes':>5} {'rows':>5} {'median':>7} {'max':>7}  "
+                 "segments (from size: alpha, busbw)"]
+        for c in self.curves:
+            segs = " | ".join(f"{_size(s.min_bytes)}: {s.alpha_s * 1e6:.1f} us, " +
+                              ("flat" if s.busbw_bytes_per_s >= FLAT_BUSBW else f"{s.busbw_bytes_per_s / 1e9:.1f} GB/s")
+                              for s in c.segments)
+            lines.append(f"{c.tier:<11} {c.kind:<15} {c.n_ranks:>5} {c.n_nodes:>5} {len(c.residuals):>5} "
+                         f"{c.median_abs_rel_error:>7.1%} {c.max_abs_rel_error:>7.1%}  {segs}"
+                         + (f"  [{c.device}]" if c.device else ""))
+        lines.append("")
+        lines.append(f"{'quality per':<11} {'name':<15} {'rows':>5} {'median':>7} {'max':>7}")
+        lines += [f"{q.group:<11} {q.name:<15} {q.n_rows:>5} {q.median_abs_rel_error:>7.1%} "
+                  f"{q.max_abs_rel_error:>7.1%}" for q in self.quality()]
+        if self.tiers:
+            lines.append("")
+            lines += [f"tier {t.tier}: alpha {t.alpha_s * 1e6:.2f} us per step, beta {t.beta_bytes_per_s / 1e9:.1f} "
+                      f"GB/s per GPU (from {t.from_kind}, {t.n_ranks} ranks on {t.n_nodes} nodes)" for t in self.tiers]
+        lines += [f"skipped: {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def fit_curve(sizes: np.ndarray, times: np.ndarray, factor: float, *, max_segments: int = MAX_SEGMENTS,
+              target: float = TARGET_MAX_ERROR) -> list[FitSegment]:
+    """Piecewise alpha-beta fit of times (s) against sizes (bytes, distinct, increasing) for one bus factor."""
+    n = len(sizes)
+    if n < 2 or np.any(np.diff(sizes) <= 0) or np.any(times <= 0):
+        raise ValueError("need at least two distinct increasing sizes and positive times")
+    line: dict[tuple[int, int], tuple[float, float, float]] = {}  # (i, j) -> alpha, slope, sum sq rel residual
+
+    def segment(i: int, j: int) -> tuple[float, float, float]:
+        if (i, j) not in line:
+            s, t = sizes[i:j], times[i:j]
+            a = np.column_stack([np.ones_like(s), factor * s]) / t[:, None]
+            coef, _ = nnls(a, np.ones_like(t))
+            line[(i, j)] = (float(coef[0]), float(coef[1]), float(np.sum((a @ coef - 1.0) ** 2)))
+        return line[(i, j)]
+
+    best: list[FitSegment] | None = None
+    best_err = math.inf
+    for k in range(1, min(max_segments, n // 2) + 1):
+        cuts = _split(n, k, lambda i, j: segment(i, j)[2])
+        segs = [FitSegment(min_bytes=0 if i == 0 else int(round(math.sqrt(sizes[i - 1] * sizes[i]))),
+                           alpha_s=segment(i, j)[0],
+                           busbw_bytes_per_s=1.0 / segment(i, j)[1] if segment(i, j)[1] > 1.0 / FLAT_BUSBW
+                           else FLAT_BUSBW) for i, j in zip(cuts[:-1], cuts[1:], strict=True)]
+        err = max(abs(_model(segs, factor, s) / t - 1.0) for s, t in zip(sizes, times, strict=True))
+        if err < best_err - 1e-12:
+            best, best_err = segs, err
+        if best_err <= target:
+            break
+    assert best is not None
+    return best
+
+
+def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segments: int = MAX_SEGMENTS,
+                    target: float = TARGET_MAX_ERROR) -> FittedFabric:
+    """Fit every (device, tier, kind, n_ranks, n_nodes) group of the calibration's collective rows.
+
+    fabric: the cluster's analytic fabric, for the tier parameters (mesh share, oversubscription); default a
+    switch with no oversubscription. Rows of size 0, rows without a node count (profiler traces) and groups with
+    fewer than two sizes are listed in `skipped`. CalibrationError if nothing can be fitted."""
+    groups: dict[tuple[str | None, str, int, int], list[CollectiveRow]] = defaultdict(list)
+    skipped: list[str] = []
+    unknown_nodes = [r for r in cal.collective if r.n_nodes is None]
+    if unknown_nodes:
+        files = sorted({r.source.split(":")[0] for r in unknown_nodes})
+        skipped.append(f"{len(unknown_nodes)} rows without a node count (tier unknown): {', '.join(files)}")
+    for r in cal.collective:
+        if r.n_nodes is not None and r.size_bytes > 0 and r.n_ranks > 1:
+            groups[(r.device, r.kind, r.n_ranks, r.n_nodes)].append(r)
+    curves: list[CurveFit] = []
+    for (device, kind, n_ranks, n_nodes), rows in groups.items():
+        by_size: dict[int, list[float]] = defaultdict(list)
+        for r in rows:
+            by_size[r.size_bytes].append(r.time_s)
+        if len(by_size) < 2:
+            skipped.append(f"{kind} on {n_ranks} ranks / {n_nodes} nodes{f' ({device})' if device else ''}: "
+                           f"{len(by_size)} message size; a fit needs two or more")
+            continue
+        sizes = np.array(sorted(by_size), dtype=float)
+        times = np.array([math.exp(statistics.fmean(math.log(t) for t in by_size[int(s)])) for s in sizes])
+        factor = bus_factor(kind, n_ranks)
+        segs = fit_curve(sizes, times, factor, max_segments=max_segments, target=target)
+        residuals = tuple(RowResidual(size_bytes=r.size_bytes, time_s=r.time_s,
+                                      model_time_s=_model(segs, factor, r.size_bytes),
+                                      rel_error=_model(segs, factor, r.size_bytes) / r.time_s - 1.0,
+                                      in_place=r.in_place, source=r.source) for r in rows)
+        errs = [abs(x.rel_error) for x in residuals]
+        curves.append(CurveFit(device=device, tier="intra_node" if n_nodes == 1 else "inter_node", kind=kind,
+                               n_ranks=n_ranks, n_nodes=n_nodes, ranks_per_node=-(-n_ranks // n_nodes),
+                               segments=tuple(segs), residuals=residuals, median_abs_rel_error=statistics.median(errs),
+                               max_abs_rel_error=max(errs)))
+    if not curves:
+        raise CalibrationError(Problem("no collective rows to fit" + (f" ({'; '.join(skipped)})" if skipped else ""),
+                                       file=", ".join(sorted({f for p in cal.provenance for f in p.source_files}))
+                                       or None, fix="import nccl-tests / rccl-tests sweeps (several message sizes)"))
+    return FittedFabric(curves=tuple(curves), tiers=_tiers(curves, fabric), skipped=tuple(skipped))
+
+
+def _tiers(curves: list[CurveFit], fabric: Fabric | None) -> tuple[TierFit, ...]:
+    """Per tier: from the ring-kind curve with the most rows (all_reduce first), its implied alpha and beta."""
+    fabric = fabric or Fabric(gpus_per_node=8, intra=TierParams(0.0, 1.0), inter=TierParams(0.0, 1.0))
+    out = []
+    for tier in ("intra_node", "inter_node"):
+        usable = [c for c in curves if c.tier == tier and c.kind in _RING_KINDS]
+        if not usable:
+            continue
+        c = max(usable, key=lambda c: (c.kind == "all_reduce", len(c.residuals), c.n_ranks))
+        params = tier_from_curve(c.to_curve(), fabric)
+        out.append(TierFit(tier=c.tier, alpha_s=params.alpha_s, beta_bytes_per_s=params.beta_bytes_per_s,
+                           from_kind=c.kind, n_ranks=c.n_ranks, n_nodes=c.n_nodes))
+    return tuple(out)
+
+
+def _split(n: int, k: int, cost: Callable[[int, int], float]) -> list[int]:
+    """Boundaries 0 = b0 < ... < bk = n (each part >= 2 points) minimising the summed cost(i, j): dynamic programme."""
+    best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [0])}
+    for parts in range(1, k + 1):
+        for j in range(2 * parts, n - 2 * (k - parts) + 1):
+            options = [(best[(parts - 1, i)][0] + cost(i, j), best[(parts - 1, i)][1] + [j])
+                       for i in range(2 * (parts - 1), j - 1) if (parts - 1, i) in best]
+            if options:
+                best[(parts, j)] = min(options, key=lambda o: o[0])
+    return best[(k, n)][1]
+
+
+def _model(segs: list[FitSegment] | tuple[FitSegment, ...], factor: float, size: float) -> float:
+    seg = segs[0]
+    for s in segs[1:]:
+        if size >= s.min_bytes:
+            seg = s
+    return seg.alpha_s + factor * size / seg.busbw_bytes_per_s
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"

@@ -1,0 +1,125 @@
+"""hipblaslt-bench output: the raw stdout (`[0]transA,transB,...,hipblaslt-Gflops,us` then a CSV line, hipBLASLt 600
+layout) and the tuning result files of Primus (`tune_gemm_results-*.txt`: `Git Version:` then header + row pairs with
+a_type..d_type, hipblaslt-GB/s, solution_index, gcnArchName, CUs). Rows are BLAS-convention GEMMs (m, n, k,
+transA + transB as the layout), input dtype = a_type (d_type in the old layout), time = the `us` column, and FLOP/s =
+2 m n k batch / time, which is what hipblaslt-bench prints in `hipblaslt-Gflops` (compared in the tests).
+
+Transformer Engine's hipBLASLt algorithm cache (`dev_cap,m,n,k,trans_a,...,algo_id`) lists shapes without timings:
+`read_te_algo_shapes` returns them (e.g. as the shapes to benchmark), and importing one is a CalibrationError.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from projection.calibrate.calibration import Calibration, GemmRow, GroupedGemmRow, Provenance, normalize_dtype
+from projection.calibrate.errors import CalibrationError
+from projection.errors import Problem
+
+_PREFIX = re.compile(r"^\[\d+\]")
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """A GEMM shape without a timing (BLAS convention)."""
+
+    m: int
+    n: int
+    k: int
+    layout: str
+    dtype: str
+    out_dtype: str
+
+
+def looks_like_hipblaslt(text: str) -> bool:
+    """True if the text has a hipblaslt-bench result header."""
+    return "hipblaslt-Gflops" in text and "transA" in text
+
+
+def looks_like_te_algo_cache(text: str) -> bool:
+    """True for Transformer Engine's hipBLASLt algorithm cache CSV (shapes, no timings)."""
+    first = text.lstrip().split("\n", 1)[0]
+    return first.startswith("dev_cap,m,n,k,trans_a,trans_b")
+
+
+def import_hipblaslt(path: str | Path, text: str | None = None) -> Calibration:
+    """GEMM rows (and grouped-GEMM rows for grouped_gemm=1) from hipblaslt-bench output or a Primus tuning file."""
+    file = str(path)
+    if text is None:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    if looks_like_te_algo_cache(text):
+        raise CalibrationError(Problem("a Transformer Engine hipBLASLt algorithm cache: GEMM shapes and algorithm ids, "
+                                       "no timings", file=file,
+                                       fix="import the hipblaslt-bench tuning output it was chosen from (e.g. "
+                                           "tune_gemm_results-*.txt), or benchmark its shapes with "
+                                           "`projection calibrate gemm`"))
+    gemm: list[GemmRow] = []
+    grouped: list[GroupedGemmRow] = []
+    header: list[str] | None = None
+    devices: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = _PREFIX.sub("", raw.strip())
+        if line.startswith("transA,"):
+            header = next(csv.reader([line]))
+            continue
+        if header is None or "," not in line:
+            if m := re.match(r"Device ID \d+ : (.+)$", line):
+                devices.append(m.group(1).strip())
+            continue
+        values = next(csv.reader([line]))
+        if len(values) != len(header):
+            continue
+        row = {k.strip(): v.strip() for k, v in zip(header, values, strict=True)}
+        try:
+            m_, n_, k_ = int(row["m"]), int(row["n"]), int(row["k"])
+            batch, time_us = int(row.get("batch_count", "1")), float(row["us"])
+        except (KeyError, ValueError):
+            continue
+        dtype = normalize_dtype(row.get("a_type") or row.get("d_type", ""))
+        out_dtype = normalize_dtype(row.get("d_type", "")) or None
+        layout = (row.get("transA", "N") + row.get("transB", "N")).upper()
+        source = f"{file}:{number}" + (f" solution {row['solution_index']}" if row.get("solution_index") else "")
+        if row.get("gcnArchName"):
+            devices.append(f"{row['gcnArchName']} ({row['CUs']} CUs)" if row.get("CUs") else row["gcnArchName"])
+        if row.get("grouped_gemm", "0") not in ("0", ""):
+            grouped.append(GroupedGemmRow(groups=batch, m=m_, n=n_, k=k_, dtype=dtype, layout=layout,
+                                          time_s=time_us * 1e-6, source=source))
+        else:
+            gemm.append(GemmRow(m=m_, n=n_, k=k_, dtype=dtype, layout=layout, batch=batch,
+                                time_s=time_us * 1e-6, out_dtype=out_dtype, source=source))
+    if not gemm and not grouped:
+        raise CalibrationError(Problem("no hipblaslt-bench result rows found", file=file,
+                                       fix="give hipblaslt-bench stdout (header with transA,...,hipblaslt-Gflops,us "
+                                           "and a CSV row after it)"))
+    versions = {}
+    if m := re.search(r"hipBLASLt version:\s*(\S+)", text):
+        versions["hipblaslt"] = m.group(1)
+    if m := re.search(r"(?:hipBLASLt git version|Git Version):\s*(\S+)", text):
+        versions["hipblaslt_git"] = m.group(1)
+    device = max(set(devices), key=devices.count) if devices else None
+    provenance = Provenance(device_name=device, library_versions=versions, source_files=(file,))
+    return Calibration(provenance=(provenance,), gemm=tuple(gemm), grouped_gemm=tuple(grouped))
+
+
+def read_te_algo_shapes(path: str | Path) -> list[GemmShape]:
+    """The distinct GEMM shapes of a Transformer Engine hipBLASLt algorithm cache CSV, in file order."""
+    file = str(path)
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as err:
+        raise CalibrationError(Problem(f"cannot read: {err}", file=file, fix="check the path")) from None
+    shapes: list[GemmShape] = []
+    for row in rows:
+        try:
+            shape = GemmShape(int(row["m"]), int(row["n"]), int(row["k"]), (row["trans_a"] + row["trans_b"]).upper(),
+                              normalize_dtype(row["type_a"]), normalize_dtype(row["type_d"]))
+        except (KeyError, TypeError, ValueError):
+            raise CalibrationError(Problem("not a Transformer Engine algorithm cache row", file=file,
+                                           fix="expected columns dev_cap,m,n,k,trans_a,trans_b,type_a,...")) from None
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes

@@ -1,0 +1,96 @@
+"""`projection calibrate ...`: import measurement files into a Calibration JSON, and fit the collective model.
+
+    projection calibrate import FILE... --out CALIBRATION.json [--allow-mixed-devices]
+    projection calibrate fit CALIBRATION.json [--format table|json] [--out FIT.json]
+
+Wiring (cli.py): `add_parser(subparsers)` adds the `calibrate` group; `run(args)` runs the chosen sub-command and
+returns the exit code (2 for a CalibrationError or another user error). More sub-commands (`calibrate gemm |
+attention | collective`) join the same group through `register` hooks: a function taking the group's sub-parsers
+action that adds its parser and sets `calibrate_run=<function(args) -> int>` as a default, e.g.
+`add_parser(subparsers, hooks=(microbench.register,))`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from projection.calibrate.calibration import load_calibration
+from projection.calibrate.errors import CalibrationError
+from projection.calibrate.fit import fit_calibration
+from projection.calibrate.importers import import_files
+from projection.errors import Problem, ProjectionError
+
+Hook = Callable[[Any], None]  # receives the `calibrate` group's sub-parsers action (argparse._SubParsersAction)
+
+
+def add_parser(subparsers: Any, hooks: Sequence[Hook] = ()) -> argparse.ArgumentParser:
+    """Add `calibrate` to the top-level sub-parsers; register `import` and `fit`, then each hook's sub-commands."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "calibrate", help="import benchmark logs and traces into a calibration, fit the collective model",
+        description="Measured GEMM, attention and collective tables (a Calibration JSON) and the fits built on them.")
+    calibrate_sub = parser.add_subparsers(dest="calibrate_command", required=True, metavar="SUBCOMMAND")
+    register(calibrate_sub)
+    for hook in hooks:
+        hook(calibrate_sub)
+    return parser
+
+
+def register(calibrate_subparsers: Any) -> None:
+    """Add the `import` and `fit` sub-commands to the `calibrate` group."""
+    p = calibrate_subparsers.add_parser(
+        "import", help="read nccl-tests/rccl-tests logs, hipblaslt-bench output, PyTorch profiler traces or "
+        "calibration JSON files (format detected from the content) into one calibration")
+    p.add_argument("files", nargs="+", metavar="FILE", help="measurement files")
+    p.add_argument("--out", required=True, metavar="CALIBRATION.json", help="where to write the calibration")
+    p.add_argument("--allow-mixed-devices", action="store_true",
+                   help="accept files measured on different devices in one calibration")
+    p.set_defaults(calibrate_run=_run_import)
+    p = calibrate_subparsers.add_parser(
+        "fit", help="fit piecewise alpha-beta curves per tier and collective kind; report the fit quality")
+    p.add_argument("calibration", metavar="CALIBRATION.json")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--out", metavar="FIT.json", help="also write the fit as JSON")
+    p.set_defaults(calibrate_run=_run_fit)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen `calibrate` sub-command; 2 on a user error (message on stderr), else its own code."""
+    runner: Callable[[argparse.Namespace], int] | None = getattr(args, "calibrate_run", None)
+    if runner is None:
+        print("error: choose a calibrate sub-command (import, fit, ...)", file=sys.stderr)
+        return 2
+    try:
+        return runner(args)
+    except ProjectionError as err:
+        print(f"error: {err.render()}", file=sys.stderr)
+        return 2
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    cal = import_files(args.files, allow_mixed_devices=args.allow_mixed_devices)
+    cal.save(args.out)
+    counts = ", ".join(f"{n} {name}" for name, n in cal.row_counts().items() if n)
+    devices = sorted({p.device_name for p in cal.provenance if p.device_name})
+    print(f"wrote {args.out}: {counts or 'no rows'} from {len(args.files)} file(s)"
+          + (f"; device {', '.join(devices)}" if devices else ""))
+    return 0
+
+
+def _run_fit(args: argparse.Namespace) -> int:
+    fitted = fit_calibration(load_calibration(args.calibration))
+    if args.out:
+        try:
+            Path(args.out).write_text(fitted.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        except OSError as err:
+            raise CalibrationError(Problem(f"cannot write the fit: {err.strerror or err}", file=args.out,
+                                           fix="give a writable path for --out")) from None
+    if args.format == "json":
+        print(json.dumps({"quality": [q.model_dump() for q in fitted.quality()], **fitted.model_dump()}, indent=2))
+    else:
+        print(fitted.to_table())
+    return 0

@@ -1,0 +1,1 @@
+"""Cost models: seconds for compute ops and collectives."""
