@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from projection import __version__, api
 from projection.errors import ProjectionError
@@ -34,11 +35,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="per-rank memory: weights, gradients, optimizer, activations, verdict")
     _common(p)
     p.add_argument("--explain", action="store_true", help="print each term's formula with the numbers substituted")
+    for name in _EXTRA:
+        _extra(name).add_parser(sub)
     return parser
+
+
+# Sub-commands implemented in their own modules: each has add_parser(subparsers) and run(args) -> int.
+_EXTRA = {"calibrate": "projection.cli_calibrate"}
+
+
+def _extra(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(_EXTRA[name])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in _EXTRA:
+        try:
+            return int(_extra(args.command).run(args))
+        except ProjectionError as e:
+            print(f"error: {e.render()}", file=sys.stderr)
+            return 2
     try:
         scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                             overrides=args.set, primus_root=args.primus_root, env=dict(os.environ))
