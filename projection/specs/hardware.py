@@ -70,6 +70,43 @@ class NicSpec(Spec):
     latency_s: Seconds
 
 
+class FlopEfficiencyPoint(Spec):
+    """One point of a compute efficiency curve: achieved / datasheet-peak FLOP/s for a kernel of `flop` FLOP."""
+
+    flop: Annotated[float, _number(), Field(gt=0)]
+    efficiency: float = Field(gt=0, le=1)
+    source: str = Field(min_length=1)  # citation starting with a tag R / R2 / D / A, like `sources`
+
+
+class BytesEfficiencyPoint(Spec):
+    """One point of the memory efficiency curve: achieved / datasheet HBM bandwidth for an op moving `bytes`."""
+
+    bytes: Annotated[float, _number(parse_bytes), Field(gt=0)]
+    efficiency: float = Field(gt=0, le=1)
+    source: str = Field(min_length=1)
+
+
+class EfficiencySpec(Spec):
+    """Size-dependent efficiency curves (Calculon-style: efficiency as a function of the work of one kernel), used by
+    the roofline cost model (projection/cost/roofline.py) between and beyond the points: linear in log(size), flat
+    outside. gemm: per dtype, vs. FLOP of one GEMM; attention: per dtype, vs. the forward FLOP of one flash-attention
+    call; memory: vs. bytes read + written by one bandwidth-bound op. Points strictly increasing in size."""
+
+    gemm: dict[Dtype, tuple[FlopEfficiencyPoint, ...]] = Field(default_factory=dict)
+    attention: dict[Dtype, tuple[FlopEfficiencyPoint, ...]] = Field(default_factory=dict)
+    memory: tuple[BytesEfficiencyPoint, ...] = ()
+
+    @model_validator(mode="after")
+    def _increasing(self) -> EfficiencySpec:
+        curves = [(f"gemm.{k}", [p.flop for p in v]) for k, v in self.gemm.items()]
+        curves += [(f"attention.{k}", [p.flop for p in v]) for k, v in self.attention.items()]
+        curves.append(("memory", [p.bytes for p in self.memory]))
+        bad = [name for name, sizes in curves if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False))]
+        if bad:
+            raise ValueError(f"efficiency points must be strictly increasing in size: {', '.join(bad)}")
+        return self
+
+
 class DeviceSpec(Spec):
     """One accelerator model: peak dense FLOP/s per dtype, HBM, and the links of its typical node, with sources."""
 
@@ -88,6 +125,8 @@ class DeviceSpec(Spec):
     tdp_w: Watts | None = None  # board power in watts (vendors' TDP / TBP), if known
     sources: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
     """Field path ('peak_flop_per_s.bf16', 'nic.latency_s') -> citation, starting with a tag R / R2 / D / A."""
+    efficiency: EfficiencySpec | None = None
+    """Optional efficiency curves (each point carries its own source); None = the roofline runs at peak."""
 
     @field_validator("sources")
     @classmethod

@@ -1,0 +1,66 @@
+"""Attention microbenchmark: F.scaled_dot_product_attention forward and backward for each (batch, heads, kv heads,
+head dim, seq_q, seq_kv, causal, dtype), on whatever kernel PyTorch picks on the device (flash / memory-efficient /
+cuDNN on GPUs, the fused CPU kernel on CPUs).
+
+Forward: median time of the call. Backward: median of (forward + backward) minus the forward median, because a
+backward needs a fresh forward graph each time. GQA shapes pass `enable_gqa`. Shapes whose value head dim differs
+from the query head dim (MLA) are skipped: the calibration's attention rows have one head dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from projection.calibrate.bench_common import TORCH_DTYPES, Progress, device_name, time_call
+from projection.calibrate.calibration import AttentionRow
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    seq_q: int
+    seq_kv: int
+    causal: bool = True
+    dtype: str = "bf16"
+
+
+def bench_attention(shapes: Iterable[AttentionShape], device: torch.device, *, warmup: int = 3, repeat: int = 10,
+                    progress: Progress | None = None) -> tuple[AttentionRow, ...]:
+    """A forward and a backward row per shape."""
+    rows: list[AttentionRow] = []
+    where = device_name(device)
+    for s in shapes:
+        dt = TORCH_DTYPES[s.dtype if s.dtype in TORCH_DTYPES else "bf16"]
+        q = torch.randn(s.batch, s.heads, s.seq_q, s.head_dim, device=device, dtype=dt, requires_grad=True)
+        k = torch.randn(s.batch, s.kv_heads, s.seq_kv, s.head_dim, device=device, dtype=dt, requires_grad=True)
+        v = torch.randn(s.batch, s.kv_heads, s.seq_kv, s.head_dim, device=device, dtype=dt, requires_grad=True)
+        grad = torch.randn(s.batch, s.heads, s.seq_q, s.head_dim, device=device, dtype=dt)
+        gqa = s.kv_heads != s.heads
+
+        def forward(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, gqa: bool = gqa,
+                    causal: bool = s.causal) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+        def both(grad: torch.Tensor = grad) -> None:
+            forward().backward(grad)
+
+        with torch.no_grad():
+            t_fwd = time_call(forward, device, warmup, repeat)
+        t_both = time_call(both, device, warmup, repeat)
+        source = f"R: projection calibrate attention on {where}, median of {repeat} after {warmup} warm-up"
+        common: dict[str, object] = dict(batch=s.batch, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                         seq_q=s.seq_q, seq_kv=s.seq_kv, causal=s.causal, dtype=s.dtype, count=repeat)
+        rows.append(AttentionRow.model_validate({"direction": "fwd", "time_s": t_fwd, "source": source, **common}))
+        rows.append(AttentionRow.model_validate({"direction": "bwd", "time_s": max(t_both - t_fwd, 1e-9),
+                                                 "source": source + "; backward = (forward + backward) - forward",
+                                                 **common}))
+        if progress is not None:
+            progress.step(f"b{s.batch} h{s.heads} s{s.seq_q} d{s.head_dim}")
+    return tuple(rows)

@@ -1,0 +1,195 @@
+"""`projection calibrate gemm | attention | collective | memory`: microbenchmarks that write a Calibration JSON.
+
+    projection calibrate gemm [--config F] [--shape MxNxK[:LAYOUT[:DTYPE]] ...] [--device auto|cuda|cpu] [--out FILE]
+    projection calibrate attention [--config F] [--shape BxHxKVxDxS[xSKV] ...] [--device ...] [--out FILE]
+    projection calibrate collective [--config F] [--kinds all_reduce,...] [--sizes 1MiB,...] [--world-size N] ...
+    projection calibrate memory [--sizes 4096,1MiB,...] [--dtype bf16] [--device ...] [--out FILE]
+
+By default the shapes are those `projection shapes --config F` lists (largest FLOPs first, --max-shapes of them), else a
+small default sweep. Registered into the `calibrate` group through `register` (projection/cli_calibrate.py hooks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, cast
+
+from projection import api
+from projection.calibrate.bench_attention import AttentionShape, bench_attention
+from projection.calibrate.bench_collective import SUPPORTED, bench_collectives
+from projection.calibrate.bench_common import Progress, pick_device, provenance
+from projection.calibrate.bench_gemm import GemmShape, bench_gemms
+from projection.calibrate.bench_memory import DEFAULT_CPU_SIZES, DEFAULT_GPU_SIZES, bench_memory
+from projection.calibrate.calibration import Calibration, Layout
+from projection.calibrate.errors import CalibrationError
+from projection.errors import Problem
+from projection.units import parse_bytes
+from projection.workload.shapes import ShapeRow, step_shapes
+
+_LAYOUTS = ("NN", "NT", "TN", "TT")
+
+
+def register(calibrate_subparsers: Any) -> None:
+    """Add the gemm, attention, collective and memory sub-commands to the `calibrate` group."""
+    for name, helptext, run in (
+            ("gemm", "time GEMMs and grouped GEMMs (BLAS m, n, k, layout) with PyTorch", _run_gemm),
+            ("attention", "time scaled-dot-product attention forward and backward with PyTorch", _run_attention),
+            ("collective", "time collectives over local processes with torch.distributed", _run_collective),
+            ("memory", "time a bandwidth-bound elementwise op over a range of sizes", _run_memory)):
+        p = calibrate_subparsers.add_parser(name, help=helptext, description=helptext)
+        p.add_argument("--config", help="benchmark the shapes of this job (any supported config file)")
+        p.add_argument("--hardware", help="device of the job's cluster (for --config)")
+        p.add_argument("--nodes", type=int, help="nodes of the job's cluster (for --config)")
+        p.add_argument("--gpus-per-node", type=int)
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+        p.add_argument("--primus-root")
+        p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+        p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
+        p.add_argument("--repeat", type=int, default=10, help="timed calls (the median is kept)")
+        p.add_argument("--out", metavar="FILE.json", help="write the calibration here (default: stdout)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+        if name in ("collective", "memory"):
+            p.add_argument("--sizes", help="comma-separated sizes (collectives: nccl-tests convention; memory: bytes "
+                           "read + written): 4096,1MiB,...")
+        if name == "memory":
+            p.add_argument("--dtype", default="bf16", help="element type of the buffers")
+        elif name == "collective":
+            p.add_argument("--kinds", help=f"comma-separated, from {', '.join(SUPPORTED)}")
+            p.add_argument("--world-size", type=int, help="processes (default 2 on the CPU, every visible GPU)")
+            p.add_argument("--backend", choices=("gloo", "nccl"), help="default gloo on the CPU, nccl on GPUs")
+        else:
+            p.add_argument("--shape", action="append", default=[], help="MxNxK[:LAYOUT[:DTYPE]] (gemm) or "
+                           "BxHxKVxDxS[xSKV] (attention), repeatable; overrides --config")
+            p.add_argument("--dtype", help="benchmark every shape in this dtype (e.g. fp32 on a CPU)")
+            p.add_argument("--max-shapes", type=int, default=64, help="at most this many shapes, largest first")
+        p.set_defaults(calibrate_run=run, calibrate_name=name)
+
+
+def _command(args: argparse.Namespace) -> str:
+    skip = {"command", "calibrate_command", "calibrate_run", "calibrate_name", "quiet"}
+    parts = [f"projection calibrate {args.calibrate_name}"]
+    for key, value in vars(args).items():
+        if key in skip or value in (None, [], False):
+            continue
+        flag = "--" + key.replace("_", "-")
+        values = value if isinstance(value, list) else [value]
+        parts += [f"{flag} {v}" if v is not True else flag for v in values]
+    return " ".join(parts)
+
+
+def _config_rows(args: argparse.Namespace) -> tuple[ShapeRow, ...]:
+    if not args.config:
+        return ()
+    sc = api.load(args.config, hardware=args.hardware, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                  overrides=args.set, primus_root=args.primus_root)
+    return step_shapes(sc)
+
+
+def _write(cal: Calibration, args: argparse.Namespace) -> int:
+    if args.out:
+        cal.save(args.out)
+        counts = ", ".join(f"{n} {name}" for name, n in cal.row_counts().items() if n)
+        print(f"wrote {args.out}: {counts} on {cal.provenance[0].device_name}")
+    else:
+        sys.stdout.write(cal.to_json())
+    return 0
+
+
+def _progress(args: argparse.Namespace, total: int) -> Progress | None:
+    return None if args.quiet else Progress(total, f"calibrate {args.calibrate_name}")
+
+
+def _bad_shape(text: str, form: str) -> CalibrationError:
+    return CalibrationError(Problem(f"cannot read shape {text!r}", key="--shape", fix=f"write it as {form}"))
+
+
+def gemm_shapes(args: argparse.Namespace) -> list[GemmShape]:
+    """Explicit --shape values, else the job's GEMM and grouped-GEMM shapes, else a default cube sweep."""
+    shapes: list[GemmShape] = []
+    for text in args.shape:
+        parts = text.split(":")
+        dims = parts[0].lower().split("x")
+        layout = parts[1].upper() if len(parts) > 1 else "TN"
+        if len(dims) != 3 or not all(d.isdigit() for d in dims) or layout not in _LAYOUTS:
+            raise _bad_shape(text, "MxNxK[:LAYOUT[:DTYPE]], e.g. 4096x8192x4096:TN:bf16")
+        shapes.append(GemmShape(int(dims[0]), int(dims[1]), int(dims[2]), parts[2] if len(parts) > 2 else "bf16",
+                                cast(Layout, layout)))
+    if not shapes:
+        rows = [r for r in _config_rows(args) if r.kind in ("gemm", "grouped_gemm")]
+        rows.sort(key=lambda r: -r.flop_per_step)
+        shapes = [GemmShape(r.m, r.n, r.k, r.dtype, cast(Layout, r.layout), r.batch if r.kind == "gemm" else 1,
+                            r.batch if r.kind == "grouped_gemm" else 1) for r in rows]
+    if not shapes and not args.config:
+        shapes = [GemmShape(n, n, n) for n in (256, 512, 1024, 2048)]
+    if args.dtype:
+        shapes = [GemmShape(s.m, s.n, s.k, args.dtype, s.layout, s.batch, s.groups) for s in shapes]
+    return list(dict.fromkeys(shapes))[: args.max_shapes]
+
+
+def attention_shapes(args: argparse.Namespace) -> list[AttentionShape]:
+    shapes: list[AttentionShape] = []
+    for text in args.shape:
+        dims = text.lower().split("x")
+        if len(dims) not in (5, 6) or not all(d.isdigit() for d in dims):
+            raise _bad_shape(text, "BxHxKVxDxS[xSKV], e.g. 1x32x8x128x8192")
+        b, h, kv, d, s = (int(x) for x in dims[:5])
+        shapes.append(AttentionShape(b, h, kv, d, s, int(dims[5]) if len(dims) == 6 else s))
+    if not shapes:
+        rows = [r for r in _config_rows(args) if r.kind == "attention" and r.phase == "F" and r.k == r.head_dim_v]
+        rows.sort(key=lambda r: -r.flop_per_step)
+        shapes = [AttentionShape(r.batch, r.heads, r.kv_heads, r.k, r.m, r.n, r.causal, r.dtype) for r in rows]
+    if not shapes and not args.config:
+        shapes = [AttentionShape(1, 8, 8, 64, s, s) for s in (256, 512, 1024)]
+    if args.dtype:
+        shapes = [AttentionShape(s.batch, s.heads, s.kv_heads, s.head_dim, s.seq_q, s.seq_kv, s.causal, args.dtype)
+                  for s in shapes]
+    return list(dict.fromkeys(shapes))[: args.max_shapes]
+
+
+def _run_gemm(args: argparse.Namespace) -> int:
+    device = pick_device(args.device)
+    shapes = gemm_shapes(args)
+    gemms, grouped = bench_gemms(shapes, device, warmup=args.warmup, repeat=args.repeat,
+                                 progress=_progress(args, len(shapes)))
+    return _write(Calibration(provenance=(provenance(device, _command(args)),), gemm=gemms, grouped_gemm=grouped),
+                  args)
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    device = pick_device(args.device)
+    shapes = attention_shapes(args)
+    rows = bench_attention(shapes, device, warmup=args.warmup, repeat=args.repeat,
+                           progress=_progress(args, len(shapes)))
+    return _write(Calibration(provenance=(provenance(device, _command(args)),), attention=rows), args)
+
+
+def _run_collective(args: argparse.Namespace) -> int:
+    import torch
+
+    device = pick_device(args.device)
+    rows = [r for r in _config_rows(args) if r.kind == "collective"]
+    kinds = args.kinds.split(",") if args.kinds else sorted({r.collective for r in rows if r.collective in SUPPORTED})
+    kinds = kinds or ["all_reduce", "all_gather", "reduce_scatter"]
+    sizes = _sizes(args) or sorted({r.size_bytes for r in rows if r.size_bytes > 0})
+    if not sizes:
+        sizes = [2**k for k in range(12, 21, 2)] if device.type == "cpu" else [2**k for k in range(20, 29, 2)]
+    world = args.world_size or (torch.cuda.device_count() if device.type == "cuda" else 2)
+    cal_rows = bench_collectives(kinds, sizes, device, world_size=world, backend=args.backend, warmup=args.warmup,
+                                 repeat=args.repeat, progress=_progress(args, len(kinds) * len(sizes)))
+    return _write(Calibration(provenance=(provenance(device, _command(args)),), collective=cal_rows), args)
+
+
+def _sizes(args: argparse.Namespace) -> list[int]:
+    try:
+        return [int(parse_bytes(s)) for s in args.sizes.split(",")] if args.sizes else []
+    except ValueError as err:
+        raise CalibrationError(Problem(str(err), key="--sizes", fix="write sizes like 4096,1MiB,64MB")) from None
+
+
+def _run_memory(args: argparse.Namespace) -> int:
+    device = pick_device(args.device)
+    sizes = _sizes(args) or list(DEFAULT_CPU_SIZES if device.type == "cpu" else DEFAULT_GPU_SIZES)
+    rows = bench_memory(sizes, device, dtype=args.dtype, warmup=args.warmup, repeat=args.repeat,
+                        progress=_progress(args, len(sizes)))
+    return _write(Calibration(provenance=(provenance(device, _command(args)),), memory_bound=rows), args)

@@ -1,0 +1,230 @@
+"""Calibrated cost model: interpolation over measured tables (projection.calibrate.calibration.Calibration), built
+once at construction, with the roofline model outside the measured range (and saying so in `provenance`).
+
+Tables and their interpolation (every table is exact at its measured points):
+- GEMM, per (dtype, layout) and pooled over layouts per dtype: log FLOP/s over (log m, log n*batch, log k), BLAS
+  shapes. Each row is also entered with m and n swapped (the same kernel seen transposed) unless that point was
+  measured itself. Interpolant: a linear radial basis function, f(x) = sum_i w_i * -|x - x_i| + c, whose weights
+  solve the interpolation system once (Buhmann 2003, "Radial Basis Functions", ch. 2; with one coordinate varying it
+  is piecewise linear, so monotone between neighbouring points), clipped to the measured FLOP/s range.
+- Grouped GEMM, per dtype: the same over (log groups, log m, log n, log k); without a grouped table, a grouped GEMM is
+  priced as one GEMM with the groups stacked along n (the token dimension).
+- Attention, per (direction, head dim, causal, 16-bit or fp8): log FLOP/s over (log batch*heads, log seq_q,
+  log seq_kv), FLOPs counted as the ops count them (ops_attention.py).
+- Memory-bound: log time against log bytes, piecewise linear (monotone), median of rows of equal size.
+- Collectives: the alpha-beta fabric of projection/cost/collectives.py with curves fitted to the calibration's
+  collective rows (projection.calibrate.fit), else the fallback's analytic fabric.
+"In range" means inside the bounding box of the table's points in every coordinate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from projection.calibrate.calibration import Calibration
+from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, collective_time_s
+from projection.cost.model import collective_op_seconds
+from projection.cost.roofline import RooflineCostModel
+from projection.workload.ops import Op
+
+OUT_OF_RANGE = "calibrated (out of range -> roofline)"
+CLAMPED = "calibrated (out of range -> nearest measured)"
+
+
+class LogTable:
+    """Scattered points x (N, D) with values y (N,): linear-RBF interpolation, exact at the points."""
+
+    def __init__(self, points: Sequence[Sequence[float]], values: Sequence[float], label: str) -> None:
+        merged: dict[tuple[float, ...], list[float]] = defaultdict(list)
+        for p, v in zip(points, values, strict=True):
+            merged[tuple(round(c, 9) for c in p)].append(v)
+        self.exact = {p: statistics.fmean(v) for p, v in merged.items()}
+        self.x = np.array(list(self.exact), dtype=float)
+        self.y = np.array(list(self.exact.values()), dtype=float)
+        self.lo, self.hi = self.x.min(axis=0), self.x.max(axis=0)
+        self.label, self.rows = label, len(values)
+        n = len(self.y)
+        system = np.zeros((n + 1, n + 1))
+        system[:n, :n] = -np.linalg.norm(self.x[:, None, :] - self.x[None, :, :], axis=-1)
+        system[:n, n] = system[n, :n] = 1.0
+        solution = np.linalg.solve(system, np.append(self.y, 0.0))
+        self.w, self.c = solution[:n], solution[n]
+
+    def contains(self, q: Sequence[float]) -> bool:
+        return bool(np.all(np.asarray(q) >= self.lo - 1e-9) and np.all(np.asarray(q) <= self.hi + 1e-9))
+
+    def __call__(self, q: Sequence[float]) -> float:
+        key = tuple(round(c, 9) for c in q)
+        if key in self.exact:
+            return self.exact[key]
+        value = float(self.w @ -np.linalg.norm(self.x - np.asarray(q, dtype=float), axis=-1) + self.c)
+        return min(max(value, float(self.y.min())), float(self.y.max()))
+
+    def clamp(self, q: Sequence[float]) -> list[float]:
+        return [float(v) for v in np.clip(np.asarray(q, dtype=float), self.lo, self.hi)]
+
+
+class CurveTable:
+    """log time against log size, piecewise linear through the medians of equal sizes."""
+
+    def __init__(self, sizes: Sequence[float], times: Sequence[float], label: str) -> None:
+        by_size: dict[float, list[float]] = defaultdict(list)
+        for s, t in zip(sizes, times, strict=True):
+            by_size[float(s)].append(t)
+        self.x = np.log(np.array(sorted(by_size)))
+        self.y = np.log(np.array([statistics.median(by_size[s]) for s in sorted(by_size)]))
+        self.label, self.rows = label, len(sizes)
+
+    def contains(self, size: float) -> bool:
+        return size > 0 and self.x[0] - 1e-9 <= math.log(size) <= self.x[-1] + 1e-9
+
+    def __call__(self, size: float) -> float:
+        return float(math.exp(np.interp(math.log(max(size, 1.0)), self.x, self.y)))
+
+
+def _log2(*values: float) -> list[float]:
+    return [math.log2(max(v, 1)) for v in values]
+
+
+def _dtype_class(dtype: str) -> str:
+    return "16bit" if dtype in ("bf16", "fp16") else dtype
+
+
+class CalibratedCostModel:
+    """Prices ops from a Calibration; `fallback` (a roofline model) prices what the tables do not cover, and its
+    cluster placement and fabric price collectives. Without a fallback, out-of-range queries use the nearest
+    measured point (for devices without a DeviceSpec, e.g. a CPU)."""
+
+    def __init__(self, calibration: Calibration, fallback: RooflineCostModel | None = None, *,
+                 fabric: Fabric | None = None, groups: Mapping[str, GroupPlacement] | None = None,
+                 name: str = "calibration") -> None:
+        self.calibration, self.fallback, self.name = calibration, fallback, name
+        self.groups: Mapping[str, GroupPlacement] = groups if groups is not None else (
+            fallback.groups if fallback is not None else {})
+        self.fabric = fabric or self._fitted_fabric(fallback.fabric if fallback is not None else None)
+        self.gemm = self._gemm_tables()
+        self.grouped = self._grouped_tables()
+        self.attention = self._attention_tables()
+        rows = calibration.memory_bound
+        self.memory = CurveTable([r.size_bytes for r in rows if r.size_bytes > 0],
+                                 [r.time_s for r in rows if r.size_bytes > 0], "memory_bound") \
+            if any(r.size_bytes > 0 for r in rows) else None
+        self._cache: dict[Op, tuple[float, str]] = {}
+
+    # ---- the CostModel interface
+    def op_seconds(self, op: Op) -> float:
+        if op.kind == "collective":
+            return collective_op_seconds(self, op, self.groups)
+        return op.count * self._priced(op)[0]
+
+    def collective_seconds(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> float:
+        if self.fabric is None:
+            raise ValueError("no fabric: give the calibrated model a roofline fallback built with a cluster, or a "
+                             "fabric")
+        return collective_time_s(kind, size_bytes, group, self.fabric)
+
+    def provenance(self, op: Op) -> str:
+        if op.kind == "collective":
+            placement = self.groups.get(op.group or "")
+            if self.fabric is not None and placement is not None and op.coll is not None \
+                    and self.fabric.curve_for(op.coll, placement) is not None:
+                return f"calibrated: {self.name} {op.coll} curve"
+            return "roofline"
+        return self._priced(op)[1]
+
+    # ---- lookups
+    def _priced(self, op: Op) -> tuple[float, str]:
+        if op not in self._cache:
+            self._cache[op] = self._lookup(op)
+        return self._cache[op]
+
+    def _lookup(self, op: Op) -> tuple[float, str]:
+        if op.kind == "memory_bound":
+            size = op.bytes_read + op.bytes_written
+            if self.memory is None:
+                return self._outside(op, None)
+            if self.memory.contains(size):
+                return self.memory(size), f"calibrated: {self.name} memory_bound"
+            return self._outside(op, lambda: self.memory(size) if self.memory else 0.0)
+        if op.kind == "attention":
+            return self._rate(op, self.attention.get(self._attention_key(op), []),
+                              _log2(op.batch * op.heads, op.m, op.n))
+        if op.kind == "grouped_gemm":
+            tables = self.grouped.get(op.dtype, [])
+            if tables:
+                return self._rate(op, tables, _log2(op.batch, op.m, op.n, op.k))
+            stacked = self.gemm.get((op.dtype, op.layout), []) + self.gemm.get((op.dtype, "*"), [])
+            t, source = self._rate(op, stacked, _log2(op.m, op.n * op.batch, op.k))
+            return t, source.replace(f"{self.name} gemm", f"{self.name} gemm (groups stacked)")
+        if op.kind == "gemm":
+            tables = self.gemm.get((op.dtype, op.layout), []) + self.gemm.get((op.dtype, "*"), [])
+            return self._rate(op, tables, _log2(op.m, op.n * op.batch, op.k))
+        raise ValueError(f"op kind {op.kind!r} is not priced from tables")
+
+    def _rate(self, op: Op, tables: list[LogTable], q: list[float]) -> tuple[float, str]:
+        """Time from the first table whose range holds q (log FLOP/s interpolated), else the fallback."""
+        for table in tables:
+            if table.contains(q):
+                return op.flop / math.exp(table(q)), f"calibrated: {self.name} {table.label}"
+        if not tables:
+            return self._outside(op, None)
+        nearest = tables[0]
+        return self._outside(op, lambda: op.flop / math.exp(nearest(nearest.clamp(q))))
+
+    def _outside(self, op: Op, clamped: Callable[[], float] | None) -> tuple[float, str]:
+        if self.fallback is not None:  # no table for this op's kind and dtype: plain roofline, else flagged
+            return self.fallback.single_seconds(op), OUT_OF_RANGE if clamped is not None else "roofline"
+        if clamped is None:
+            raise ValueError(f"no measured table for {op.kind} {op.dtype} ({op.name}) and no roofline fallback")
+        return clamped(), CLAMPED
+
+    @staticmethod
+    def _attention_key(op: Op) -> tuple[str, int, bool, str]:
+        return ("bwd" if op.phase == "I" else "fwd", op.k, op.causal, _dtype_class(op.dtype))
+
+    # ---- table construction
+    def _gemm_tables(self) -> dict[tuple[str, str], list[LogTable]]:
+        groups: dict[tuple[str, str], list[tuple[list[float], float]]] = defaultdict(list)
+        for r in self.calibration.gemm:
+            rate = math.log(2.0 * r.m * r.n * r.k * r.batch / r.time_s)
+            for key in ((r.dtype, r.layout), (r.dtype, "*")):
+                groups[key].append((_log2(r.m, r.n * r.batch, r.k), rate))
+        out: dict[tuple[str, str], list[LogTable]] = {}
+        for (dtype, layout), pts in groups.items():
+            measured = {tuple(p) for p, _ in pts}
+            swapped = [([p[1], p[0], p[2]], v) for p, v in pts if (p[1], p[0], p[2]) not in measured]
+            label = f"gemm {dtype} {'pooled layouts' if layout == '*' else layout}"
+            both = pts + swapped
+            out[(dtype, layout)] = [LogTable([p for p, _ in both], [v for _, v in both], label)]
+        return out
+
+    def _grouped_tables(self) -> dict[str, list[LogTable]]:
+        groups: dict[str, list[tuple[list[float], float]]] = defaultdict(list)
+        for r in self.calibration.grouped_gemm:
+            groups[r.dtype].append((_log2(r.groups, r.m, r.n, r.k), math.log(2.0 * r.groups * r.m * r.n * r.k
+                                                                             / r.time_s)))
+        return {d: [LogTable([p for p, _ in pts], [v for _, v in pts], f"grouped_gemm {d}")]
+                for d, pts in groups.items()}
+
+    def _attention_tables(self) -> dict[tuple[str, int, bool, str], list[LogTable]]:
+        groups: dict[tuple[str, int, bool, str], list[tuple[list[float], float]]] = defaultdict(list)
+        for r in self.calibration.attention:
+            full = 4.0 * r.batch * r.heads * r.seq_q * r.seq_kv * r.head_dim  # QK^T + PV, d_qk = d_v
+            flop = full * (0.5 if r.causal else 1.0) * (2.0 if r.direction == "bwd" else 1.0)
+            key = (r.direction, r.head_dim, r.causal, _dtype_class(r.dtype))
+            groups[key].append((_log2(r.batch * r.heads, r.seq_q, r.seq_kv), math.log(flop / r.time_s)))
+        return {k: [LogTable([p for p, _ in pts], [v for _, v in pts],
+                             f"attention {k[0]} d={k[1]}{' causal' if k[2] else ''}")] for k, pts in groups.items()}
+
+    def _fitted_fabric(self, base: Fabric | None) -> Fabric | None:
+        rows = [r for r in self.calibration.collective if r.n_nodes is not None and r.size_bytes > 0]
+        if base is None or len({r.size_bytes for r in rows}) < 2:
+            return base
+        from projection.calibrate.fit import fit_calibration
+
+        return fit_calibration(self.calibration, base).apply(base)

@@ -1,0 +1,113 @@
+"""Roofline cost model: datasheet peaks of the DeviceSpec, scaled by its size-dependent efficiency curves.
+
+- GEMM / grouped GEMM: max(flop / (peak[dtype] * eff_gemm(flop)), bytes / (hbm * eff_memory(bytes))), the roofline
+  of Williams et al. 2009 with Calculon's size-dependent efficiency (Isaev et al. 2023, "Calculon", §3: matrix and
+  vector efficiency as a function of the operation's size).
+- Attention: hardware FLOPs / (peak * eff_attention(forward FLOP of the call)). The backward runs 2.5x the forward's
+  FLOPs (FlashAttention-2 §3.1.2, Dao 2023: dQ, dK, dV, dP and the recomputed scores), i.e. 1.25x the op's
+  model-FLOP count (2x the forward); the efficiency curve is read at the forward-equivalent size.
+- Memory-bound: bytes / (hbm * eff_memory(bytes)).
+- Collectives: the analytic alpha-beta model of projection/cost/collectives.py on the cluster's fabric.
+Curves are piecewise linear in log(size) between their points and flat beyond them; a missing curve means
+efficiency 1 (the bare datasheet roofline). A dtype without a peak uses the nearest 16-bit one and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, collective_time_s
+from projection.cost.model import collective_op_seconds, group_placements
+from projection.specs.hardware import ClusterSpec, DeviceSpec
+from projection.specs.plan import ParallelPlan
+from projection.workload.ops import Op
+
+FLASH_BACKWARD_FACTOR = 2.5 / 2.0  # hardware / model FLOPs of the attention backward (FlashAttention-2 §3.1.2)
+_FALLBACK_DTYPES = {"fp16": "bf16", "bf16": "fp16", "fp32": "tf32", "tf32": "bf16", "fp8": "bf16", "fp4": "fp8"}
+
+
+def interpolate_log(points: Sequence[tuple[float, float]], size: float) -> float:
+    """Value at `size` of a curve given as (size, value) points sorted by size: linear in log(size), flat outside."""
+    if not points:
+        return 1.0
+    if size <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if size <= x1:
+            t = math.log(size / x0) / math.log(x1 / x0)
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
+class RooflineCostModel:
+    """Peaks and efficiency curves of one device; collectives on `fabric` (default: analytic, from the specs)."""
+
+    def __init__(self, device: DeviceSpec, cluster: ClusterSpec | None = None, plan: ParallelPlan | None = None,
+                 fabric: Fabric | None = None) -> None:
+        self.device = device
+        self._peaks: dict[str, float] = {str(k): v for k, v in device.peak_flop_per_s.items()}
+        eff = device.efficiency
+        self._gemm: dict[str, list[tuple[float, float]]] = {
+            str(k): [(p.flop, p.efficiency) for p in v] for k, v in (eff.gemm.items() if eff else ())}
+        self._attention: dict[str, list[tuple[float, float]]] = {
+            str(k): [(p.flop, p.efficiency) for p in v] for k, v in (eff.attention.items() if eff else ())}
+        self._memory = [(p.bytes, p.efficiency) for p in eff.memory] if eff else []
+        self.fabric = fabric or (Fabric.from_specs(device, cluster) if cluster is not None else None)
+        self.groups: Mapping[str, GroupPlacement] = (group_placements(cluster, plan)
+                                                     if cluster is not None and plan is not None else {})
+
+    # ---- the CostModel interface
+    def op_seconds(self, op: Op) -> float:
+        if op.kind == "collective":
+            return collective_op_seconds(self, op, self.groups)
+        return op.count * self.single_seconds(op)
+
+    def collective_seconds(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> float:
+        if self.fabric is None:
+            raise ValueError("the roofline cost model prices collectives only when built with a cluster (or fabric)")
+        return collective_time_s(kind, size_bytes, group, self.fabric)
+
+    def provenance(self, op: Op) -> str:
+        if op.kind in ("gemm", "grouped_gemm", "attention") and op.dtype not in self._peaks:
+            return f"roofline ({self.peak_dtype(op.dtype)} peak for {op.dtype})"
+        return "roofline"
+
+    # ---- pieces, public for the calibrated model's fallback and for tests
+    def single_seconds(self, op: Op) -> float:
+        """Seconds of one invocation of a compute or memory-bound op."""
+        hbm = self.device.hbm_bandwidth_bytes_per_s
+        moved = op.bytes_read + op.bytes_written
+        memory_s = moved / (hbm * self.memory_efficiency(moved)) if moved > 0 else 0.0
+        if op.kind == "memory_bound":
+            return memory_s
+        peak = self._peaks[self.peak_dtype(op.dtype)]
+        if op.kind == "attention":
+            forward_flop = op.flop / 2 if op.phase == "I" else op.flop
+            hw_flop = op.flop * (FLASH_BACKWARD_FACTOR if op.phase == "I" else 1.0)
+            return max(hw_flop / (peak * self.attention_efficiency(op.dtype, forward_flop)), memory_s)
+        if op.kind in ("gemm", "grouped_gemm"):
+            return max(op.flop / (peak * self.gemm_efficiency(op.dtype, op.flop)), memory_s)
+        raise ValueError(f"op kind {op.kind!r} has no compute roofline")
+
+    def peak_dtype(self, dtype: str) -> str:
+        """The dtype whose peak prices `dtype`: itself if the device lists it, else a same-speed or nearest class."""
+        for candidate in (dtype, _FALLBACK_DTYPES.get(dtype, "bf16"), "bf16"):
+            if candidate in self._peaks:
+                return candidate
+        return next(iter(self._peaks))
+
+    def gemm_efficiency(self, dtype: str, flop: float) -> float:
+        return interpolate_log(self._curve(self._gemm, dtype), flop)
+
+    def attention_efficiency(self, dtype: str, forward_flop: float) -> float:
+        return interpolate_log(self._curve(self._attention, dtype), forward_flop)
+
+    def memory_efficiency(self, size_bytes: float) -> float:
+        return interpolate_log(self._memory, size_bytes)
+
+    @staticmethod
+    def _curve(curves: Mapping[str, list[tuple[float, float]]], dtype: str) -> list[tuple[float, float]]:
+        if dtype in curves:
+            return curves[dtype]
+        return curves.get(_FALLBACK_DTYPES.get(dtype, ""), [])

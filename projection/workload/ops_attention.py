@@ -1,0 +1,138 @@
+"""Self-attention ops on one rank: MHA/GQA/MQA and MLA projections as TP-sharded GEMMs, the core attention (flash
+or unfused), and context-parallel ring exchange.
+
+Core-attention FLOPs. Full (non-causal) forward: QK^T and PV, 2*b*h*sq*skv*(d_qk + d_v) (= 4*b*h*s^2*d for
+d_qk = d_v; Narayanan et al. 2021 appendix counts 4*b*s^2*h per layer forward). Decoder LMs are causal and flash
+kernels skip the masked blocks, so the `attention` op carries half of that; the backward op (phase I) carries twice
+the forward (dQ, dK, dV and dP: four GEMMs of the forward's size), as PyTorch's FlopCounterMode counts it. Flash
+backward also recomputes QK^T (Dao 2023, FlashAttention-2 §3.1.2: 5 GEMMs against 2 in the forward): that extra
+0.5x of the forward is hardware work, left to the cost model (see projection/cost/roofline.py). Megatron's
+model-FLOPs formula counts attention non-causally (validation-public.md §0.2); `model_flops.py` follows it there.
+The unfused backend computes the full s x s scores: two batched GEMMs per direction and no causal halving.
+
+Context parallelism (Megatron/TE ring attention with load-balanced causal chunks, Liu et al. 2023): a rank holds
+s/cp queries and attends to all s keys over cp steps, so its core op is (sq = s/cp, skv = s, causal) and equals 1/cp
+of the causal total; the cp - 1 ring steps each pass a K/V chunk (forward) and K/V plus dK/dV (backward).
+"""
+
+from __future__ import annotations
+
+from projection.specs.model import ModelSpec
+from projection.workload.ops_base import (
+    Dims,
+    Op,
+    Phase,
+    Piece,
+    coll,
+    column_linear,
+    gemm,
+    join,
+    linear,
+    mem,
+    pointwise,
+    residual,
+    row_linear,
+)
+
+
+def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str = "attn.core") -> Piece:
+    """The attention kernel(s) for one microbatch: q [b, heads, s/cp, d_qk], k/v [b, kv_heads, s, d]."""
+    b, sq, skv, ab = d.b, d.tokens // d.b, d.s, d.act_bytes
+    if not d.flash:
+        return _unfused(d, heads, kv_heads, d_qk, d_v, name)
+    full = 2.0 * b * heads * sq * skv * (d_qk + d_v)
+    q, o = b * heads * sq * d_qk * ab, b * heads * sq * d_v * ab
+    kv = b * kv_heads * skv * (d_qk + d_v) * ab
+    lse = b * heads * sq * 4
+    def op(name_: str, phase: Phase, flop: float, read: float, written: float) -> Op:
+        return Op(name_, "attention", phase, dtype=d.act, flop=flop, bytes_read=read, bytes_written=written, m=sq,
+                  n=skv, k=d_qk, batch=b, heads=heads, kv_heads=kv_heads, head_dim_v=d_v, causal=True, tag="core_attn")
+
+    fwd = op(name, "F", full / 2, q + kv, o + lse)
+    bwd = op(f"{name}.bwd", "I", full, q + kv + 2 * o + lse, q + kv)
+    return join("core_attn", _cp_ring(d, kv_heads, d_qk, d_v), Piece("core_attn", (fwd,), (bwd,)))
+
+
+def _unfused(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str) -> Piece:
+    """Scores = Q K^T (batched over b*heads), softmax (+ dropout) kept in memory, out = P V; backward dQ, dK, dP, dV."""
+    bh, sq, skv, ab, dt = d.b * heads, d.tokens // d.b, d.s, d.act_bytes, d.act
+    scores = bh * sq * skv
+    # BLAS shapes of the row-major products: S = Q K^T, O = P V; dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
+    fwd = (gemm(f"{name}.qk", "F", skv, sq, d_qk, dt, ab, layout="TN", batch=bh),
+           mem(f"{name}.softmax", "F", scores * ab, scores * ab * (2 if d.dropout else 1), dt),
+           gemm(f"{name}.pv", "F", d_v, sq, skv, dt, ab, layout="NN", batch=bh))
+    bwd = (gemm(f"{name}.pv.dgrad_p", "I", skv, sq, d_v, dt, ab, layout="TN", batch=bh),
+           gemm(f"{name}.pv.dgrad_v", "I", d_v, skv, sq, dt, ab, layout="NT", batch=bh),
+           mem(f"{name}.softmax.bwd", "I", 2 * scores * ab, scores * ab, dt),
+           gemm(f"{name}.qk.dgrad_q", "I", d_qk, sq, skv, dt, ab, layout="NN", batch=bh),
+           gemm(f"{name}.qk.dgrad_k", "I", d_qk, skv, sq, dt, ab, layout="NT", batch=bh))
+    return join("core_attn", _cp_ring(d, kv_heads, d_qk, d_v), Piece("core_attn", fwd, bwd))
+
+
+def _cp_ring(d: Dims, kv_heads: int, d_qk: int, d_v: int) -> Piece:
+    if d.cp == 1:
+        return Piece("core_attn", (), ())
+    chunk = d.tokens * kv_heads * (d_qk + d_v) * d.act_bytes  # this rank's K and V: b * s/cp rows
+    return Piece("core_attn", (coll("attn.cp_ring", "F", "send_recv", chunk, "cp", count=d.cp - 1),),
+                 (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp", count=d.cp - 1),))
+
+
+def gqa_attention(model: ModelSpec, d: Dims) -> list[Piece]:
+    """MHA / GQA / MQA: fused QKV column-parallel linear, rotary embedding, optional per-head Q/K norms, core,
+    row-parallel output projection. KV heads are split over TP, or replicated when fewer than TP (Megatron)."""
+    hd, h, t = model.head_dim_, d.h, d.tokens
+    heads, kv = model.num_attention_heads // d.tp, max(1, model.kv_heads // d.tp)
+    pieces = [column_linear("attn.qkv", d, t, (heads + 2 * kv) * hd, h, tag="attn")]
+    if model.position_embedding == "rope":
+        pieces.append(pointwise("attn.rope", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn"))
+    if model.qk_norm:
+        pieces.append(pointwise("attn.qk_norm", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn"))
+    pieces += [core_attention(d, heads, kv, hd, hd), row_linear("attn.proj", d, t, h, heads * hd, tag="attn")]
+    return pieces
+
+
+def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
+    """Multi-latent attention (DeepSeek-V2/V3, Megatron MLASelfAttention). The down projections are replicated on
+    every TP rank and run on this rank's sequence shard (SP) or on all tokens; under SP the latents are gathered
+    over TP (cheaper than gathering the hidden state). Up projections and the output projection are TP-sharded."""
+    mla = model.mla
+    assert mla is not None
+    h, t, tl = d.h, d.tokens, d.tokens_sp
+    heads = model.num_attention_heads // d.tp
+    dq, rope, dv = mla.qk_head_dim + mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+    pieces: list[Piece] = []
+    if mla.q_lora_rank:
+        pieces.append(linear("attn.q_down", d, tl, mla.q_lora_rank, h, tag="attn"))
+        if model.qk_norm:
+            pieces.append(pointwise("attn.q_norm", d, tl * mla.q_lora_rank, tl * mla.q_lora_rank, "attn"))
+        pieces.append(column_linear("attn.q_up", d, t, heads * dq, mla.q_lora_rank, tag="mla_up_proj"))
+    else:
+        pieces.append(column_linear("attn.q_proj", d, t, heads * dq, h, tag="attn"))
+    latent = mla.kv_lora_rank + rope
+    pieces.append(linear("attn.kv_down", d, tl, latent, h, tag="attn"))
+    if model.qk_norm:
+        pieces.append(pointwise("attn.kv_norm", d, tl * mla.kv_lora_rank, tl * mla.kv_lora_rank, "attn"))
+    pieces += [_latent_gather(d, latent), linear("attn.kv_up", d, t, heads * (mla.qk_head_dim + dv),
+                                                 mla.kv_lora_rank, tag="mla_up_proj"),
+               pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
+               core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
+    return pieces
+
+
+def _latent_gather(d: Dims, width: int) -> Piece:
+    """KV latent: all-gathered over TP under SP (Megatron gather_from_sequence_parallel_region); without SP every rank
+    already has all tokens and the input gradient of the TP-sharded up projection is all-reduced."""
+    if d.tp == 1:
+        return Piece("attn", (), ())
+    size = d.tokens * width * d.act_bytes
+    if d.sp:
+        return Piece("attn", (coll("attn.kv_latent.ag", "F", "all_gather", size, "tp"),),
+                     (coll("attn.kv_latent.rs", "I", "reduce_scatter", size, "tp"),))
+    return Piece("attn", (), (coll("attn.kv_latent.ar", "I", "all_reduce", size, "tp"),))
+
+
+def attention_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
+    """Input norm, self-attention and the residual add of one decoder layer."""
+    norm = pointwise("attn.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm")
+    body = mla_attention(model, d) if model.mla is not None else gqa_attention(model, d)
+    return [norm, *body, residual("attn.residual", d)]

@@ -1,0 +1,231 @@
+"""The `Op` record and the primitives the per-layer op lists are built from (linears, memory-bound ops, collectives).
+
+Conventions (stated once, used by every builder):
+- GEMMs use the BLAS / hipBLASLt / cuBLAS column-major convention, the one hipblaslt-bench prints and
+  projection/calibrate/calibration.py stores: D[m, n] = op(A)[m, k] op(B)[k, n], layout = transA + transB,
+  FLOP = 2*m*n*k per batch entry (Narayanan et al. 2021, appendix: an m x k by k x n product takes 2mnk FLOPs).
+  A `Linear` with weight W[out, in] on x[T, in] (PyTorch y = x W^T) is, for T tokens:
+  forward                    (m, n, k) = (out, T, in), layout "TN";
+  input gradient (phase I)   dx = dy W     -> (in, T, out), layout "NN";
+  weight gradient (phase W)  dW = dy^T x   -> (in, out, T), layout "NT".
+- Collective sizes (`coll_bytes`) follow nccl-tests' `size` column: the whole buffer one rank holds, i.e. the output
+  of an all-gather, the input of a reduce-scatter, the buffer of an all-reduce, the send buffer of an all-to-all, and
+  one message of a send/recv.
+- Memory-bound ops carry bytes only (flop = 0): their arithmetic is not counted, as neither Megatron's model-FLOPs
+  formula nor PyTorch's FlopCounterMode counts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.training import DTYPE_BYTES, TrainingSpec
+
+OpKind = Literal["gemm", "grouped_gemm", "attention", "memory_bound", "collective"]
+Phase = Literal["F", "I", "W"]
+CollKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
+GroupAxis = Literal["tp", "cp", "ep", "etp", "dp", "pp"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel (or collective) that one rank runs `count` times back to back for one microbatch.
+
+    Shapes: gemm / grouped_gemm use BLAS (m, n, k) with `batch` = batched-GEMM count or number of groups (local
+    experts; n = token rows per group); attention uses batch = sequences, m = query length, n = key length,
+    k = q/k head dim, `head_dim_v`, `heads` / `kv_heads` on this rank and `causal`. `flop`, `bytes_read`,
+    `bytes_written` and `coll_bytes` are per invocation. `recompute` marks a forward op re-run before the backward
+    pass (phase F); `tag` names the module (recompute selects by it)."""
+
+    name: str
+    kind: OpKind
+    phase: Phase
+    dtype: str = "bf16"
+    flop: float = 0.0
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    layout: str = ""
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim_v: int = 0
+    causal: bool = False
+    coll: CollKind | None = None
+    coll_bytes: int = 0
+    group: GroupAxis | None = None
+    count: int = 1
+    recompute: bool = False
+    tag: str = ""
+
+    @property
+    def total_flop(self) -> float:
+        return self.flop * self.count
+
+    @property
+    def total_bytes(self) -> float:
+        """HBM traffic of all invocations (reads + writes)."""
+        return (self.bytes_read + self.bytes_written) * self.count
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Forward ops of one module and the backward ops that undo it (in the order the backward runs them)."""
+
+    tag: str
+    fwd: tuple[Op, ...]
+    bwd: tuple[Op, ...]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-rank sizes of one microbatch. tokens: rows of every TP-sharded GEMM (b*s/cp, gathered over TP under
+    sequence parallelism); tokens_sp: rows of norms, residuals and the MoE router (tokens/tp with SP)."""
+
+    b: int
+    s: int
+    h: int
+    tp: int
+    cp: int
+    sp: bool
+    ep: int
+    etp: int
+    tokens: int
+    tokens_sp: int
+    act: str
+    act_bytes: int
+    gemm: str
+    main_grad_bytes: int
+    fused_wgrad: bool
+    flash: bool
+    dropout: bool
+
+
+def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
+    tokens = training.micro_batch_size * training.seq_length // plan.cp
+    sp = plan.sp_
+    act = training.params_dtype
+    return Dims(b=training.micro_batch_size, s=training.seq_length, h=model.hidden_size, tp=plan.tp, cp=plan.cp,
+                sp=sp, ep=plan.ep, etp=plan.etp_, tokens=tokens, tokens_sp=tokens // plan.tp if sp else tokens,
+                act=act, act_bytes=DTYPE_BYTES[act], gemm="fp8" if training.fp8 is not None else act,
+                main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
+                fused_wgrad=training.gradient_accumulation_fusion,
+                flash=training.attention_backend != "unfused", dropout=training.dropout > 0)
+
+
+def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes: float, *, layout: str,
+         batch: int = 1, acc_bytes: float = 0.0, tag: str = "") -> Op:
+    """A (batched) GEMM: reads A and B once, writes C (`acc_bytes` > 0: C accumulates into a buffer of that width,
+    read and written, as a fused fp32 main-grad accumulation does)."""
+    b_in = DTYPE_BYTES.get(dtype, 2)
+    out = acc_bytes or out_bytes
+    return Op(name, "gemm", phase, dtype=dtype, m=m, n=n, k=k, batch=batch, layout=layout,
+              flop=2.0 * batch * m * n * k, bytes_read=batch * ((m * k + k * n) * b_in + m * n * acc_bytes),
+              bytes_written=batch * m * n * out, tag=tag)
+
+
+def mem(name: str, phase: Phase, read_bytes: float, written_bytes: float, dtype: str = "bf16", tag: str = "",
+        count: int = 1) -> Op:
+    return Op(name, "memory_bound", phase, dtype=dtype, bytes_read=read_bytes, bytes_written=written_bytes,
+              tag=tag, count=count)
+
+
+def coll(name: str, phase: Phase, kind: CollKind, size_bytes: float, group: GroupAxis, count: int = 1,
+         tag: str = "") -> Op:
+    return Op(name, "collective", phase, coll=kind, coll_bytes=int(size_bytes), group=group, count=count, tag=tag)
+
+
+def linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dtype: str | None = None,
+           tag: str = "") -> Piece:
+    """A Linear layer (BLAS shapes in the module docstring): forward GEMM, then in backward the input-gradient GEMM
+    (I) and the weight-gradient GEMM (W, accumulating into the main-grad buffer when gradient accumulation is fused).
+    FP8 GEMMs also cast their inputs: x (and its transpose for wgrad) in F, dy (and its transpose) in I."""
+    dt = dtype or d.gemm
+    ab = d.act_bytes
+    acc = d.main_grad_bytes if d.fused_wgrad else 0
+    fwd = [gemm(name, "F", n_out, tokens, k_in, dt, ab, layout="TN", tag=tag)]
+    bwd = [gemm(f"{name}.dgrad", "I", k_in, tokens, n_out, dt, ab, layout="NN", tag=tag),
+           gemm(f"{name}.wgrad", "W", k_in, n_out, tokens, dt, ab, layout="NT", acc_bytes=acc, tag=tag)]
+    if dt == "fp8":
+        fwd.insert(0, mem(f"{name}.cast", "F", tokens * k_in * ab, 2 * tokens * k_in, "fp8", tag))
+        bwd.insert(0, mem(f"{name}.dgrad.cast", "I", tokens * n_out * ab, 2 * tokens * n_out, "fp8", tag))
+    return Piece(tag, tuple(fwd), tuple(bwd))
+
+
+def column_linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dtype: str | None = None,
+                  tag: str = "") -> Piece:
+    """A column-parallel linear with its TP entry (`tp_enter` over the k_in-wide input), in Megatron's backward
+    order (LinearWithGradAccumulationAndAsyncCommunication): re-gather the input (SP), dgrad, reduce the input
+    gradient, wgrad."""
+    enter, lin = tp_enter(name, d, k_in, tag), linear(name, d, tokens, n_out, k_in, dtype=dtype, tag=tag)
+    gathers = tuple(o for o in enter.bwd if o.phase == "W")
+    reduces = tuple(o for o in enter.bwd if o.phase != "W")
+    return Piece(tag, enter.fwd + lin.fwd, gathers + lin.bwd[:-1] + reduces + lin.bwd[-1:])
+
+
+def row_linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dtype: str | None = None,
+               tag: str = "") -> Piece:
+    """A row-parallel linear followed by its TP exit (reduce-scatter with SP, all-reduce without)."""
+    return join(tag, linear(name, d, tokens, n_out, k_in, dtype=dtype, tag=tag), tp_exit(name, d, n_out, tag))
+
+
+def pointwise(name: str, d: Dims, elems_in: float, elems_out: float, tag: str = "", extra_in: float = 0.0) -> Piece:
+    """An elementwise/normalisation op over activations: F reads its inputs and writes its output; I reads the
+    saved input and the output gradient and writes the input gradient (bytes in the activation dtype)."""
+    ab = d.act_bytes
+    fwd = mem(name, "F", (elems_in + extra_in) * ab, elems_out * ab, d.act, tag)
+    bwd = mem(f"{name}.bwd", "I", (elems_in + elems_out + extra_in) * ab, elems_in * ab, d.act, tag)
+    return Piece(tag, (fwd,), (bwd,))
+
+
+def tp_enter(name: str, d: Dims, width: int, tag: str = "") -> Piece:
+    """Before a column-parallel linear (Megatron's `f` / sequence-parallel all-gather): with SP an all-gather of the
+    [tokens, width] input in F, and in backward a reduce-scatter of its gradient (I) plus the re-gather of the input
+    for the weight gradient (W; Megatron keeps only the sharded input, Korthikanti et al. 2022 §4.2.2); without SP
+    nothing in F and an all-reduce of the input gradient in I."""
+    if d.tp == 1:
+        return Piece(tag, (), ())
+    size = d.tokens * width * d.act_bytes
+    if d.sp:
+        return Piece(tag, (coll(f"{name}.ag", "F", "all_gather", size, "tp", tag=tag),),
+                     (coll(f"{name}.ag", "W", "all_gather", size, "tp", tag=tag),
+                      coll(f"{name}.rs", "I", "reduce_scatter", size, "tp", tag=tag)))
+    return Piece(tag, (), (coll(f"{name}.ar", "I", "all_reduce", size, "tp", tag=tag),))
+
+
+def tp_exit(name: str, d: Dims, width: int, tag: str = "") -> Piece:
+    """After a row-parallel linear (Megatron's `g`): with SP a reduce-scatter in F and an all-gather of the output
+    gradient in I; without SP an all-reduce in F and nothing in backward."""
+    if d.tp == 1:
+        return Piece(tag, (), ())
+    size = d.tokens * width * d.act_bytes
+    if d.sp:
+        return Piece(tag, (coll(f"{name}.rs", "F", "reduce_scatter", size, "tp", tag=tag),),
+                     (coll(f"{name}.ag", "I", "all_gather", size, "tp", tag=tag),))
+    return Piece(tag, (coll(f"{name}.ar", "F", "all_reduce", size, "tp", tag=tag),), ())
+
+
+def join(tag: str, *pieces: Piece) -> Piece:
+    """Pieces run one after another: forward in order, backward in reverse order."""
+    fwd = tuple(op for p in pieces for op in p.fwd)
+    bwd = tuple(op for p in reversed(pieces) for op in p.bwd)
+    return Piece(tag, tuple(replace(o, tag=o.tag or tag) for o in fwd), tuple(replace(o, tag=o.tag or tag)
+                                                                              for o in bwd))
+
+
+def retag(piece: Piece, tag: str) -> Piece:
+    """The same piece with every op tagged `tag` (the module name recompute selects by)."""
+    return Piece(tag, tuple(replace(o, tag=tag) for o in piece.fwd), tuple(replace(o, tag=tag) for o in piece.bwd))
+
+
+def residual(name: str, d: Dims) -> Piece:
+    """Bias-dropout-add: x + dropout(y) over this rank's (sequence-sharded) tokens; backward adds two gradients."""
+    e, ab = d.tokens_sp * d.h, d.act_bytes
+    mask = e if d.dropout else 0
+    return Piece("residual", (mem(name, "F", 2 * e * ab, e * ab + mask, d.act, "residual"),),
+                 (mem(f"{name}.bwd", "I", 2 * e * ab + mask, e * ab, d.act, "residual"),))

@@ -1,0 +1,116 @@
+"""Feed-forward ops on one rank: the dense (gated or plain) MLP and the mixture-of-experts block.
+
+Dense MLP (Megatron MLP): fc1 column-parallel h -> branches*ffn/tp (branches = 2 for a gated MLP: gate and up),
+activation, fc2 row-parallel ffn/tp -> h.
+
+MoE (Megatron MoELayer with the all-to-all token dispatcher, balanced routing): the router linear h -> E runs on this
+rank's sequence shard (t_l = tokens/tp under SP), top-k selection, permutation of the top_k * t_l token copies,
+all-to-all over EP (dispatch), all-gather over the expert-TP group, grouped expert GEMMs over the E/ep local experts,
+then the mirror image (reduce-scatter over ETP, all-to-all combine, unpermute). With balanced routing every EP rank
+receives as many token copies as it sends, so the expert GEMMs process rows = top_k * t_l * etp rows in total,
+rows / (E/ep) per local expert. Expert FLOPs depend on the total rows only, so they hold for any routing. Shared
+experts (DeepSeek, Qwen-MoE) are a dense TP-sharded MLP over the same tokens, with an optional sigmoid gate h -> 1.
+"""
+
+from __future__ import annotations
+
+from projection.specs.model import ModelSpec
+from projection.specs.training import DTYPE_BYTES
+from projection.workload.ops_base import (
+    CollKind,
+    Dims,
+    Op,
+    Phase,
+    Piece,
+    coll,
+    column_linear,
+    join,
+    linear,
+    mem,
+    pointwise,
+    residual,
+    row_linear,
+)
+
+
+def dense_mlp(model: ModelSpec, d: Dims, ffn: int, name: str = "mlp", tag: str = "mlp") -> Piece:
+    branches = 2 if model.gated_mlp else 1
+    f, t, h = ffn // d.tp, d.tokens, d.h
+    return join(tag, column_linear(f"{name}.fc1", d, t, branches * f, h, tag=tag),
+                pointwise(f"{name}.act", d, t * branches * f, t * f, tag),
+                row_linear(f"{name}.fc2", d, t, h, f, tag=tag))
+
+
+def grouped_linear(name: str, d: Dims, groups: int, rows: int, n_out: int, k_in: int, tag: str) -> Piece:
+    """Expert linears as one grouped GEMM: `groups` experts, `rows` token rows in total, rows/groups per expert
+    (BLAS shapes as a linear's: forward (out, rows/groups, in) "TN", dgrad "NN", wgrad "NT"). FLOPs use the exact
+    row total; the per-group row count is rounded for the shape."""
+    dt, ab = d.gemm, d.act_bytes
+    b_in = DTYPE_BYTES.get(dt, 2)
+    acc = d.main_grad_bytes if d.fused_wgrad else 0
+    per = max(1, round(rows / groups))
+    weights = groups * n_out * k_in * b_in
+    flop = 2.0 * rows * n_out * k_in
+
+    def op(suffix: str, phase: Phase, m: int, n: int, k: int, layout: str, read: float, written: float) -> Op:
+        return Op(f"{name}{suffix}", "grouped_gemm", phase, dtype=dt, flop=flop, bytes_read=read,
+                  bytes_written=written, m=m, n=n, k=k, batch=groups, layout=layout, tag=tag)
+
+    fwd = [op("", "F", n_out, per, k_in, "TN", rows * k_in * b_in + weights, rows * n_out * ab)]
+    bwd = [op(".dgrad", "I", k_in, per, n_out, "NN", rows * n_out * b_in + weights, rows * k_in * ab),
+           op(".wgrad", "W", k_in, n_out, per, "NT", rows * (n_out + k_in) * b_in + groups * n_out * k_in * acc,
+              groups * n_out * k_in * (acc or ab))]
+    if dt == "fp8":
+        fwd.insert(0, mem(f"{name}.cast", "F", rows * k_in * ab, 2 * rows * k_in, "fp8", tag))
+        bwd.insert(0, mem(f"{name}.dgrad.cast", "I", rows * n_out * ab, 2 * rows * n_out, "fp8", tag))
+    return Piece(tag, tuple(fwd), tuple(bwd))
+
+
+def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
+    """Router, dispatch, routed experts, combine and shared experts of one MoE layer (tags 'moe', 'moe_act',
+    'shared_experts': the Megatron recompute module names)."""
+    moe = model.moe
+    assert moe is not None
+    tl, h, ab, e = d.tokens_sp, d.h, d.act_bytes, moe.num_experts
+    routed = moe.top_k * tl
+    rows = routed * d.etp
+    local = e // d.ep
+    branches = 2 if model.gated_mlp else 1
+    fe = moe.expert_ffn_hidden_size // d.etp
+    pieces = [linear("moe.router", d, tl, e, h, dtype=d.act, tag="moe"),
+              Piece("moe", (mem("moe.router.topk", "F", tl * e * 4, tl * e * 4 + routed * 8, "fp32", "moe"),),
+                    (mem("moe.router.topk.bwd", "I", 2 * tl * e * 4, tl * e * 4, "fp32", "moe"),)),
+              Piece("moe", (mem("moe.permute", "F", tl * h * ab + routed * 8, routed * h * ab, d.act, "moe"),),
+                    (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),
+              _exchange("moe.dispatch", d, routed * h * ab, rows * h * ab),
+              grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
+              pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act"),
+              grouped_linear("moe.fc2", d, local, rows, h, fe, "moe"),
+              _exchange("moe.combine", d, routed * h * ab, rows * h * ab, combine=True),
+              Piece("moe", (mem("moe.unpermute", "F", routed * (h * ab + 4), tl * h * ab, d.act, "moe"),),
+                    (mem("moe.unpermute.bwd", "I", tl * h * ab + routed * 4, routed * h * ab, d.act, "moe"),))]
+    if moe.shared_expert_ffn_hidden_size:
+        pieces.append(dense_mlp(model, d, moe.shared_expert_ffn_hidden_size, "moe.shared", "shared_experts"))
+        if moe.shared_expert_gate:
+            pieces.append(linear("moe.shared.gate", d, d.tokens, 1, h, dtype=d.act, tag="shared_experts"))
+    return pieces
+
+
+def _exchange(name: str, d: Dims, a2a_bytes: float, etp_bytes: float, combine: bool = False) -> Piece:
+    """Dispatch: all-to-all over EP, then all-gather over ETP; combine: reduce-scatter over ETP, then all-to-all.
+    Each backward runs the conjugate collectives in reverse order."""
+    a2a = [(coll(name + ".a2a", "F", "all_to_all", a2a_bytes, "ep", tag="moe"),
+            coll(name + ".a2a.bwd", "I", "all_to_all", a2a_bytes, "ep", tag="moe"))] if d.ep > 1 else []
+    etp_f: CollKind = "reduce_scatter" if combine else "all_gather"
+    etp_b: CollKind = "all_gather" if combine else "reduce_scatter"
+    etp = [(coll(name + ".etp", "F", etp_f, etp_bytes, "etp", tag="moe"),
+            coll(name + ".etp.bwd", "I", etp_b, etp_bytes, "etp", tag="moe"))] if d.etp > 1 else []
+    steps = etp + a2a if combine else a2a + etp
+    return Piece("moe", tuple(f for f, _ in steps), tuple(b for _, b in reversed(steps)))
+
+
+def ffn_pieces(model: ModelSpec, d: Dims, layer_index: int) -> list[Piece]:
+    """Pre-MLP norm, the dense MLP or MoE block of decoder layer `layer_index`, and the residual add."""
+    norm = pointwise("mlp.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm")
+    body = moe_pieces(model, d) if model.is_moe_layer(layer_index) else [dense_mlp(model, d, model.ffn_hidden_size)]
+    return [norm, *body, residual("mlp.residual", d)]

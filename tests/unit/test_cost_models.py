@@ -1,0 +1,195 @@
+"""Cost models: roofline arithmetic with efficiency curves, calibrated interpolation (exact at measured points, monotone
+between them, roofline outside the measured range and flagged), and the efficiency data in hardware_specs/."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from projection.calibrate.calibration import AttentionRow, Calibration, GemmRow, MemoryBoundRow
+from projection.cost.calibrated import CLAMPED, OUT_OF_RANGE, CalibratedCostModel
+from projection.cost.collectives import Fabric, GroupPlacement, collective_time_s
+from projection.cost.model import CostModel, group_placements
+from projection.cost.roofline import RooflineCostModel, interpolate_log
+from projection.specs.hardware import (
+    BytesEfficiencyPoint,
+    ClusterSpec,
+    EfficiencySpec,
+    FlopEfficiencyPoint,
+    list_devices,
+    load_device,
+)
+from projection.specs.plan import ParallelPlan
+from projection.workload.ops import Op
+
+MI300X = load_device("mi300x")
+CURVES = EfficiencySpec(
+    gemm={"bf16": (FlopEfficiencyPoint(flop=1e9, efficiency=0.1, source="A: test"),
+                   FlopEfficiencyPoint(flop=1e12, efficiency=0.7, source="A: test"))},
+    attention={"bf16": (FlopEfficiencyPoint(flop=1e10, efficiency=0.2, source="A: test"),)},
+    memory=(BytesEfficiencyPoint(bytes=1e6, efficiency=0.2, source="A: test"),
+            BytesEfficiencyPoint(bytes=1e9, efficiency=0.8, source="A: test")))
+DEVICE = MI300X.model_copy(update={"efficiency": CURVES})
+PEAK, HBM = 1307.4e12, 5.3e12
+
+
+def gemm(m: int, n: int, k: int, dtype: str = "bf16", layout: str = "TN", phase: str = "F") -> Op:
+    b = 1 if dtype == "fp8" else 2
+    return Op("g", "gemm", phase, dtype=dtype, m=m, n=n, k=k, layout=layout, flop=2.0 * m * n * k,  # type: ignore[arg-type]
+              bytes_read=(m * k + k * n) * b, bytes_written=m * n * 2)
+
+
+# ------------------------------------------------------------------------------------------------ roofline
+
+
+def test_interpolation_is_log_linear_and_flat_outside() -> None:
+    pts = [(1e3, 0.1), (1e5, 0.5)]
+    assert interpolate_log(pts, 1.0) == 0.1 and interpolate_log(pts, 1e9) == 0.5
+    assert interpolate_log(pts, 1e4) == pytest.approx(0.3)
+    assert interpolate_log([], 5.0) == 1.0
+
+
+def test_roofline_gemm_uses_peak_times_size_dependent_efficiency() -> None:
+    rf = RooflineCostModel(DEVICE)
+    big = gemm(8192, 8192, 8192)  # 1.1e12 FLOP: beyond the last point -> 0.7
+    assert rf.op_seconds(big) == pytest.approx(big.flop / (PEAK * 0.7))
+    mid = gemm(1000, 1000, 15811)  # ~3.16e10 FLOP, halfway (in log) between 1e9 and 1e12
+    eff = 0.1 + 0.6 * math.log(mid.flop / 1e9) / math.log(1e3)
+    assert rf.op_seconds(mid) == pytest.approx(mid.flop / (PEAK * eff))
+    assert rf.provenance(big) == "roofline"
+
+
+def test_roofline_skinny_gemm_is_memory_bound() -> None:
+    rf = RooflineCostModel(DEVICE)
+    skinny = gemm(16384, 16384, 1)  # 5.4e8 FLOP, 537 MB of output
+    moved = skinny.bytes_read + skinny.bytes_written
+    mem_eff = 0.2 + 0.6 * math.log(moved / 1e6) / math.log(1e3)
+    assert rf.op_seconds(skinny) == pytest.approx(moved / (HBM * mem_eff))
+    assert rf.op_seconds(skinny) > skinny.flop / (PEAK * 0.1)
+
+
+def test_roofline_attention_backward_counts_the_recomputed_scores() -> None:
+    rf = RooflineCostModel(DEVICE)
+    fwd = Op("a", "attention", "F", dtype="bf16", flop=1e12, m=8192, n=8192, k=128, batch=1, heads=32, causal=True)
+    bwd = Op("a", "attention", "I", dtype="bf16", flop=2e12, m=8192, n=8192, k=128, batch=1, heads=32, causal=True)
+    assert rf.op_seconds(fwd) == pytest.approx(1e12 / (PEAK * 0.2))
+    assert rf.op_seconds(bwd) == pytest.approx(2.5 * rf.op_seconds(fwd))  # FlashAttention-2: 2.5x the forward
+
+
+def test_roofline_memory_bound_and_missing_peaks() -> None:
+    rf = RooflineCostModel(DEVICE)
+    op = Op("n", "memory_bound", "F", bytes_read=5e8, bytes_written=5e8, count=3)
+    assert rf.op_seconds(op) == pytest.approx(3 * 1e9 / (HBM * 0.8))
+    fp32 = gemm(4096, 4096, 4096, "fp32")
+    assert "bf16 peak" in rf.provenance(fp32) and rf.op_seconds(fp32) > 0
+    bare = RooflineCostModel(MI300X.model_copy(update={"efficiency": None}))
+    assert bare.op_seconds(gemm(4096, 4096, 4096)) == pytest.approx(2 * 4096**3 / PEAK)
+
+
+def test_roofline_prices_collectives_on_the_cluster_placement() -> None:
+    cluster = ClusterSpec(device=DEVICE, nodes=2)
+    plan = ParallelPlan(tp=8, dp=2)
+    rf = RooflineCostModel(DEVICE, cluster, plan)
+    op = Op("ar", "collective", "F", coll="all_reduce", coll_bytes=2**28, group="dp", count=2)
+    groups = group_placements(cluster, plan)
+    assert groups["tp"] == GroupPlacement(8, 8, 1) and groups["dp"].n_nodes == 2
+    expected = 2 * collective_time_s("all_reduce", 2**28, groups["dp"], Fabric.from_specs(DEVICE, cluster))
+    assert rf.op_seconds(op) == pytest.approx(expected)
+    model: CostModel = rf  # satisfies the protocol
+    assert model.collective_seconds("all_reduce", 2**28, groups["dp"]) == pytest.approx(expected / 2)
+
+
+# ------------------------------------------------------------------------------------------------ calibrated
+
+CUBES = {512: 40e12, 1024: 200e12, 2048: 500e12, 4096: 700e12}  # FLOP/s at n^3, TN bf16
+
+
+def table() -> Calibration:
+    rows = [GemmRow(m=n, n=n, k=n, dtype="bf16", layout="TN", time_s=2.0 * n**3 / r, flop_per_s=r, source=f"t{n}")
+            for n, r in CUBES.items()]
+    rows.append(GemmRow(m=1024, n=4096, k=2048, dtype="bf16", layout="TN", time_s=2.0 * 1024 * 4096 * 2048 / 6e14,
+                        flop_per_s=6e14, source="odd"))
+    mem = [MemoryBoundRow(op="copy", size_bytes=s, time_s=t) for s, t in ((1e6, 5e-6), (1e8, 5e-5), (1e9, 3e-4))]
+    att = [AttentionRow(direction=d, batch=2, heads=16, kv_heads=16, head_dim=128, seq_q=s, seq_kv=s, causal=True,
+                        dtype="bf16", time_s=t) for d, s, t in (("fwd", 4096, 2e-4), ("fwd", 8192, 7e-4),
+                                                                 ("bwd", 4096, 5e-4))]
+    return Calibration(gemm=tuple(rows), memory_bound=tuple(mem), attention=tuple(att))
+
+
+def test_calibrated_is_exact_at_measured_points() -> None:
+    cm = CalibratedCostModel(table(), RooflineCostModel(DEVICE), name="t")
+    for row in table().gemm:
+        op = gemm(row.m, row.n, row.k)
+        assert cm.op_seconds(op) == pytest.approx(row.time_s, rel=1e-12)
+        assert cm.provenance(op) == "calibrated: t gemm bf16 TN"
+    for row in table().memory_bound:
+        op = Op("m", "memory_bound", "F", bytes_read=row.size_bytes, bytes_written=0)
+        assert cm.op_seconds(op) == pytest.approx(row.time_s, rel=1e-12)
+    for row in table().attention:
+        flop = 4.0 * 2 * 16 * row.seq_q**2 * 128 * 0.5 * (2 if row.direction == "bwd" else 1)
+        op = Op("a", "attention", "I" if row.direction == "bwd" else "F", dtype="bf16", flop=flop, m=row.seq_q,
+                n=row.seq_kv, k=128, batch=2, heads=16, kv_heads=16, head_dim_v=128, causal=True)
+        assert cm.op_seconds(op) == pytest.approx(row.time_s, rel=1e-12)
+    swapped = gemm(4096, 1024, 2048)  # the transposed view of the measured 1024x4096x2048
+    assert cm.op_seconds(swapped) == pytest.approx(2.0 * 1024 * 4096 * 2048 / 6e14, rel=1e-12)
+
+
+def test_calibrated_is_monotone_between_measured_points() -> None:
+    cm = CalibratedCostModel(table(), RooflineCostModel(DEVICE))
+    sizes = [round(512 * 2 ** (i / 16)) for i in range(49)]  # 512 .. 4096
+    times = [cm.op_seconds(gemm(n, n, n)) for n in sizes]
+    assert all(b >= a for a, b in zip(times, times[1:], strict=False))
+    rates = [2.0 * n**3 / t for n, t in zip(sizes, times, strict=True)]
+    assert min(rates) >= min(CUBES.values()) * (1 - 1e-9) and max(rates) <= 7e14 * (1 + 1e-9)
+    mem = [cm.op_seconds(Op("m", "memory_bound", "F", bytes_read=s)) for s in (1e6, 3e6, 1e7, 3e7, 1e8, 5e8, 1e9)]
+    assert all(b > a for a, b in zip(mem, mem[1:], strict=False))
+
+
+def test_calibrated_falls_back_to_roofline_outside_and_flags_it() -> None:
+    rf = RooflineCostModel(DEVICE)
+    cm = CalibratedCostModel(table(), rf)
+    for op in (gemm(16384, 16384, 16384), gemm(256, 256, 256), gemm(1024, 1024, 8192),
+               Op("m", "memory_bound", "F", bytes_read=1e11)):
+        assert cm.op_seconds(op) == pytest.approx(rf.op_seconds(op))
+        assert cm.provenance(op) == OUT_OF_RANGE
+    fp8 = gemm(1024, 1024, 1024, "fp8")  # no fp8 rows at all: plain roofline
+    assert cm.provenance(fp8) == "roofline" and cm.op_seconds(fp8) == pytest.approx(rf.op_seconds(fp8))
+    nn = gemm(2048, 2048, 2048, layout="NN")  # another layout: the pooled table of the dtype
+    assert cm.provenance(nn) == "calibrated: calibration gemm bf16 pooled layouts"
+    assert cm.op_seconds(nn) == pytest.approx(2.0 * 2048**3 / 5e14, rel=1e-12)
+
+
+def test_calibrated_without_fallback_clamps_to_the_nearest_measured_rate() -> None:
+    cm = CalibratedCostModel(table())
+    op = gemm(16384, 16384, 16384)
+    assert cm.provenance(op) == CLAMPED
+    assert cm.op_seconds(op) == pytest.approx(op.flop / 700e12, rel=1e-12)
+
+
+def test_grouped_gemm_without_grouped_rows_uses_the_stacked_gemm() -> None:
+    cm = CalibratedCostModel(table(), RooflineCostModel(DEVICE), name="t")
+    grouped = Op("e", "grouped_gemm", "F", dtype="bf16", m=2048, n=256, k=2048, batch=8, layout="TN",
+                 flop=2.0 * 2048 * 2048 * 2048)
+    assert cm.op_seconds(grouped) == pytest.approx(2.0 * 2048**3 / 5e14, rel=1e-12)
+    assert "groups stacked" in cm.provenance(grouped)
+
+
+# ------------------------------------------------------------------------------------------------ bundled data
+
+
+@pytest.mark.parametrize("name", list_devices())
+def test_efficiency_points_are_sourced_and_consistent(name: str) -> None:
+    """Every point cites a tagged source; a point derived as 'X TFLOP/s / peak' reproduces that ratio."""
+    dev = load_device(name)
+    if dev.efficiency is None:
+        return
+    points = [(p.efficiency, p.source) for curve in (*dev.efficiency.gemm.values(), *dev.efficiency.attention.values())
+              for p in curve] + [(p.efficiency, p.source) for p in dev.efficiency.memory]
+    for eff, source in points:
+        assert re.match(r"(R|R2|D|A): \S", source), source
+        assert 0 < eff <= 1
+        ratio = re.search(r"\b([\d.]+) TFLOP/s / ([\d.]+)(?: peak)?\b", source)
+        if source.startswith("D:") and ratio and not re.search(r"mean of|median|ratio", source):
+            assert eff == pytest.approx(float(ratio[1]) / float(ratio[2]), rel=2e-3), source
