@@ -25,7 +25,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("table", "json"), default="table")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="projection", description="Per-rank memory and step-time projection for "
                                      "large-model training.")
     parser.add_argument("--version", action="version", version=f"projection {__version__}")
@@ -35,13 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="per-rank memory: weights, gradients, optimizer, activations, verdict")
     _common(p)
     p.add_argument("--explain", action="store_true", help="print each term's formula with the numbers substituted")
-    for name in _EXTRA:
-        _extra(name).add_parser(sub)
+    # The other sub-commands live in their own modules, imported only when named (they pull in scipy / torch);
+    # otherwise a stub keeps them listed in `projection --help`.
+    wanted = next((a for a in (argv or ()) if not a.startswith("-")), None) if argv is not None else None
+    for name, help_text in _EXTRA_HELP.items():
+        if argv is not None and wanted != name:
+            sub.add_parser(name, help=help_text, add_help=False)
+        elif name == "calibrate":
+            from projection.calibrate.cli_bench import register as register_benchmarks
+
+            _extra(name).add_parser(sub, hooks=(register_benchmarks,))
+        else:
+            _extra(name).add_parser(sub)
     return parser
 
 
 # Sub-commands implemented in their own modules: each has add_parser(subparsers) and run(args) -> int.
-_EXTRA = {"calibrate": "projection.cli_calibrate"}
+_EXTRA = {"calibrate": "projection.cli_calibrate", "shapes": "projection.cli_shapes"}
+_EXTRA_HELP = {"calibrate": "microbenchmarks, benchmark-log importers and collective fits",
+               "shapes": "GEMM, attention and collective shapes of one training step"}
 
 
 def _extra(name: str) -> Any:
@@ -51,9 +63,12 @@ def _extra(name: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     if args.command in _EXTRA:
         try:
+            if args.command == "shapes":
+                return int(_extra("shapes").run(args, env=dict(os.environ)))
             return int(_extra(args.command).run(args))
         except ProjectionError as e:
             print(f"error: {e.render()}", file=sys.stderr)

@@ -54,8 +54,8 @@ def state_formulas(sc: Scenario, pp_rank: int) -> list[tuple[str, sp.Expr, Mappi
     master = DTYPE_BYTES[opt.main_params_dtype] if (mixed and not fsdp2) else 0
     w_bytes = (DTYPE_BYTES[opt.main_params_dtype] if mixed else pbytes) if fsdp2 else pbytes
     g_bytes = (DTYPE_BYTES[opt.main_params_dtype if fsdp2 else opt.main_grads_dtype]) if mixed else pbytes
-    subs: dict[sp.Symbol, float] = {P_d: rp.params - rp.by_component.get("experts", 0), P_e: rp.by_component.get("experts", 0),
-            G_d: g_d, G_e: g_e}
+    experts = rp.by_component.get("experts", 0)
+    subs: dict[sp.Symbol, float] = {P_d: rp.params - experts, P_e: experts, G_d: g_d, G_e: g_e}
     return [
         ("weights (params)", n(3) * w_bytes, subs),
         ("gradients (main grads)", n(2) * g_bytes, subs),
