@@ -16,6 +16,7 @@ Megatron's interleaved 1F1B with group size G.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
 from projection.schedule.action import COMPUTE_KINDS, Schedule
 
@@ -110,3 +111,25 @@ def peak_weighted(s: Schedule, inflight_bytes: Mapping[int, float],
             best = max(best, total)
         out.append(best)
     return out
+
+
+State = tuple[tuple[int, int], ...]  # ((stage, live microbatches), ...) sorted by stage
+
+
+@lru_cache(maxsize=256)
+def peak_candidates(s: Schedule) -> tuple[tuple[State, ...], ...]:
+    """Per rank, the in-flight states that can hold the rank's activation peak for some non-negative bytes per
+    stage: the distinct states after forward actions (activations only grow on F) that no other such state
+    dominates stage by stage. The weighted peak over the full timeline equals the max over these few states."""
+    out = []
+    for rank_timeline, acts in zip(inflight_timeline(s), s.actions, strict=True):
+        compute = [a for a in acts if a.kind in COMPUTE_KINDS]
+        states = {tuple(sorted(c.items())) for c, a in zip(rank_timeline, compute, strict=True) if a.kind == "F"}
+        keep = [st for st in states if not any(o != st and _dominates(o, st) for o in states)]
+        out.append(tuple(sorted(keep)))
+    return tuple(out)
+
+
+def _dominates(a: State, b: State) -> bool:
+    da, db = dict(a), dict(b)
+    return all(da.get(k, 0) >= v for k, v in db.items())

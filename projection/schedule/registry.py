@@ -15,6 +15,7 @@ Constraints enforced (ValueError with the reason otherwise); pp, n_microbatches 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 from projection.schedule.action import Schedule
@@ -31,13 +32,15 @@ _ONE_STAGE = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2}
 _TWO_STAGES = {"zbv": zbv, "v_half": v_half, "v_min": v_min, "dualpipev": dualpipev}
 
 
+@lru_cache(maxsize=256)
 def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
                    microbatch_group_size: int | None = None,
                    style: Literal["megatron", "torch"] = "megatron") -> Schedule:
     """The per-rank action lists of schedule `name` for pp ranks, n_microbatches and vpp stages per rank.
 
     `style` picks whose ordering interleaved_1f1b follows (and, for 1f1b, whose constraints apply): "megatron"
-    (default; Megatron-LM and Primus) or "torch" (torch.distributed.pipelining). Deterministic and pure.
+    (default; Megatron-LM and Primus) or "torch" (torch.distributed.pipelining). Deterministic and pure, so results
+    are cached (planner sweeps rebuild the same pipeline shape many times); the Schedule is immutable.
     """
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")

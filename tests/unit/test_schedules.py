@@ -317,3 +317,22 @@ def test_csv_load_torch_notation() -> None:
         loads_csv("0F0,0B0\n1Q0\n")
     with pytest.raises(ValueError, match="empty"):
         loads_csv("")
+
+
+@pytest.mark.parametrize(("name", "pp", "m", "vpp"), [("1f1b", 4, 16, 1), ("interleaved_1f1b", 4, 16, 3),
+                                                      ("zbv", 4, 16, 2), ("dualpipev", 4, 16, 2), ("gpipe", 2, 5, 1)])
+def test_peak_candidates_give_the_weighted_peak(name: str, pp: int, m: int, vpp: int) -> None:
+    """The few non-dominated states hold the same weighted peak as the whole timeline, for random weights."""
+    import random
+
+    from projection.schedule.inflight import inflight_timeline, peak_candidates
+    from projection.schedule.registry import build_schedule
+
+    s = build_schedule(name, pp, m, vpp)
+    rng = random.Random(0)
+    for _ in range(20):
+        w = {st: rng.random() for st in range(s.n_stages)}
+        for r in range(pp):
+            full = max(sum(n * w[k] for k, n in d.items()) for d in inflight_timeline(s)[r])
+            cand = max(sum(n * w[k] for k, n in st) for st in peak_candidates(s)[r])
+            assert cand == pytest.approx(full, rel=1e-12)
