@@ -1,8 +1,5 @@
-"""Runtime allocations outside the model and a caching-allocator model for reserved (not just allocated) bytes.
-
-Workspaces: PyTorch allocates the cuBLAS/hipBLASLt workspace through its caching allocator; with the default
-CUBLAS_WORKSPACE_CONFIG=":4096:8" that is 8 chunks of 4096 KiB = 32 MiB (PyTorch "Reproducibility" notes and
-CUDABlasHandlePool; Megatron's functional tests set exactly this value, fixtures/megatron/*/model_config.yaml).
+"""A caching-allocator model for reserved (not just allocated) bytes. (GEMM workspaces and other framework buffers:
+buffers.py.)
 
 Reserved: the caching allocator rounds large blocks (> 1 MiB) up to 2 MiB multiples and keeps freed blocks
 cached; activations are allocated and freed every microbatch in varying sizes, so part of their peak is lost to
@@ -14,14 +11,14 @@ from __future__ import annotations
 
 from projection.specs.scenario import Scenario
 
-CUBLAS_WORKSPACE_BYTES = 8 * 4096 * 1024
 FRAGMENTATION_OF_ACTIVATIONS = 0.10
 BLOCK_ROUNDING_BYTES = 2 * 1024 * 1024
 
 
 def runtime_bytes(sc: Scenario) -> dict[str, int]:
-    """Allocations every rank makes besides model states and activations."""
-    return {"other.gemm_workspace": CUBLAS_WORKSPACE_BYTES}
+    """Allocations every rank makes besides model states, activations and the framework buffers of buffers.py: none
+    modelled (the CUDA context and NCCL's own buffers live outside the caching allocator)."""
+    return {}
 
 
 def reserved_bytes(allocated_peak: int, activation_bytes: int) -> int:

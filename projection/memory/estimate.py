@@ -1,11 +1,40 @@
 """`estimate_memory`: per pipeline rank, model states + in-flight activations (counted from the schedule's action
-lists) + transient working sets + buffers, allocated and reserved peaks, and a verdict against HBM."""
+lists) + transient working sets + framework buffers, allocated and reserved peaks, and a verdict against HBM.
+
+The allocated peak of a rank is the larger of two moments of a training step:
+* forward/backward: model states + persistent buffers (buffers.py) + the saved activations of the microbatches in
+  flight at the rank's worst point of its action list + the largest transient of that moment: on the stage holding
+  the loss, the loss working set (plus, with --defer-embedding-wgrad-compute, the output-layer tensors held for the
+  deferred weight gradients); during backward, the gradient working set (and the layer being recomputed). These
+  transients happen at different times, so the peak takes the largest, not their sum.
+* optimizer step: model states + persistent buffers + the step's own transients (Megatron's fp32 copies of 16-bit
+  main grads). Optimizer state counts in full: the measured statistic is taken after the first step, when the
+  lazily created moments exist.
+
+Megatron's loss (megatron/core/tensor_parallel/cross_entropy.py and fusions/fused_cross_entropy.py, the native
+implementations of both --cross-entropy-loss-fusion settings) upcasts the vocab-parallel logits to fp32 once and
+turns that copy into the saved softmax in place (sub_, exp(out=), div_), so the loss moment holds the saved fp32
+softmax plus the 16-bit logits it was cast from, nothing more; in backward the gradient is written into the softmax
+in place and cast back to 16 bit (by autograd, or by the fused function itself), the same two tensors again.
+TE's fused cross entropy (--cross-entropy-fusion-impl te) works in place on the 16-bit logits.
+
+Megatron fine-grained activation offloading (--fine-grained-activation-offloading --offload-modules ...,
+megatron/core/pipeline_parallel/fine_grained_activation_offload.py): the tensors a listed module saves for backward
+(saved-tensor hooks inside the module's offload group) are copied to pinned CPU memory on a side stream when the group
+commits, and their GPU blocks are released once the copy is done (record_stream); tensors under
+min_offloaded_tensor_size = 2**20 elements stay. Backward reloads a group ahead of use. The last layer of a chunk whose
+backward comes right after its forward (the chunk with the loss on the last stage) is not offloaded
+(ChunkOffloadHandler.should_bulk_offload). So an in-flight microbatch keeps only the tensors of modules not listed;
+one layer's offloaded tensors are resident at any time (copy in progress, or reload prefetched).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from projection.memory.activations import (
+    _SELECTIVE_DROPS,
+    dims,
     embedding_tensors,
     layer_input_bytes,
     layer_tensors,
@@ -15,6 +44,14 @@ from projection.memory.activations import (
     saved_layer_bytes,
 )
 from projection.memory.allocator import reserved_bytes, runtime_bytes
+from projection.memory.buffers import (
+    Runtime,
+    deferred_wgrad_bytes,
+    is_megatron,
+    optimizer_step_bytes,
+    persistent_buffer_bytes,
+    runtime_for,
+)
 from projection.memory.model_states import model_state_bytes
 from projection.memory.report import MemoryReport, RankMemory, verdict
 from projection.specs.scenario import Scenario
@@ -25,47 +62,192 @@ from projection.workload.stages import StageSlot, split_stages
 InflightTimeline = Sequence[Sequence[dict[int, int]]]
 
 
-def stage_activation_bytes(sc: Scenario, slot: StageSlot) -> tuple[float, dict[str, float]]:
+def _loss_saved(sc: Scenario, rt: Runtime) -> dict[str, float]:
+    """Tensors the loss stage saves per microbatch: final-norm input, output-layer input and the cross-entropy
+    state. Megatron keeps the fp32 softmax for both native loss implementations; TE's fused loss the 16-bit
+    gradient; other frameworks as activations.loss_tensors says."""
+    m, t, p = sc.model, sc.training, sc.plan
+    out = loss_tensors(m, t, p)
+    if rt.megatron:
+        D = dims(m, t, p)
+        v = m.padded_vocab(p.tp) / D.t
+        out["loss.softmax"] = (D.e if rt.ce_fusion_te else 4) * D.T * v
+    return out
+
+
+def _loss_working(sc: Scenario, rt: Runtime) -> float:
+    """Transient bytes of the loss on top of its saved tensors (see module docstring)."""
+    m, t, p = sc.model, sc.training, sc.plan
+    if not rt.megatron:
+        return loss_working_set(m, t, p)
+    if rt.ce_fusion_te:
+        return 0.0
+    D = dims(m, t, p)
+    return D.e * D.T * m.padded_vocab(p.tp) / D.t  # the 16-bit logits beside their fp32 copy
+
+
+# Megatron --offload-modules group -> the saved tensors of the layer inventory (activations.py) it moves to the CPU.
+# The attention output is saved by the output projection (attn_proj) and, with flash/fused attention, by the
+# attention kernel too (core_attn): it leaves the GPU only when every module saving it offloads.
+_OFFLOAD_GROUPS: dict[str, tuple[str, ...]] = {
+    "attn_norm": ("attn.norm_in",),
+    "qkv_linear": ("attn.linear_in",),
+    "core_attn": ("attn.qkv", "attn.softmax", "attn.dropout_mask", "attn.dropout", "attn.lse"),
+    "attn_proj": (),  # attn.core_out, see _offloaded_names
+    "mlp_norm": ("mlp.norm_in", "moe.norm_in"),
+    "expert_fc1": ("moe.dispatched",),
+    "moe_act": ("moe.experts.act_in",),
+}
+MIN_OFFLOADED_ELEMENTS = 1024 * 1024  # ChunkOffloadHandler min_offloaded_tensor_size default
+
+
+def _offloaded_names(sc: Scenario) -> set[str]:
+    mods = set(sc.plan.offload.activation_modules)
+    names = {n for mod in mods for n in _OFFLOAD_GROUPS.get(mod, ())}
+    if "attn_proj" in mods and (sc.training.attention_backend == "unfused" or "core_attn" in mods):
+        names.add("attn.core_out")
+    return names
+
+
+def _saved_tensors(sc: Scenario, i: int, full: bool, chunk_head: bool) -> dict[str, float]:
+    """Named tensors decoder layer i keeps per microbatch after recompute; mirrors activations.saved_layer_bytes
+    (whose sum it must equal)."""
+    m, t, p = sc.model, sc.training, sc.plan
+    if full:
+        return {"layer.input": layer_input_bytes(m, t, p) if chunk_head else 0.0}
+    tensors = layer_tensors(m, t, p, i)
+    if p.recompute.granularity == "selective":
+        for mod in p.recompute.modules or ("core_attn",):
+            if mod.startswith("layer:"):
+                n = int(mod.split(":", 1)[1])
+                if n > 0 and i % n == 0:
+                    return {"layer.input": layer_input_bytes(m, t, p)}
+                continue
+            for name in _SELECTIVE_DROPS.get(mod, ()):
+                tensors.pop(name, None)
+    return tensors
+
+
+def offload_split(sc: Scenario, i: int, full: bool = False, chunk_head: bool = True) -> tuple[float, float]:
+    """(resident, offloaded) bytes layer i keeps per in-flight microbatch under Megatron fine-grained activation
+    offloading (module docstring); (saved, 0) without it."""
+    m, t, p = sc.model, sc.training, sc.plan
+    total = saved_layer_bytes(m, t, p, i, full, chunk_head=chunk_head)
+    names = _offloaded_names(sc) if is_megatron(sc) else set()
+    if not names:
+        return total, 0.0
+    tensors = _saved_tensors(sc, i, full, chunk_head)
+    if abs(sum(tensors.values()) - total) > 1e-6 * max(total, 1.0):
+        return total, 0.0  # inventory changed shape: stay conservative (nothing offloaded)
+    e = dims(m, t, p).e
+    off = sum(v for k, v in tensors.items() if k in names and v / e >= MIN_OFFLOADED_ELEMENTS)
+    return total - off, off
+
+
+def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = None) -> tuple[float, dict[str, float]]:
     """Bytes one in-flight microbatch keeps on virtual stage `slot`, and the named terms."""
+    rt = rt or runtime_for(sc)
     m, t, p = sc.model, sc.training, sc.plan
     terms: dict[str, float] = {}
     full = recomputed_layers(p, slot.layers)
     chunk = max(1, p.recompute.num_layers or 1) if p.recompute.method == "uniform" else 1
+    keep_last = slot.loss  # its last layer is backwarded right after its forward: not offloaded
     for n, i in enumerate(slot.layers):
         kind = "moe_layer" if m.is_moe_layer(i) else "dense_layer"
-        b = saved_layer_bytes(m, t, p, i, i in full, chunk_head=(n % chunk == 0))
-        terms[f"activations.{kind}s"] = terms.get(f"activations.{kind}s", 0.0) + b
+        resident, off = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
+        if keep_last and n == len(slot.layers) - 1 and not slot.mtp_layers:
+            resident += off
+        terms[f"activations.{kind}s"] = terms.get(f"activations.{kind}s", 0.0) + resident
     if slot.embedding:
         terms["activations.embedding"] = sum(embedding_tensors(m, t, p).values())
     if slot.loss:
-        terms["activations.loss"] = sum(loss_tensors(m, t, p).values())
+        terms["activations.loss"] = sum(_loss_saved(sc, rt).values())
     if slot.mtp_layers:
+        # An MTP depth: its transformer layer (built like the last decoder layer, same recompute settings), the
+        # inputs of its two norms and of eh_proj, and its own loss over the shared output layer.
         last = m.num_layers - 1
-        per_depth = sum(layer_tensors(m, t, p, last).values()) + 3 * layer_input_bytes(m, t, p) \
-            + sum(loss_tensors(m, t, p).values())
-        terms["activations.mtp"] = slot.mtp_layers * per_depth
+        resident, off = offload_split(sc, last, last in recomputed_layers(p, (last,)))
+        per_depth = resident + 3 * layer_input_bytes(m, t, p) + sum(_loss_saved(sc, rt).values())
+        terms["activations.mtp"] = slot.mtp_layers * per_depth + (off if slot.loss else 0.0)
     return sum(terms.values()), terms
 
 
-def working_set_bytes(sc: Scenario, slots: Sequence[StageSlot]) -> dict[str, float]:
-    """Transient bytes on top of the saved activations at the rank's peak: the largest layer being recomputed
-    (its full activations rebuilt during backward), the gradient of its largest saved tensor plus two hidden-size
-    gradients (residual stream), and the loss working set on the stage holding the loss."""
+def _selective_recompute_bytes(sc: Scenario, tensors: dict[str, float]) -> float:
+    """Selective recompute rebuilds one module's dropped tensors right before that module's backward: the largest
+    module's rebuilt tensors are live beside the saved ones (a 'layer:N' entry rebuilds a whole layer)."""
+    p = sc.plan
+    if p.recompute.granularity != "selective":
+        return 0.0
+    best = 0.0
+    for mod in p.recompute.modules or ("core_attn",):
+        if mod.startswith("layer:"):
+            best = max(best, sum(tensors.values()))
+            continue
+        best = max(best, sum(tensors.get(name, 0.0) for name in _SELECTIVE_DROPS.get(mod, ())))
+    return best
+
+
+def working_moments(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None = None
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+    """Transient bytes on top of the saved activations, at the two moments a rank can peak: the loss moment on the
+    stage holding the loss (loss working set, deferred output-layer wgrad tensors) and the backward moment (the
+    tensors being recomputed, the gradient of the largest live tensor plus two hidden-size gradients of the
+    residual stream). With activation offloading, one layer's offloaded tensors are resident at either moment."""
+    rt = rt or runtime_for(sc)
     m, t, p = sc.model, sc.training, sc.plan
-    out: dict[str, float] = {}
     layers = [i for s in slots for i in s.layers]
-    if not layers:
-        return out
-    full = set().union(*(recomputed_layers(p, s.layers) for s in slots))
-    chunk = max(1, p.recompute.num_layers or 1) if p.recompute.method == "uniform" else 1
-    tensors = {i: layer_tensors(m, t, p, i) for i in {layers[0], layers[-1], *[i for i in layers
-                                                                              if m.is_moe_layer(i)][:1]}}
-    largest = max(tensors.values(), key=lambda d: sum(d.values()))
-    if full:
-        out["working.recompute"] = chunk * sum(largest.values())
-    out["working.backward"] = max(largest.values()) + 2 * layer_input_bytes(m, t, p)
+    backward: dict[str, float] = {}
+    if layers:
+        full = set().union(*(recomputed_layers(p, s.layers) for s in slots))
+        chunk = max(1, p.recompute.num_layers or 1) if p.recompute.method == "uniform" else 1
+        probe = {layers[0], layers[-1], *[i for i in layers if m.is_moe_layer(i)][:1]}
+        tensors = {i: layer_tensors(m, t, p, i) for i in probe}
+        largest = max(tensors.values(), key=lambda d: sum(d.values()))
+        selective = _selective_recompute_bytes(sc, largest)
+        if full:
+            # A checkpointed chunk is rebuilt whole at the start of its backward; backward then runs the last
+            # layer's MLP/MoE block first (every tensor of the layer live, plus the gradient of the block's largest
+            # tensor) and its attention after the MLP's tensors are freed.
+            attn = [v for k, v in largest.items() if k.startswith("attn.")]
+            rest = [v for k, v in largest.items() if not k.startswith("attn.")]
+            staged = max(sum(largest.values()) + max(rest, default=0.0), sum(attn) + max(attn, default=0.0))
+            backward["working.recompute"] = (chunk - 1) * sum(largest.values()) + staged
+            backward["working.backward"] = 2 * layer_input_bytes(m, t, p)
+        else:
+            if selective:
+                backward["working.recompute"] = selective
+            backward["working.backward"] = max(largest.values()) + 2 * layer_input_bytes(m, t, p)
+        transit = max(offload_split(sc, i)[1] for i in probe)
+        if transit:
+            backward["working.offload_transit"] = transit
+    loss: dict[str, float] = {}
     if any(s.loss for s in slots):
-        out["working.loss"] = loss_working_set(m, t, p)
+        loss["working.loss"] = _loss_working(sc, rt)
+        held = deferred_wgrad_bytes(sc, rt, t.num_microbatches(p.dp_()))
+        if held:
+            loss["working.deferred_wgrad"] = held
+        if "working.offload_transit" in backward:
+            loss["working.offload_transit"] = backward["working.offload_transit"]
+    return loss, backward
+
+
+def working_set_bytes(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None = None) -> dict[str, float]:
+    """The larger of the two transient moments of working_moments (they do not overlap in time)."""
+    loss, backward = working_moments(sc, slots, rt)
+    return max(loss, backward, key=lambda d: sum(d.values()))
+
+
+def _loss_freed_in_backward(sc: Scenario, slots: Sequence[StageSlot], counts: dict[int, int],
+                            rt: Runtime) -> dict[str, float]:
+    """Saved loss tensors of the one microbatch whose backward is running on the loss stage: its loss backward ran
+    first and released them, so the backward moment does not hold them."""
+    out: dict[str, float] = {}
+    for s in slots:
+        if s.loss and counts.get(s.stage, 0) > 0:
+            per_mb = sum(_loss_saved(sc, rt).values())
+            out["activations.loss"] = per_mb
+            if s.mtp_layers:
+                out["activations.mtp"] = s.mtp_layers * per_mb
     return out
 
 
@@ -80,33 +262,53 @@ def default_inflight(sc: Scenario) -> InflightTimeline:
     return inflight_timeline(sched)
 
 
-def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimeline] = default_inflight) -> MemoryReport:
-    """Per-rank memory of one training step (bytes)."""
+def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimeline] = default_inflight,
+                    runtime: Runtime | None = None) -> MemoryReport:
+    """Per-rank memory of one training step (bytes). `runtime` supplies framework facts the Scenario does not hold
+    (buffers.Runtime; default: runtime_for(sc))."""
+    rt = runtime or runtime_for(sc)
     slots = split_stages(sc.model, sc.plan)
     timeline = inflight(sc)
     ranks = []
     for rp in per_rank_params(sc.model, sc.plan):
         r = rp.pp_rank
         mine = [s for s in slots if s.pp_rank == r]
-        per_stage = {s.stage: stage_activation_bytes(sc, s) for s in mine}
-        # Peak of sum over stages of live microbatches x bytes per microbatch, over the rank's action sequence.
-        best, best_counts = 0.0, {}
+        per_stage = {s.stage: stage_activation_bytes(sc, s, rt) for s in mine}
+        loss_ws, bwd_ws = working_moments(sc, mine, rt)
+        loss_stages = {s.stage for s in mine if s.loss}
+        # The worst point of the rank's action sequence: live microbatches x bytes each, plus the larger transient
+        # of that point (the loss moment only where a microbatch is live on the loss stage; the backward moment
+        # without the loss tensors its own loss backward already released).
+        freed_if_live = _loss_freed_in_backward(sc, mine, dict.fromkeys(loss_stages, 1), rt)
+        Moment = tuple[float, dict[str, float], dict[str, float]]
+        none: dict[str, float] = {}
+        at_backward: Moment = (sum(bwd_ws.values()) - sum(freed_if_live.values()), bwd_ws, freed_if_live)
+        at_loss: Moment = (sum(loss_ws.values()), loss_ws, none)
+        idle: Moment = (sum(bwd_ws.values()), bwd_ws, none)
+        best, best_counts, work, freed = -1.0, {}, none, none
         for counts in timeline[r]:
-            total = sum(n * per_stage[st][0] for st, n in counts.items() if st in per_stage)
-            if total > best:
-                best, best_counts = total, dict(counts)
+            saved = sum(n * per_stage[st][0] for st, n in counts.items() if st in per_stage)
+            live = any(counts.get(st, 0) > 0 for st in loss_stages)
+            extra, w, f = max(at_backward, at_loss, key=lambda x: x[0]) if live else idle
+            if saved + extra > best:
+                best, best_counts, work, freed = saved + extra, dict(counts), w, f
         act_terms: dict[str, float] = {}
         for st, n in best_counts.items():
             for k, v in per_stage.get(st, (0.0, {}))[1].items():
                 act_terms[k] = act_terms.get(k, 0.0) + n * v
-        work = working_set_bytes(sc, mine)
+        for k, v in freed.items():
+            act_terms[k] = max(0.0, act_terms.get(k, 0.0) - v)
         states = model_state_bytes(sc.model, sc.training, sc.plan, rp)
+        bufs = persistent_buffer_bytes(sc, rt, mine)
         other = runtime_bytes(sc)
+        step = optimizer_step_bytes(sc, rt, rp)
+        base = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
+                "buffers": sum(bufs.values()), "other": sum(other.values())}
+        fwd_bwd = {**base, "activations": round(sum(act_terms.values()) + sum(work.values()))}
+        opt_step = {**base, "activations": 0, "other": base["other"] + sum(step.values())}
+        by = fwd_bwd if sum(fwd_bwd.values()) >= sum(opt_step.values()) else opt_step
         terms = {**states.terms, **{k: round(v) for k, v in act_terms.items()},
-                 **{k: round(v) for k, v in work.items()}, **other}
-        by = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
-              "activations": round(sum(act_terms.values()) + sum(work.values())), "buffers": 0,
-              "other": sum(other.values())}
+                 **{k: round(v) for k, v in work.items()}, **bufs, **other, **step}
         peak = sum(by.values())
         ranks.append(RankMemory(pp_rank=r, bytes=by, terms=terms, peak_bytes=peak,
                                 reserved_bytes=reserved_bytes(peak, by["activations"]), cpu_bytes=states.cpu_optimizer,
