@@ -51,9 +51,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 # Sub-commands implemented in their own modules: each has add_parser(subparsers) and run(args) -> int.
-_EXTRA = {"calibrate": "projection.cli_calibrate", "shapes": "projection.cli_shapes"}
+_EXTRA = {"calibrate": "projection.cli_calibrate", "shapes": "projection.cli_shapes",
+          "schedule": "projection.cli_schedule"}
 _EXTRA_HELP = {"calibrate": "microbenchmarks, benchmark-log importers and collective fits",
-               "shapes": "GEMM, attention and collective shapes of one training step"}
+               "shapes": "GEMM, attention and collective shapes of one training step",
+               "schedule": "build a pipeline schedule and simulate its timeline (what-ifs, traces, PNG)"}
 
 
 def _extra(name: str) -> Any:

@@ -1,0 +1,164 @@
+"""`projection schedule`: simulate a pipeline schedule with uniform per-rank costs (quick what-ifs).
+
+    projection schedule --pp 8 --vpp 2 --microbatches 32 --schedule interleaved_1f1b \\
+        --fwd-s 0.06 --bwd-s 0.12 --p2p-s 1ms --trace out.json --png out.png
+    projection schedule --csv my_schedule.csv --fwd-s 0.06 --bwd-s 0.12 --format json
+
+Times are seconds per microbatch for one rank's share of the model (a number, or "60ms", "1.5s"); a rank holding
+several virtual stages splits them evenly. `--csv` loads a custom schedule in torch.distributed.pipelining CSV
+notation instead of building one by name. Prints the step time, bubble ratio and per-rank busy / bubble / exposed
+communication; the closed form next to it when one exists. Wiring (cli.py): `add_parser(subparsers)`, then
+`run(args)` returns the exit code (2 on a user error, message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from projection.errors import ConfigError, Problem, ProjectionError
+from projection.schedule.action import Schedule
+from projection.schedule.checks import check_schedule
+from projection.schedule.csv import load_csv
+from projection.schedule.registry import SCHEDULE_NAMES, build_schedule
+from projection.sim import closed_form
+from projection.sim.api import rank_costs, simulate
+from projection.sim.result import SimResult
+from projection.units import parse_duration
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `schedule` to the top-level sub-parsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "schedule", help="simulate a pipeline schedule: step time, bubble, per-rank timeline",
+        description="Simulate a pipeline schedule with uniform per-rank costs (seconds per microbatch).")
+    p.add_argument("--schedule", choices=SCHEDULE_NAMES, help="built-in schedule (or give --csv)")
+    p.add_argument("--csv", metavar="FILE", help="custom schedule in torch.distributed.pipelining CSV notation")
+    p.add_argument("--pp", type=int, help="pipeline ranks")
+    p.add_argument("--vpp", type=int, default=1, help="virtual stages per rank (2 for zbv, v_half, v_min, dualpipev)")
+    p.add_argument("--microbatches", type=int, help="microbatches per step")
+    p.add_argument("--microbatch-group-size", type=int, help="interleaved_1f1b: Megatron's group size (default pp)")
+    p.add_argument("--fwd-s", default="1.0", help="forward seconds per microbatch per rank (default 1.0)")
+    p.add_argument("--bwd-s", default="2.0", help="full backward seconds per microbatch per rank (default 2.0)")
+    p.add_argument("--w-s", help="weight-gradient part of the backward (default half of --bwd-s)")
+    p.add_argument("--p2p-s", default="0", help="p2p seconds per stage boundary (default 0)")
+    p.add_argument("--engine", choices=("dag", "des"), default="dag", help="exact walk (default) or event loop")
+    p.add_argument("--links", choices=("none", "pair", "nic"), default="none",
+                   help="event loop: transfers share a link per rank pair or per sending NIC")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (open in ui.perfetto.dev)")
+    p.add_argument("--png", metavar="OUT.png", help="write a timeline picture (needs matplotlib)")
+    p.add_argument("--pp-vis", metavar="DIR", help="write Primus pp_vis JSON to DIR/<schedule>/")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    return p
+
+
+def _seconds(value: str | None, flag: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise ConfigError(Problem(str(e), key=flag, fix="give seconds, e.g. 0.06 or 60ms")) from e
+
+
+def _schedule(args: argparse.Namespace) -> Schedule:
+    if args.csv:
+        try:
+            sched = load_csv(args.csv, name=args.schedule)
+        except (OSError, ValueError) as e:
+            raise ConfigError(Problem(f"cannot load the schedule: {e}", file=args.csv, key="--csv",
+                                      fix="one row per rank of actions like 0F0,0I0,0W0")) from e
+        problems = check_schedule(sched)
+        if problems:
+            raise ConfigError([Problem(p, file=args.csv, key="--csv", fix="fix the per-rank action lists")
+                               for p in problems[:10]])
+        return sched
+    missing = [f for f, v in (("--schedule", args.schedule), ("--pp", args.pp), ("--microbatches",
+                                                                                  args.microbatches)) if v is None]
+    if missing:
+        raise ConfigError(Problem(f"missing {', '.join(missing)}", key=missing[0],
+                                  fix="give --schedule NAME --pp P --microbatches M (or --csv FILE)"))
+    try:
+        return build_schedule(args.schedule, args.pp, args.microbatches, args.vpp,
+                              microbatch_group_size=args.microbatch_group_size)
+    except ValueError as e:
+        raise ConfigError(Problem(str(e), key="--schedule", fix="pick --pp, --vpp and --microbatches that the "
+                                  "schedule accepts")) from e
+
+
+def _closed_form(args: argparse.Namespace, sched: Schedule, f: float, b: float, w: float | None,
+                 lat: float) -> float | None:
+    name = sched.name
+    if args.csv or name not in closed_form.CLOSED_FORMS or (name == "gpipe" and args.vpp != 1):
+        return None
+    if name == "interleaved_1f1b" and args.microbatch_group_size not in (None, args.pp):
+        return None
+    per = sched.n_stages / sched.n_ranks
+    ww = None if w is None else w / per
+    return float(closed_form.step_time_s(name, args.pp, args.microbatches, f / per, b / per, vpp=args.vpp, w_s=ww,
+                                         p2p_s=lat))
+
+
+def _table(res: SimResult, cf: float | None, written: list[str]) -> str:
+    s = res.schedule
+    lines = [f"schedule {s.name}  ranks {s.n_ranks}  stages {s.n_stages}  microbatches {s.n_microbatches}  "
+             f"engine {res.engine}",
+             f"step time     {res.step_time_s:.6g} s",
+             f"bubble ratio  {res.bubble_ratio:.2%}"]
+    if cf is not None:
+        lines.append(f"closed form   {cf:.6g} s")
+    lines.append(f"{'rank':>4}  {'busy_s':>12}  {'bubble_s':>12}  {'exposed_comm_s':>14}  {'peak_in_flight':>14}")
+    for r in range(res.n_ranks):
+        lines.append(f"{r:>4}  {res.busy_s[r]:>12.6g}  {res.bubble_s[r]:>12.6g}  {res.exposed_comm_s[r]:>14.6g}  "
+                     f"{res.peak_in_flight[r]:>14}")
+    path = [str(a) for a in res.critical_path]
+    lines.append("critical path: " + " ".join(path if len(path) <= 24 else [*path[:12], "...", *path[-12:]]))
+    lines += [f"wrote {w}" for w in written]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate and print; 0 on success, 2 on a user error."""
+    try:
+        f, b = _seconds(args.fwd_s, "--fwd-s"), _seconds(args.bwd_s, "--bwd-s")
+        w, lat = _seconds(args.w_s, "--w-s"), _seconds(args.p2p_s, "--p2p-s")
+        assert f is not None and b is not None and lat is not None
+        sched = _schedule(args)
+        res = simulate(sched, rank_costs(sched, f, b, w, lat), engine=args.engine, links=args.links)
+        cf = _closed_form(args, sched, f, b, w, lat)
+        written = _write_outputs(args, res)
+    except ProjectionError as e:
+        print(f"error: {e.render()}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        d = res.to_dict()
+        d["closed_form_step_time_s"] = cf
+        d["wrote"] = written
+        print(json.dumps(d, indent=2))
+    else:
+        print(_table(res, cf, written))
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, res: SimResult) -> list[str]:
+    written = []
+    try:
+        if args.trace:
+            from projection.report.trace import write_chrome_trace
+
+            written.append(str(write_chrome_trace(res, args.trace)))
+        if args.png:
+            from projection.report.timeline_png import write_timeline_png
+
+            written.append(str(write_timeline_png(res, args.png)))
+        if args.pp_vis:
+            from projection.report.ppvis import write_pp_vis
+
+            written.append(str(write_pp_vis(res, Path(args.pp_vis))))
+    except OSError as e:
+        raise ConfigError(Problem(f"cannot write output: {e}", file=getattr(e, "filename", None),
+                                  fix="choose a writable path")) from e
+    return written
