@@ -89,3 +89,12 @@ def _parse(text: str | int | float, what: str, scale_of: Callable[[str], float |
     if scale is None:
         raise ValueError(f"unknown {what} unit {m.group(3)!r} in {text!r}")
     return float(m.group(1)) * _PREFIX[(m.group(2) or "").lower()] * scale
+
+
+def parse_cublas_workspace_config(value: str) -> int | None:
+    """Bytes of a CUBLAS_WORKSPACE_CONFIG value (":4096:8" -> 8 chunks of 4096 KiB = 32 MiB; several ":SIZE:COUNT"
+    pairs add up); None if it does not parse (PyTorch then warns and uses its default)."""
+    pairs = re.findall(r":([0-9]+):([0-9]+)", value)
+    if not pairs:
+        return None
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)

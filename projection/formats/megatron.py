@@ -45,6 +45,7 @@ from projection.formats.megatron_model import MegatronArgs, model_section
 from projection.formats.megatron_shell import FlagHit, parse_shell
 from projection.formats.megatron_shell_lex import Expander, Var
 from projection.specs.scenario import Origin, RawScenario
+from projection.units import parse_cublas_workspace_config
 from projection.workload.stages import LayoutError, expand_layout
 
 SET_ORIGIN = "--set"
@@ -98,9 +99,15 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
         for dest in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
             raw.set(f"{opt}.{dest}", a.get(dest), a.origin(dest))
     else:
-        # §1.3: with bf16 the grads are accumulated and reduced in fp32 unless --grad-reduce-in-bf16.
-        grads = "bf16" if a.get("grad_reduce_in_bf16") else "fp32"
-        raw.set(f"{opt}.main_grads_dtype", grads, a.origin("grad_reduce_in_bf16"))
+        # §1.3 / megatron/training/arguments.py: with --bf16 main grads are accumulated and reduced in fp32 unless
+        # --grad-reduce-in-bf16; with --fp16 they stay fp16 unless --accumulate-allreduce-grads-in-fp32.
+        if a.get("grad_reduce_in_bf16"):
+            grads, why = "bf16", "grad_reduce_in_bf16"
+        elif fp16 and not a.get("accumulate_allreduce_grads_in_fp32"):
+            grads, why = "fp16", "fp16"
+        else:
+            grads, why = "fp32", "accumulate_allreduce_grads_in_fp32" if fp16 else dtype_dest
+        raw.set(f"{opt}.main_grads_dtype", grads, a.origin(why))
     raw.set("training.gradient_accumulation_fusion", a.get("gradient_accumulation_fusion"),
             a.origin("gradient_accumulation_fusion"))
     hidden, attn = a.get("hidden_dropout"), a.get("attention_dropout")
@@ -108,6 +115,14 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
             a.origin("hidden_dropout" if hidden >= attn else "attention_dropout"))
     raw.set("training.attention_backend", *_attention_backend(a))
     raw.set("training.fused_loss", a.get("cross_entropy_loss_fusion"), a.origin("cross_entropy_loss_fusion"))
+    impl = a.get("transformer_impl")
+    raw.set("training.kernels.transformer_impl", "local" if impl == "local" else "transformer_engine",
+            a.origin("transformer_impl"))
+    for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("defer_embedding_wgrad_compute",
+                                                                  "defer_embedding_wgrad"),
+                      ("wgrad_deferral_limit", "wgrad_deferral_limit"),
+                      ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl")):
+        raw.set(f"training.kernels.{key}", a.get(dest), a.origin(dest))
 
 
 def _attention_backend(a: MegatronArgs) -> tuple[str, Origin]:
@@ -271,13 +286,24 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     path = Path(path)
     text = read_text(path)
     file = str(path)
-    cluster: dict[str, tuple[int, Origin]] = {}
+    cluster: dict[str, tuple[Any, Origin]] = {}
     if path.suffix.lower() in (".yaml", ".yml"):
         hits = _yaml_hits(path, text, env or {})
+        data, lines = load_yaml(path, text)
+        ws = _env_vars(data.get("ENV_VARS") if isinstance(data, dict) else None).get("CUBLAS_WORKSPACE_CONFIG")
+        if ws is not None and parse_cublas_workspace_config(ws) is not None:
+            cluster["training.kernels.gemm_workspace_bytes"] = (
+                parse_cublas_workspace_config(ws),
+                Origin(file, lines.get(("ENV_VARS", "CUBLAS_WORKSPACE_CONFIG")), "CUBLAS_WORKSPACE_CONFIG"))
     else:
         shell = parse_shell(text, env)
         hits = shell.flags
-        cluster = _cluster_from_vars(shell.variables, shell.assigned_at, file)
+        cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
+        ws_var = shell.variables.get("CUBLAS_WORKSPACE_CONFIG")
+        if ws_var is not None and parse_cublas_workspace_config(ws_var.text()) is not None:
+            cluster["training.kernels.gemm_workspace_bytes"] = (
+                parse_cublas_workspace_config(ws_var.text()),
+                Origin(file, shell.assigned_at.get("CUBLAS_WORKSPACE_CONFIG"), "CUBLAS_WORKSPACE_CONFIG"))
         if not any(h.dest == "tokenizer_model" for h in hits) and "TOKENIZER_MODEL" in shell.assigned_at:
             tok = shell.variables["TOKENIZER_MODEL"]  # modelopt conf scripts name the tokenizer only in a variable
             hits.append(FlagHit("TOKENIZER_MODEL", "tokenizer_model", False, tok.text(),

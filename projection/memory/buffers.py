@@ -43,10 +43,8 @@ through the PyTorch allocator is on), the CUDA context, hipBLASLt's separate ROC
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from projection.memory.model_states import shard_groups
 from projection.specs.hardware import DeviceSpec
@@ -97,15 +95,6 @@ class Runtime:
     ce_fusion_te: bool = False  # --cross-entropy-fusion-impl te: TE's in-place bf16 cross entropy
 
 
-def parse_cublas_workspace_config(value: str) -> int | None:
-    """Bytes of a CUBLAS_WORKSPACE_CONFIG value (":4096:8" -> 32 MiB); None if it does not parse (PyTorch then
-    warns and uses its default)."""
-    pairs = re.findall(r":([0-9]+):([0-9]+)", value)
-    if not pairs:
-        return None
-    return sum(int(size) * 1024 * int(count) for size, count in pairs)
-
-
 def default_cublas_workspace(device: DeviceSpec) -> int:
     name = device.name.lower()
     if device.vendor == "amd":
@@ -120,27 +109,22 @@ def default_te_workspace(device: DeviceSpec) -> int:
     return TE_WORKSPACE_SM90_PLUS if major9 else TE_WORKSPACE_PRE_SM90
 
 
-def runtime_for(sc: Scenario, megatron_args: Mapping[str, Any] | None = None,
-                env: Mapping[str, str] | None = None) -> Runtime:
-    """The Runtime of a scenario. `megatron_args` (argparse dests, e.g. {"transformer_impl": "local"}) and `env`
-    (process environment, e.g. CUBLAS_WORKSPACE_CONFIG) supply what the Scenario does not hold; absent keys take
-    Megatron's argparse defaults (--transformer-impl transformer_engine, --moe-grouped-gemm off,
-    --defer-embedding-wgrad-compute off, --wgrad-deferral-limit 0, --cross-entropy-fusion-impl native)."""
-    args = dict(megatron_args or {})
-    env = env or {}
+def runtime_for(sc: Scenario) -> Runtime:
+    """The Runtime of a scenario, from its framework and `training.kernels` (Megatron flags and the
+    CUBLAS_WORKSPACE_CONFIG the loaders read; library defaults otherwise)."""
+    k = sc.training.kernels
     dev = sc.cluster.device
     megatron = is_megatron(sc)
-    te = megatron and str(args.get("transformer_impl", "transformer_engine")) == "transformer_engine"
-    ws = parse_cublas_workspace_config(env["CUBLAS_WORKSPACE_CONFIG"]) if "CUBLAS_WORKSPACE_CONFIG" in env else None
+    te = megatron and k.transformer_impl == "transformer_engine"
+    ws = k.gemm_workspace_bytes
     return Runtime(
         megatron=megatron, te=te,
-        te_grouped_gemm=te and bool(args.get("moe_grouped_gemm", False)) and sc.model.moe is not None,
+        te_grouped_gemm=te and k.moe_grouped_gemm and sc.model.moe is not None,
         cublas_workspace_bytes=ws if ws is not None else default_cublas_workspace(dev),
         te_workspace_bytes=default_te_workspace(dev),
-        defer_embedding_wgrad=megatron and bool(args.get("defer_embedding_wgrad_compute", False)),
-        wgrad_deferral_limit=int(args.get("wgrad_deferral_limit", 0) or 0),
-        ce_fusion_te=megatron and bool(args.get("cross_entropy_loss_fusion", sc.training.fused_loss))
-        and str(args.get("cross_entropy_fusion_impl", "native")) == "te",
+        defer_embedding_wgrad=megatron and k.defer_embedding_wgrad,
+        wgrad_deferral_limit=k.wgrad_deferral_limit,
+        ce_fusion_te=megatron and sc.training.fused_loss and k.cross_entropy_fusion_impl == "te",
     )
 
 

@@ -41,6 +41,19 @@ class OptimizerSpec(Spec):
         return {"adam": 2, "adamw": 2, "sgd": 1, "muon": 1, "lion": 1}[self.name]
 
 
+class KernelSpec(Spec):
+    """Which kernels / framework code paths run, where that changes memory (Megatron-LM flags and environment):
+    Transformer Engine or Megatron's local layers, TE grouped-GEMM experts, deferred embedding wgrad, the
+    cross-entropy implementation, and the GEMM library workspace (CUBLAS_WORKSPACE_CONFIG; None = library default)."""
+
+    transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    moe_grouped_gemm: bool = False
+    defer_embedding_wgrad: bool = False
+    wgrad_deferral_limit: int = Field(0, ge=0)
+    cross_entropy_fusion_impl: Literal["native", "te"] = "native"
+    gemm_workspace_bytes: int | None = Field(None, ge=0)
+
+
 class TrainingSpec(Spec):
     """Per-step workload. Batch sizes count sequences; global batch = micro * dp * gradient-accumulation steps."""
 
@@ -56,6 +69,7 @@ class TrainingSpec(Spec):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     attention_backend: Literal["flash", "fused", "unfused", "auto"] = "auto"
     fused_loss: bool = False
+    kernels: KernelSpec = KernelSpec()
 
     @model_validator(mode="after")
     def _check(self) -> TrainingSpec:

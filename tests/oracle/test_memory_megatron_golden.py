@@ -25,15 +25,11 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from projection import api
-from projection.memory.buffers import runtime_for
 from projection.memory.report import RankMemory
-from projection.specs.scenario import Scenario
 
 FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 MEGATRON = FIXTURES / "megatron"
@@ -70,24 +66,6 @@ def cases() -> list[Case]:
     return out
 
 
-def megatron_args_and_env(case: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """MODEL_ARGS as argparse dests ('--transformer-impl' -> 'transformer_impl') and ENV_VARS of a case."""
-    data = yaml.safe_load((MEGATRON / case / "model_config.yaml").read_text(encoding="utf-8"))
-    args = {str(k).lstrip("-").replace("-", "_"): v for k, v in (data.get("MODEL_ARGS") or {}).items()}
-    env = {str(k): str(v) for k, v in (data.get("ENV_VARS") or {}).items()}
-    return args, env
-
-
-def fp16_grads_rule(sc: Scenario, args: dict[str, Any]) -> Scenario:
-    """Megatron keeps fp16 main grads for --fp16 unless --accumulate-allreduce-grads-in-fp32 (module docstring)."""
-    opt = sc.training.optimizer
-    if sc.training.params_dtype != "fp16" or args.get("accumulate_allreduce_grads_in_fp32") \
-            or opt.precision_aware or opt.main_grads_dtype != "fp32":
-        return sc
-    training = sc.training.model_copy(update={"optimizer": opt.model_copy(update={"main_grads_dtype": "fp16"})})
-    return sc.model_copy(update={"training": training})
-
-
 def measured_after_step(case: str) -> float:
     values = json.loads((MEGATRON / case / "golden_values_dev_dgx_h100.json").read_text(encoding="utf-8"))
     v = values["mem-allocated-bytes"]["values"]
@@ -106,9 +84,7 @@ def project(c: Case) -> RankMemory:
     sc = api.load(MEGATRON / c.name / "model_config.yaml", nodes=c.nodes, gpus_per_node=c.gpus_per_node,
                   hardware="h100-sxm")
     assert sc.world_size == c.nodes * c.gpus_per_node and sc.plan.pp == c.pp
-    args, env = megatron_args_and_env(c.name)
-    sc = fp16_grads_rule(sc, args)
-    report = estimate_memory(sc, runtime=runtime_for(sc, args, env))
+    report = estimate_memory(sc)
     (rank,) = [r for r in report.ranks if r.pp_rank == c.pp_rank]
     return rank
 
