@@ -72,7 +72,12 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
         probs = D.b * heads * D.s * D.seq
         out["attn.softmax"] = e * probs
         if D.dropout:
-            out["attn.dropout"] = (1 + e) * probs  # mask + dropped probabilities (input of the V matmul)
+            # Two tensors, kept as two entries: the 1-byte mask (native_dropout's bool mask) and the dropped
+            # probabilities (input of the V matmul). Only the latter gets a gradient in backward, of e bytes per
+            # element (native_dropout_backward returns the gradient's dtype), so the backward working set, sized
+            # from the largest single entry, must not see them as one (1 + e)-byte tensor.
+            out["attn.dropout_mask"] = 1 * probs
+            out["attn.dropout"] = e * probs
     else:
         out["attn.lse"] = 4 * D.b * heads * D.s  # fp32 log-sum-exp per query row
     if D.dropout:
@@ -120,7 +125,7 @@ def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, floa
 
 # Megatron --recompute-modules: which saved tensors each module's checkpoint drops (its input is kept).
 _SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
-    "core_attn": ("attn.softmax", "attn.dropout", "attn.lse"),
+    "core_attn": ("attn.softmax", "attn.dropout_mask", "attn.dropout", "attn.lse"),
     "mlp": ("mlp.act_in", "mlp.fc2_in"),
     "moe": ("moe.dispatched", "moe.experts.act_in", "moe.experts.fc2_in", "moe.expert_out", "moe.router_probs",
             "moe.shared.act_in", "moe.shared.fc2_in"),

@@ -31,6 +31,9 @@ one layer's offloaded tensors are resident at any time (copy in progress, or rel
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
 
 from projection.memory.activations import (
     _SELECTIVE_DROPS,
@@ -60,6 +63,7 @@ from projection.workload.stages import StageSlot, split_stages
 
 # Per rank, after each compute action: live in-flight microbatches per virtual stage.
 InflightTimeline = Sequence[Sequence[dict[int, int]]]
+Matrices = tuple[tuple[tuple[int, ...], "np.ndarray"], ...]
 
 
 def _loss_saved(sc: Scenario, rt: Runtime) -> dict[str, float]:
@@ -144,8 +148,13 @@ def offload_split(sc: Scenario, i: int, full: bool = False, chunk_head: bool = T
     return total - off, off
 
 
-def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = None) -> tuple[float, dict[str, float]]:
-    """Bytes one in-flight microbatch keeps on virtual stage `slot`, and the named terms."""
+def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = None,
+                           memo: dict[tuple[object, ...], tuple[float, float]] | None = None
+                           ) -> tuple[float, dict[str, float]]:
+    """Bytes one in-flight microbatch keeps on virtual stage `slot`, and the named terms. `memo` caches per-layer
+    results across calls of one estimate (layers of the same kind and recompute treatment keep the same bytes)."""
+    memo = {} if memo is None else memo
+    every = [int(mod[6:]) for mod in sc.plan.recompute.modules if mod.startswith("layer:")]
     rt = rt or runtime_for(sc)
     m, t, p = sc.model, sc.training, sc.plan
     terms: dict[str, float] = {}
@@ -154,7 +163,10 @@ def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = N
     keep_last = slot.loss  # its last layer is backwarded right after its forward: not offloaded
     for n, i in enumerate(slot.layers):
         kind = "moe_layer" if m.is_moe_layer(i) else "dense_layer"
-        resident, off = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
+        key = (m.is_moe_layer(i), i in full, n % chunk == 0, tuple(k > 0 and i % k == 0 for k in every))
+        if key not in memo:
+            memo[key] = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
+        resident, off = memo[key]
         if keep_last and n == len(slot.layers) - 1 and not slot.mtp_layers:
             resident += off
         terms[f"activations.{kind}s"] = terms.get(f"activations.{kind}s", 0.0) + resident
@@ -173,17 +185,25 @@ def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = N
 
 
 def _selective_recompute_bytes(sc: Scenario, tensors: dict[str, float]) -> float:
-    """Selective recompute rebuilds one module's dropped tensors right before that module's backward: the largest
-    module's rebuilt tensors are live beside the saved ones (a 'layer:N' entry rebuilds a whole layer)."""
+    """Selective recompute rebuilds one module's dropped tensors right before that module's backward, beside the
+    saved ones. Backward runs a layer's MLP/MoE block before its attention, so when an attention-side module is
+    rebuilt the block's saved tensors are already freed (measured with MemTracker, tests/oracle). A 'layer:N'
+    entry rebuilds a whole checkpointed layer whose input is already saved."""
     p = sc.plan
     if p.recompute.granularity != "selective":
         return 0.0
+    mods = p.recompute.modules or ("core_attn",)
+    dropped = {n for mod in mods for n in _SELECTIVE_DROPS.get(mod, ())}
+    block_saved = sum(v for k, v in tensors.items() if not k.startswith("attn.") and k not in dropped)
     best = 0.0
-    for mod in p.recompute.modules or ("core_attn",):
+    for mod in mods:
         if mod.startswith("layer:"):
-            best = max(best, sum(tensors.values()))
+            best = max(best, sum(tensors.values()) - layer_input_bytes(sc.model, sc.training, sc.plan))
             continue
-        best = max(best, sum(tensors.get(name, 0.0) for name in _SELECTIVE_DROPS.get(mod, ())))
+        names = _SELECTIVE_DROPS.get(mod, ())
+        attn = sum(tensors.get(n, 0.0) for n in names if n.startswith("attn."))
+        block = sum(tensors.get(n, 0.0) for n in names if not n.startswith("attn."))
+        best = max(best, block, attn - block_saved)
     return best
 
 
@@ -211,7 +231,9 @@ def working_moments(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None
             attn = [v for k, v in largest.items() if k.startswith("attn.")]
             rest = [v for k, v in largest.items() if not k.startswith("attn.")]
             staged = max(sum(largest.values()) + max(rest, default=0.0), sum(attn) + max(attn, default=0.0))
-            backward["working.recompute"] = (chunk - 1) * sum(largest.values()) + staged
+            # the chunk's checkpointed input is already counted among the saved activations
+            backward["working.recompute"] = (chunk - 1) * sum(largest.values()) + staged \
+                - layer_input_bytes(m, t, p)
             backward["working.backward"] = 2 * layer_input_bytes(m, t, p)
         else:
             if selective:
@@ -262,18 +284,36 @@ def default_inflight(sc: Scenario) -> InflightTimeline:
     return inflight_timeline(sched)
 
 
-def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimeline] = default_inflight,
+def _default_matrices(sc: Scenario) -> Matrices:
+    p = sc.plan
+    return _schedule_matrices(p.schedule, p.pp, sc.training.num_microbatches(p.dp_()), p.vpp_,
+                              p.microbatch_group_size)
+
+
+@lru_cache(maxsize=512)
+def _schedule_matrices(name: str, pp: int, n_micro: int, vpp: int, group: int | None) -> Matrices:
+    """In-flight matrices of a schedule, cached by its shape (hashing a built Schedule would cost O(actions))."""
+    from projection.schedule.inflight import inflight_matrices
+    from projection.schedule.registry import build_schedule
+
+    return inflight_matrices(build_schedule(name, pp, n_micro, vpp, microbatch_group_size=group))
+
+
+def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimeline] | None = None,
                     runtime: Runtime | None = None) -> MemoryReport:
-    """Per-rank memory of one training step (bytes). `runtime` supplies framework facts the Scenario does not hold
-    (buffers.Runtime; default: runtime_for(sc))."""
+    """Per-rank memory of one training step (bytes). `inflight` overrides the schedule's in-flight timeline
+    (default: built from the plan's schedule); `runtime` supplies framework facts (default: runtime_for(sc))."""
+    from projection.schedule.inflight import timeline_matrices
+
     rt = runtime or runtime_for(sc)
     slots = split_stages(sc.model, sc.plan)
-    timeline = inflight(sc)
+    memo: dict[tuple[object, ...], tuple[float, float]] = {}
+    mats = _default_matrices(sc) if inflight is None else timeline_matrices(inflight(sc))
     ranks = []
     for rp in per_rank_params(sc.model, sc.plan):
         r = rp.pp_rank
         mine = [s for s in slots if s.pp_rank == r]
-        per_stage = {s.stage: stage_activation_bytes(sc, s, rt) for s in mine}
+        per_stage = {s.stage: stage_activation_bytes(sc, s, rt, memo) for s in mine}
         loss_ws, bwd_ws = working_moments(sc, mine, rt)
         loss_stages = {s.stage for s in mine if s.loss}
         # The worst point of the rank's action sequence: live microbatches x bytes each, plus the larger transient
@@ -285,13 +325,18 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
         at_backward: Moment = (sum(bwd_ws.values()) - sum(freed_if_live.values()), bwd_ws, freed_if_live)
         at_loss: Moment = (sum(loss_ws.values()), loss_ws, none)
         idle: Moment = (sum(bwd_ws.values()), bwd_ws, none)
-        best, best_counts, work, freed = -1.0, {}, none, none
-        for counts in timeline[r]:
-            saved = sum(n * per_stage[st][0] for st, n in counts.items() if st in per_stage)
-            live = any(counts.get(st, 0) > 0 for st in loss_stages)
-            extra, w, f = max(at_backward, at_loss, key=lambda x: x[0]) if live else idle
-            if saved + extra > best:
-                best, best_counts, work, freed = saved + extra, dict(counts), w, f
+        best_counts: dict[int, int] = {}
+        work, freed = none, none
+        stages, counts = mats[r]
+        if counts.shape[0]:
+            weights = np.array([per_stage[st][0] if st in per_stage else 0.0 for st in stages])
+            saved = counts @ weights
+            cols = [j for j, st in enumerate(stages) if st in loss_stages]
+            live = np.asarray((counts[:, cols] > 0).any(axis=1) if cols else np.zeros(len(saved), dtype=bool))
+            when_live = max(at_backward, at_loss, key=lambda x: x[0])
+            at = int(np.argmax(saved + np.where(live, when_live[0], idle[0])))
+            _, work, freed = when_live if bool(live[at]) else idle
+            best_counts = {st: int(n) for st, n in zip(stages, counts[at], strict=True)}
         act_terms: dict[str, float] = {}
         for st, n in best_counts.items():
             for k, v in per_stage.get(st, (0.0, {}))[1].items():

@@ -17,6 +17,7 @@ from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import DTYPE_BYTES, TrainingSpec
 from projection.workload.params import RankParams, Sharding, layer_params
+from projection.workload.stages import split_stages
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,12 @@ def shard_groups(plan: ParallelPlan) -> tuple[int, int]:
     return dense, expert
 
 
-def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams) -> StateBytes:
-    """Bytes of weights, main gradients and optimizer state on one rank of pipeline stage rank.pp_rank."""
+def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams,
+                      step_counter_bytes: int = 0) -> StateBytes:
+    """Bytes of weights, main gradients and optimizer state on one rank of pipeline stage rank.pp_rank.
+
+    step_counter_bytes: device bytes of the per-parameter-tensor step counter of torch.optim.Adam/AdamW (see
+    `step_counter_bytes_total`); 0 (default) where the counters are not on the device."""
     opt = training.optimizer
     sh = plan.sharding
     expert_p = rank.by_component.get("experts", 0)
@@ -93,13 +98,15 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
         cpu_frac = 1.0
     terms["optimizer.master"] = round(n_opt * master * (1 - cpu_frac))
     terms["optimizer.moments"] = round(n_opt * per_param * (1 - cpu_frac))
+    if step_counter_bytes:
+        terms["optimizer.step_counters"] = step_counter_bytes_total(model, plan, rank, step_counter_bytes)
     cpu = round(total_opt * cpu_frac)
     if off.fsdp_params:
         cpu += terms.pop("weights.sharded", 0) + terms.pop("gradients.main")
         terms["gradients.main"] = 0
     weights = sum(v for k, v in terms.items() if k.startswith("weights."))
     grads = terms["gradients.main"]
-    optim = terms["optimizer.master"] + terms["optimizer.moments"]
+    optim = terms["optimizer.master"] + terms["optimizer.moments"] + terms.get("optimizer.step_counters", 0)
     return StateBytes(weights, grads, optim, cpu, terms)
 
 
@@ -130,3 +137,62 @@ def _linear_params(rank: RankParams) -> int:
     """GEMM weights of a rank (attention, MLPs, experts, MTP); norms and the router are a negligible share."""
     return sum(v for k, v in rank.by_component.items()
                if k in ("attention", "dense_mlp", "experts", "shared_experts", "mtp"))
+
+
+def step_counter_bytes_total(model: ModelSpec, plan: ParallelPlan, rank: RankParams, bytes_each: int) -> int:
+    """Adam's step counters on one rank.
+
+    torch.optim.Adam/AdamW keep `state["step"]` as one 0-dim tensor per parameter tensor (float32,
+    torch/optim/adam.py `_init_group`): on the parameter's device with fused=True or capturable=True (a CUDA
+    caching-allocator block is at least 512 B), on the CPU otherwise, so a CPU training step holds 4 B per parameter
+    tensor on its device. Measured exactly on a CPU step under MemTracker (tests/oracle/test_memory_vs_memtracker.py:
+    the optimizer state exceeds the Adam moments by 4 B x parameter tensors). A sharded parameter (ZeRO/FSDP) keeps
+    its own counter on every rank, so the count is not divided by the shard group."""
+    return bytes_each * param_tensor_count(model, plan, rank)
+
+
+def param_tensor_count(model: ModelSpec, plan: ParallelPlan, rank: RankParams) -> int:
+    """Parameter tensors held by one rank of pipeline stage rank.pp_rank, in Megatron-core's module layout: fused
+    QKV (linear_qkv) and fused gate/up (linear_fc1) weights, one weight per local expert per GEMM (Transformer
+    Engine GroupedLinear weight0..weightN-1), LayerNorm weight + bias, RMSNorm weight, a bias tensor per linear
+    with add_bias_linear (QKV also with add_qkv_bias), MLA with the projections and latent norms counted in
+    workload/params.py."""
+    norm = 2 if model.norm == "layernorm" else 1
+    bias = 1 if model.add_bias_linear else 0
+
+    def mlp() -> int:
+        return 2 * (1 + bias)  # linear_fc1, linear_fc2
+
+    def layer(i: int) -> int:
+        n = 2 * norm  # input_layernorm, pre_mlp_layernorm
+        if model.mla is not None:
+            m = model.mla
+            q = 2 + (norm if model.qk_norm else 0) if m.q_lora_rank else 1
+            n += q + 2 + (norm if model.qk_norm else 0) + 1 + bias  # kv down/up, kv norm, linear_proj
+        else:
+            n += 1 + (1 if (model.add_bias_linear or model.add_qkv_bias) else 0) + 1 + bias
+            n += 2 * norm if model.qk_norm else 0
+        moe = model.moe
+        if moe is not None and model.is_moe_layer(i):
+            n += 1 + (1 if moe.router_bias else 0)
+            n += (moe.num_experts // plan.ep) * mlp()
+            if moe.shared_expert_ffn_hidden_size:
+                n += mlp() + (1 if moe.shared_expert_gate else 0)
+        else:
+            n += mlp()
+        return n
+
+    slots = [s for s in split_stages(model, plan) if s.pp_rank == rank.pp_rank]
+    count = sum(layer(i) for i in rank.layers)
+    embedding = 1 + (1 if model.position_embedding == "learned" else 0)
+    for slot in slots:
+        if slot.embedding:
+            count += embedding
+        if slot.loss:
+            count += norm + (0 if model.tie_embeddings and slot.embedding else 1)  # final norm, output layer
+        if slot.mtp_layers:
+            # enorm, hnorm, eh_proj, the transformer layer (like the last decoder layer), final norm
+            count += slot.mtp_layers * (3 * norm + 1 + layer(model.num_layers - 1))
+            if not slot.embedding:
+                count += embedding
+    return count

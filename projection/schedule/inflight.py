@@ -15,8 +15,10 @@ Megatron's interleaved 1F1B with group size G.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
+
+import numpy as np
 
 from projection.schedule.action import COMPUTE_KINDS, Schedule
 
@@ -133,3 +135,28 @@ def peak_candidates(s: Schedule) -> tuple[tuple[State, ...], ...]:
 def _dominates(a: State, b: State) -> bool:
     da, db = dict(a), dict(b)
     return all(da.get(k, 0) >= v for k, v in db.items())
+
+
+@lru_cache(maxsize=256)
+def inflight_matrices(s: Schedule) -> tuple[tuple[tuple[int, ...], np.ndarray], ...]:
+    """Per rank: (its stages, counts[k, j] = live microbatches of stage j after the k-th compute action) as an int
+    array, so a weighted peak over the timeline is one matrix-vector product. Cached; do not modify the arrays."""
+    out = []
+    for r, rank_timeline in enumerate(inflight_timeline(s)):
+        stages = s.stages_of(r)
+        mat = np.array([[c.get(st, 0) for st in stages] for c in rank_timeline], dtype=np.int64).reshape(
+            len(rank_timeline), len(stages))
+        mat.setflags(write=False)
+        out.append((stages, mat))
+    return tuple(out)
+
+
+def timeline_matrices(timeline: Sequence[Sequence[dict[int, int]]]) -> tuple[tuple[tuple[int, ...], np.ndarray], ...]:
+    """The same layout as inflight_matrices for a timeline given as dicts (e.g. a custom in-flight model)."""
+    out = []
+    for rank_timeline in timeline:
+        stages = tuple(sorted({st for c in rank_timeline for st in c}))
+        mat = np.array([[c.get(st, 0) for st in stages] for c in rank_timeline], dtype=np.int64).reshape(
+            len(rank_timeline), len(stages))
+        out.append((stages, mat))
+    return tuple(out)
