@@ -148,11 +148,15 @@ def per_rank_params(model: ModelSpec, plan: ParallelPlan) -> list[RankParams]:
     acc: dict[int, dict[str, int]] = {r: dict.fromkeys(COMPONENTS, 0) for r in range(plan.pp)}
     layers: dict[int, list[int]] = {r: [] for r in range(plan.pp)}
     stages = split_stages(model, plan)
+    per_kind: dict[bool, dict[str, int]] = {}
     for slot in stages:
         c = acc[slot.pp_rank]
         layers[slot.pp_rank] += slot.layers
         for i in slot.layers:
-            for k, v in layer_params(model, i, sh).items():
+            kind = model.is_moe_layer(i)  # every dense (every MoE) layer has the same parameters
+            if kind not in per_kind:
+                per_kind[kind] = layer_params(model, i, sh)
+            for k, v in per_kind[kind].items():
                 c[k] += v
         if slot.embedding:
             c["embedding"] += embedding_params(model, plan.tp)
