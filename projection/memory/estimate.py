@@ -35,6 +35,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from projection.errors import PlanError, Problem
 from projection.memory.activations import (
     _SELECTIVE_DROPS,
     dims,
@@ -305,6 +306,11 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
     (default: built from the plan's schedule); `runtime` supplies framework facts (default: runtime_for(sc))."""
     from projection.schedule.inflight import timeline_matrices
 
+    if sc.plan.schedule == "dualpipe":
+        # DualPipe keeps two model stages (r and pp-1-r, i.e. two weight copies' worth of layers) per rank; the
+        # stage split here places one. DualPipeV (vpp 2) is the supported V-shaped variant.
+        raise PlanError(Problem("memory for the bidirectional 'dualpipe' schedule is not modelled yet",
+                                key="plan.schedule", file=sc.source, fix="use dualpipev (vpp 2) or another schedule"))
     rt = runtime or runtime_for(sc)
     slots = split_stages(sc.model, sc.plan)
     memo: dict[tuple[object, ...], tuple[float, float]] = {}
