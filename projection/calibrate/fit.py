@@ -5,7 +5,7 @@ Model of one curve: time(S) = alpha_j + bus_factor(kind, n) x S / busbw_j for S 
 size ranges: NCCL / RCCL switch protocol (LL, LL128, Simple), algorithm (ring, tree) and channel count at size
 thresholds, so a measured curve is a few alpha-beta regimes, not one (a single alpha-beta misses the 8x H100 NVLS
 all_reduce of hardware.md §2 by 16 % in time). Each segment is a weighted linear least-squares fit
-(scipy.optimize.nnls, alpha >= 0 and 1/busbw >= 0) of time against size with weights 1/time, i.e. relative
+(non-negative least squares, alpha >= 0 and 1/busbw >= 0) of time against size with weights 1/time, i.e. relative
 residuals, so 8 B and 8 GiB messages count alike; the split points minimise the summed squared relative residual
 (exact dynamic programme over contiguous ranges). The number of segments is the smallest (1 to 6) whose largest
 relative error is within `target`, else the best; each segment holds at least two distinct sizes.
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import nnls
 
 from projection.calibrate.calibration import Calibration, CollectiveRow
 from projection.calibrate.errors import CalibrationError
@@ -157,6 +156,25 @@ class FittedFabric(Spec):
         return "\n".join(lines)
 
 
+def nnls2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin |a x - b| over x >= 0 for a two-column `a` (what scipy.optimize.nnls computes, without importing
+    scipy: half a second of start-up). The problem is convex: the unconstrained minimiser if it is feasible, else the
+    best point with one coordinate at zero (each a one-variable problem, clipped at 0)."""
+    x = np.linalg.lstsq(a, b, rcond=None)[0]
+    if x[0] >= 0.0 and x[1] >= 0.0:
+        return np.asarray(x, dtype=float)
+    best, best_r = np.zeros(2), float(b @ b)
+    for j in (0, 1):
+        col = a[:, j]
+        norm = float(col @ col)
+        cand = np.zeros(2)
+        cand[j] = max(0.0, float(col @ b) / norm) if norm > 0 else 0.0
+        r = float(np.sum((a @ cand - b) ** 2))
+        if r < best_r:
+            best, best_r = cand, r
+    return best
+
+
 def fit_curve(sizes: np.ndarray, times: np.ndarray, factor: float, *, max_segments: int = MAX_SEGMENTS,
               target: float = TARGET_MAX_ERROR) -> list[FitSegment]:
     """Piecewise alpha-beta fit of times (s) against sizes (bytes, distinct, increasing) for one bus factor."""
@@ -169,7 +187,7 @@ def fit_curve(sizes: np.ndarray, times: np.ndarray, factor: float, *, max_segmen
         if (i, j) not in line:
             s, t = sizes[i:j], times[i:j]
             a = np.column_stack([np.ones_like(s), factor * s]) / t[:, None]
-            coef, _ = nnls(a, np.ones_like(t))
+            coef = nnls2(a, np.ones_like(t))
             line[(i, j)] = (float(coef[0]), float(coef[1]), float(np.sum((a @ coef - 1.0) ** 2)))
         return line[(i, j)]
 

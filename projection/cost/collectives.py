@@ -312,7 +312,14 @@ def _scaled_curve_time_s(curve: MeasuredCurve, size: float, group: GroupPlacemen
         return seg.alpha_s + bus_factor(curve.kind, n) * size / seg.busbw_bytes_per_s
     latency_scale = ring_steps(curve.kind, n) / max(ring_steps(curve.kind, ref.n_ranks), 1)
     bandwidth_scale = flat_bus_bandwidth(curve.kind, group, fabric) / flat_bus_bandwidth(curve.kind, ref, fabric)
-    return seg.alpha_s * latency_scale + bus_factor(curve.kind, n) * size / (seg.busbw_bytes_per_s * bandwidth_scale)
+    ring = seg.alpha_s * latency_scale + bus_factor(curve.kind, n) * size / (seg.busbw_bytes_per_s * bandwidth_scale)
+    # Away from the measured placement NCCL's tuner may pick another algorithm (tree, hierarchical: far fewer latency
+    # steps on large groups). Those are priced analytically on tiers derated by the curve's measured efficiency.
+    eff = min(1.0, seg.busbw_bytes_per_s / flat_bus_bandwidth(curve.kind, ref, fabric))
+    derated = replace(fabric, intra=TierParams(fabric.intra.alpha_s, fabric.intra.beta_bytes_per_s * eff),
+                      inter=TierParams(fabric.inter.alpha_s, fabric.inter.beta_bytes_per_s * eff))
+    others = [t for name, t in algorithm_times_s(curve.kind, size, group, derated).items() if name != "ring"]
+    return min([ring, *others])
 
 
 def tier_from_curve(curve: MeasuredCurve, fabric: Fabric) -> TierParams:

@@ -123,6 +123,9 @@ class DeviceSpec(Spec):
     intra_node: IntraNodeLinkSpec
     nic: NicSpec
     tdp_w: Watts | None = None  # board power in watts (vendors' TDP / TBP), if known
+    host_kernel_issue_s: Seconds | None = None
+    """Host seconds to issue one kernel from eager PyTorch training code on this device's typical node (Python,
+    dispatcher and launch call), for the framework-overhead model of projection/perf; None = not modelled."""
     sources: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
     """Field path ('peak_flop_per_s.bf16', 'nic.latency_s') -> citation, starting with a tag R / R2 / D / A."""
     efficiency: EfficiencySpec | None = None

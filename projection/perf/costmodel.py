@@ -1,0 +1,41 @@
+"""The cost model `project` uses by default: the shipped calibration of the scenario's device
+(calibrations/<device>.json, built from published microbenchmarks only) over the roofline model of its DeviceSpec,
+or a calibration file of the user's own.
+
+The roofline fallback is built with the cluster's fabric (collectives) and the plan's group placements, computed by
+projection/perf/placement.py (vectorised: a 16,384-GPU cluster costs milliseconds, where the generic
+projection.cost.model.group_placements loops over every rank).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from projection.calibrate.calibration import load_calibration
+from projection.cost.calibrated import CalibratedCostModel
+from projection.cost.collectives import Fabric
+from projection.cost.model import CostModel
+from projection.cost.roofline import RooflineCostModel
+from projection.paths import REPO_ROOT
+from projection.perf.placement import op_placements
+from projection.specs.scenario import Scenario
+
+CALIBRATIONS_DIR = REPO_ROOT / "calibrations"
+
+
+def shipped_calibration(device_name: str, search_dir: Path = CALIBRATIONS_DIR) -> Path | None:
+    """calibrations/<device>.json if it exists."""
+    path = search_dir / f"{device_name}.json"
+    return path if path.is_file() else None
+
+
+def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> CostModel:
+    """Calibrated model (the given file, else the device's shipped calibration) falling back to the roofline of the
+    device's spec; the bare roofline when neither exists. Raises CalibrationError for an unreadable file."""
+    device, cluster = scenario.cluster.device, scenario.cluster
+    roofline = RooflineCostModel(device, fabric=Fabric.from_specs(device, cluster))
+    roofline.groups = op_placements(cluster, scenario.plan)
+    path = Path(calibration) if calibration is not None else shipped_calibration(device.name)
+    if path is None:
+        return roofline
+    return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name)

@@ -1,0 +1,226 @@
+"""Data-parallel communication of one step: gradient reduction in buckets, distributed-optimizer parameter
+all-gather, HSDP replica all-reduce and the tied-embedding gradient all-reduce; as comm-stream tasks for the
+pipeline simulator and as the exposed parameter all-gather.
+
+Megatron-LM (megatron/core/distributed/distributed_data_parallel.py, param_and_grad_buffer.py):
+- gradients live in contiguous buffers, dense parameters and expert parameters apart; a buffer is cut into buckets of
+  `--ddp-bucket-size` elements, default max(40,000,000, 1,000,000 x data-parallel size with CP) ("larger DP sizes
+  need larger buckets to ensure collectives do not become latency-bound"), filled in backprop order;
+- bucketing is off (one bucket per buffer) without `--overlap-grad-reduce`, on pipeline ranks other than the first
+  ("data-parallel communication on these stages is not on the critical path") and for model chunks after the first
+  (`disable_bucketing=(model_chunk_idx > 0)` in megatron/training/training.py);
+- a bucket is all-reduced (DDP) or reduce-scattered (distributed optimizer) over the dp x cp group (experts: the
+  expert-data-parallel group) in the main-gradient dtype. With overlap it is launched as soon as the last
+  microbatch's backward has produced all its gradients; without, every bucket after the whole backward;
+- the distributed optimizer all-gathers the updated parameters (params dtype) per bucket: inside the optimizer step
+  without `--overlap-param-gather`, else launched at the start of the next forward and waited for by each bucket's
+  first forward (the first bucket cannot be hidden).
+Timing inside an action: the buckets of a stage become ready in proportion to the parameters its last backward has
+processed (backprop order); the communication stream runs them one after another; the part that ends after the
+action is a CommTask on the rank's comm stream (it overlaps the rank's later actions in the simulator).
+FSDP (zero_stage 3) reduces per unit inside the backward (projection/perf/items.py); with HSDP the shard gradients
+are then all-reduced over the replicas after the backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from projection.cost.collectives import CollectiveKind, GroupPlacement
+from projection.cost.model import CostModel
+from projection.perf.placement import boundary_placement, expert_dp_placement, shard_placements
+from projection.perf.pricing import PricedStages
+from projection.schedule.action import Action, Schedule
+from projection.sim.costs import CommTask
+from projection.sim.result import SimResult
+from projection.specs.scenario import Scenario
+from projection.specs.training import DTYPE_BYTES
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One collective of one bucket. stage: schedule stage it belongs to; order: position in backprop order."""
+
+    pp_rank: int
+    stage: int
+    kind: CollectiveKind
+    group: str  # "dp" (dense, dp x cp), "edp" (experts), "dp_replicate", "embedding"
+    params: int
+    size_bytes: int
+    seconds: float
+    order: int
+
+
+@dataclass(frozen=True)
+class DPComm:
+    """tasks: comm-stream tasks for StageCosts; grad_s / param_gather_s: full seconds per pp rank."""
+
+    tasks: tuple[CommTask, ...]
+    grad_buckets: tuple[Bucket, ...]
+    param_buckets: tuple[Bucket, ...]
+    grad_s: tuple[float, ...]
+    param_gather_s: tuple[float, ...]
+    crosses_nodes: bool
+    overlap_param_gather: bool
+
+
+def bucket_elements(scenario: Scenario) -> int:
+    """Megatron's default --ddp-bucket-size: max(40e6, 1e6 x dp x cp) elements."""
+    plan = scenario.plan
+    return max(40_000_000, 1_000_000 * plan.dp_() * plan.cp)
+
+
+def _split(params: int, size: int | None) -> list[int]:
+    """Bucket sizes in backprop order: full buckets, the remainder last (it holds the first layers)."""
+    if params <= 0:
+        return []
+    if size is None or params <= size:
+        return [params]
+    n = math.ceil(params / size)
+    return [size] * (n - 1) + [params - size * (n - 1)]
+
+
+def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule, priced: PricedStages) -> DPComm:
+    """Gradient buckets (as comm tasks) and parameter all-gathers of every pipeline rank for one step."""
+    plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
+    zero = plan.sharding.zero_stage
+    dense_place, replicate = shard_placements(cluster, plan)
+    expert_place = expert_dp_placement(cluster, plan) if scenario.model.moe is not None else None
+    grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
+    param_b = DTYPE_BYTES[training.params_dtype]
+    overlap = plan.overlap.grad_reduce
+    size = bucket_elements(scenario)
+    kind: CollectiveKind = "all_reduce" if zero == 0 else "reduce_scatter"
+    places: list[GroupPlacement] = [dense_place] + ([expert_place] if expert_place else [])
+    grads: list[Bucket] = []
+    params_ag: list[Bucket] = []
+    tasks: list[CommTask] = []
+    grad_s = [0.0] * schedule.n_ranks
+    pg_s = [0.0] * schedule.n_ranks
+
+    def sec(k: CollectiveKind, nbytes: float, place: GroupPlacement) -> float:
+        return cost_model.collective_seconds(k, nbytes, place) if place.n_ranks > 1 and nbytes > 0 else 0.0
+
+    for r, acts in enumerate(schedule.actions):
+        end_tasks: list[float] = []
+        for s in schedule.stages_of(r):
+            sp = priced.stages[schedule.model_stage(s)]
+            bucketed = overlap and sp.pp_rank == 0 and sp.chunk == 0 and s == schedule.model_stage(s)
+            mine: list[Bucket] = []
+            for group, n, place in (("dp", sp.params.dense, dense_place), ("edp", sp.params.expert, expert_place)):
+                if place is None or zero == 3:
+                    continue
+                for order, elems in enumerate(_split(n, size if bucketed else None)):
+                    mine.append(Bucket(r, s, kind, group, elems, elems * grad_b, sec(kind, elems * grad_b, place),
+                                       order))
+                    if zero in (1, 2):
+                        params_ag.append(Bucket(r, s, "all_gather", group, elems, elems * param_b,
+                                                sec("all_gather", elems * param_b, place), order))
+            grads += mine
+            grad_s[r] += sum(b.seconds for b in mine)
+            if not mine:
+                continue
+            if overlap:
+                last = _last_backward(acts, s)
+                tail = _tail_s(mine, priced.action_time(schedule.model_stage(s), last.kind).seconds)
+                if tail > 0.0:
+                    tasks.append(CommTask(r, last, tail, f"dp grad s{s}", _crosses(places)))
+            else:
+                end_tasks.append(sum(b.seconds for b in mine))
+        if zero == 3 and replicate is not None:
+            shard = plan.dp_() * plan.cp // plan.sharding.dp_replicate
+            dense = sum(priced.stages[schedule.model_stage(s)].params.dense for s in schedule.stages_of(r))
+            t = sec("all_reduce", dense / shard * grad_b, replicate)
+            grads.append(Bucket(r, -1, "all_reduce", "dp_replicate", dense // shard, int(dense / shard * grad_b), t,
+                                0))
+            grad_s[r] += t
+            end_tasks.append(t)
+        emb = _embedding_grad(scenario, cost_model, schedule, priced, r)
+        if emb is not None:
+            grads.append(emb)
+            grad_s[r] += emb.seconds
+            end_tasks.append(emb.seconds)
+        if end_tasks and sum(end_tasks) > 0.0:
+            tasks.append(CommTask(r, _last_compute(acts), sum(end_tasks), "dp grad (after backward)",
+                                  _crosses(places)))
+        pg_s[r] = sum(b.seconds for b in params_ag if b.pp_rank == r)
+    return DPComm(tuple(tasks), tuple(grads), tuple(params_ag), tuple(grad_s), tuple(pg_s), _crosses(places),
+                  plan.overlap.param_gather)
+
+
+def _crosses(places: list[GroupPlacement]) -> bool:
+    return any(p.n_nodes > 1 for p in places)
+
+
+def _last_backward(acts: tuple[Action, ...], stage: int) -> Action:
+    return next(a for a in reversed(acts) if a.stage == stage and a.kind in ("B", "W"))
+
+
+def _last_compute(acts: tuple[Action, ...]) -> Action:
+    return next(a for a in reversed(acts) if a.kind in ("F", "B", "I", "W"))
+
+
+def _tail_s(buckets: list[Bucket], action_s: float) -> float:
+    """Seconds the stage's bucket chain runs past the end of its last backward action (buckets become ready in
+    proportion to the parameters processed; one communication stream)."""
+    total = sum(b.params for b in buckets) or 1
+    done = end = 0.0
+    for b in sorted(buckets, key=lambda x: (x.order, x.group)):
+        done += b.params
+        end = max(end, action_s * done / total) + b.seconds
+    return max(0.0, end - action_s)
+
+
+def _embedding_grad(scenario: Scenario, cost_model: CostModel, schedule: Schedule, priced: PricedStages,
+                    rank: int) -> Bucket | None:
+    """Tied embeddings with pp > 1: the word-embedding gradients of the first and last stage are all-reduced
+    (Megatron finalize_model_grads: _allreduce_word_embedding_grads)."""
+    model, plan = scenario.model, scenario.plan
+    first, last = priced.stages[0].pp_rank, priced.stages[-1].pp_rank
+    if not model.tie_embeddings or first == last or rank not in (first, last):
+        return None
+    elems = model.padded_vocab(plan.tp) * model.hidden_size // plan.tp
+    nbytes = elems * DTYPE_BYTES[scenario.training.optimizer.main_grads_dtype]
+    place = boundary_placement(scenario.cluster, plan, first, last)
+    return Bucket(rank, -1, "all_reduce", "embedding", elems, nbytes,
+                  cost_model.collective_seconds("all_reduce", nbytes, place), 0)
+
+
+def param_gather_exposed_s(dp: DPComm, priced: PricedStages, schedule: Schedule, sim: SimResult) -> tuple[float, ...]:
+    """Per pp rank, seconds of the parameter all-gather the step cannot hide: all of it without
+    overlap_param_gather; with it, max_k(end of gather k - when bucket k's first forward needs it), the gathers
+    running back to back from the start of the step and bucket k needed when the first forward of its stage has
+    processed the parameters of the buckets before it (forward order = reverse backprop order)."""
+    out = []
+    for r in range(schedule.n_ranks):
+        mine = [b for b in dp.param_buckets if b.pp_rank == r]
+        total = sum(b.seconds for b in mine)
+        if not dp.overlap_param_gather or not mine:
+            out.append(total)
+            continue
+        starts = _first_forward_starts(sim, r)
+        origin = min(starts.values(), default=0.0)
+        needs: list[tuple[float, float]] = []
+        for s in sorted({b.stage for b in mine}, key=lambda x: starts.get(x, 0.0)):
+            stage_b = sorted((b for b in mine if b.stage == s), key=lambda b: -b.order)
+            f_s = priced.stages[schedule.model_stage(s)].f_s
+            n_total = sum(b.params for b in stage_b) or 1
+            before = 0
+            for b in stage_b:
+                needs.append((starts.get(s, 0.0) - origin + f_s * before / n_total, b.seconds))
+                before += b.params
+        end = worst = 0.0
+        for need, g in needs:
+            end += g
+            worst = max(worst, end - need)
+        out.append(min(total, max(0.0, worst)))
+    return tuple(out)
+
+
+def _first_forward_starts(sim: SimResult, rank: int) -> dict[int, float]:
+    starts: dict[int, float] = {}
+    for e in sim.timeline[rank]:
+        if e.stream == "compute" and e.action is not None and e.action.kind == "F":
+            starts.setdefault(e.action.stage, e.start_s)
+    return starts

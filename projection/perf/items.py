@@ -1,0 +1,147 @@
+"""Turn the ops of one action into `Item`s (projection/perf/action_time.py): which collective is exposed on the
+compute stream, which overlaps what, and for how long.
+
+Rules, after Megatron-LM / Transformer Engine:
+- TP (and SP): the forward collectives (all-gather before a column-parallel GEMM, reduce-scatter or all-reduce after
+  a row-parallel one) and the all-gather of the output gradient are waited for on the compute stream. The backward
+  of a column-parallel linear overlaps by default (Megatron LinearWithGradAccumulationAndAsyncCommunication and TE
+  `_Linear.backward`): the re-gather of the sequence-parallel input is launched before the dgrad GEMM and waited for
+  before the wgrad GEMM; the reduce-scatter (all-reduce without SP) of the input gradient is launched after the dgrad
+  GEMM and overlaps the next GEMM. With `overlap.tp_comm` (TE userbuffers, needs SP) the waited-for TP collectives
+  are split into tp chunks pipelined with their GEMM (action_time.pipelined_exposed_s).
+- CP ring attention (TE): each of the cp - 1 K/V exchanges overlaps one 1/cp chunk of the attention kernel, so the
+  exposed time is (cp - 1) x max(0, step - attention / cp).
+- EP all-to-all: waited for, unless `overlap.ep_comm` (Megatron's combined 1F1B all-to-all overlap): then launched
+  and hidden behind the rest of the action's compute. Expert-TP collectives are waited for (booked as ep).
+- FSDP (zero_stage 3): one all-gather per unit (embedding, decoder layer, MTP depth, output) prefetched one unit
+  ahead (FSDP2's implicit prefetch), again in the backward when resharded after forward, and one reduce-scatter per
+  unit after its backward on its own stream; dense units over the dp x cp shard group, experts over expert-dp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from projection.perf.action_time import Item, blocking, launch, pipelined_exposed_s, run, wait
+from projection.specs.plan import ParallelPlan
+from projection.workload.ops import Op
+
+GEMMS = ("gemm", "grouped_gemm")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An op in an action sequence; `asynchronous` marks a column-parallel backward collective."""
+
+    op: Op
+    asynchronous: bool = False
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit in an action: its all-gather / reduce-scatter seconds (dense + expert groups) and its ops."""
+
+    entries: tuple[Entry, ...]
+    gather_s: tuple[float, ...] = ()
+    scatter_s: tuple[float, ...] = ()
+
+
+def mark_async(bwd: Sequence[Op]) -> tuple[Entry, ...]:
+    """Entries of one component's backward ops (execution order), marking the overlapped TP collectives."""
+    out = []
+    for k, op in enumerate(bwd):
+        asyn = False
+        if op.kind == "collective" and op.group == "tp":
+            base = op.name.rsplit(".", 1)[0]
+            if op.phase == "W" and op.coll == "all_gather":
+                asyn = True
+            elif op.phase == "I" and op.coll in ("reduce_scatter", "all_reduce") and k + 1 < len(bwd):
+                nxt = bwd[k + 1]
+                asyn = nxt.phase == "W" and nxt.kind in GEMMS and nxt.name == f"{base}.wgrad"
+        out.append(Entry(op, asyn))
+    return tuple(out)
+
+
+class ItemBuilder:
+    """Builds items for one plan. `compute_s(op)` prices a compute op; `coll_s(op)` one invocation of a collective
+    op over its group's placement."""
+
+    def __init__(self, plan: ParallelPlan, compute_s: Callable[[Op], float], coll_s: Callable[[Op], float]) -> None:
+        self.plan = plan
+        self.compute_s = compute_s
+        self.coll_s = coll_s
+        self.token = 0
+
+    def _next(self) -> int:
+        self.token += 1
+        return self.token
+
+    def items(self, units: Sequence[Unit], backward: bool) -> list[Item]:
+        """Items of an action made of `units` in execution order (FSDP gathers prefetched one unit ahead)."""
+        out: list[Item] = []
+        gathers = [self._launch_all("dp", u.gather_s, "fsdp_ag") for u in units]
+        if gathers and gathers[0][1]:
+            out += gathers[0][0]
+        for j, unit in enumerate(units):
+            if gathers[j][1]:
+                out.append(wait(*gathers[j][1]))
+            if j + 1 < len(units):
+                out += gathers[j + 1][0]
+            out += self._entries(unit.entries, backward)
+            launched, _ = self._launch_all("dp", unit.scatter_s, "fsdp_rs")
+            out += launched
+        return out
+
+    def _launch_all(self, group: str, seconds: Sequence[float], stream: str) -> tuple[list[Item], tuple[int, ...]]:
+        items = [launch(group, s, self._next(), stream=stream) for s in seconds if s > 0.0]
+        return items, tuple(i.token for i in items)
+
+    def _entries(self, entries: Sequence[Entry], backward: bool) -> list[Item]:
+        out: list[Item] = []
+        after_next: list[int] = []  # tokens waited for after the next compute op
+        before: dict[str, int] = {}  # wgrad op name -> token waited for before it
+        ops = [e.op for e in entries]
+        for k, e in enumerate(entries):
+            op = e.op
+            if op.kind != "collective":
+                if op.name in before:
+                    out.append(wait(before.pop(op.name)))
+                out.append(run("recompute" if op.recompute else op.kind, self.compute_s(op), op.count))
+                if after_next:
+                    out.append(wait(*after_next))
+                    after_next = []
+                continue
+            one = self.coll_s(op)
+            full = one * op.count
+            group = op.group or "dp"
+            if group == "tp" and e.asynchronous:
+                tok = self._next()
+                out.append(launch("tp", full, tok, op.count))
+                base = op.name.rsplit(".", 1)[0]
+                if op.coll == "all_gather" and f"{base}.wgrad" in {o.name for o in ops[k + 1:]}:
+                    before[f"{base}.wgrad"] = tok
+                else:
+                    after_next.append(tok)
+            elif group == "tp" and self.plan.overlap.tp_comm and self.plan.sp_:
+                gemm = _pair(ops, k, forward=op.coll == "all_gather", kinds=GEMMS)
+                g = self.compute_s(gemm) if gemm is not None else 0.0
+                out.append(blocking("tp", pipelined_exposed_s(full, g, self.plan.tp), full, op.count))
+            elif group == "cp":
+                attn = _pair(ops, k, forward=op.recompute or not backward, kinds=("attention",))
+                a = self.compute_s(attn) / self.plan.cp if attn is not None else 0.0
+                out.append(blocking("cp", op.count * max(0.0, one - a), full, op.count))
+            elif group == "ep" and self.plan.overlap.ep_comm:
+                out.append(launch("ep", full, self._next(), op.count))
+            else:
+                out.append(blocking("ep" if group == "etp" else group, full, full, op.count))
+        if after_next or before:
+            out.append(wait(*after_next, *before.values()))
+        return out
+
+
+def _pair(ops: Sequence[Op], k: int, *, forward: bool, kinds: tuple[str, ...]) -> Op | None:
+    """The nearest op of `kinds` after position k (forward=True) or before it, else on the other side."""
+    after = next((o for o in ops[k + 1:] if o.kind in kinds), None)
+    before = next((o for o in reversed(ops[:k]) if o.kind in kinds), None)
+    return (after or before) if forward else (before or after)

@@ -1,0 +1,80 @@
+"""The optimizer step: a memory-bound update over the rank's (sharded) optimizer state, the gradient-norm
+all-reduce, and the kernels the host issues for it.
+
+Per pipeline rank, over the elements it updates (all its parameters, or its 1/d shard with the distributed optimizer
+or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.memory.model_states.shard_groups):
+- zero the gradient buffer (Megatron zero_grad_buffer at the start of the step): write local grads;
+- gradient norm for clipping (Megatron clip_grad_norm_fp32, multi_tensor_l2norm): read the grads; then one scalar
+  all-reduce over every rank (the norm is reduced over the model- and data-parallel groups);
+- Adam/AdamW (fused multi-tensor kernel): read the gradient, read and write the fp32 master copy (mixed precision)
+  and each moment; then copy the master parameters into the model parameters (params dtype, one copy kernel per
+  parameter tensor, as DistributedOptimizer._copy_main_params_to_model_params loops over them). SGD, Lion and Muon
+  use their number of moments (OptimizerSpec.num_moments); Muon's Newton-Schulz GEMMs are not modelled.
+Each memory-bound part is priced by the cost model's memory-bound pricing; the host issues its kernels (a
+multi-tensor launch per 36 tensors: apex/TE multi_tensor_apply's depth-4 limit, csrc/multi_tensor_apply.cuh
+depth_to_max_tensors) at the device's host_kernel_issue_s, as in projection/perf/action_time.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from projection.cost.model import CostModel
+from projection.memory.model_states import shard_groups
+from projection.perf.action_time import Item, blocking, run, run_items
+from projection.perf.placement import world_placement
+from projection.perf.stage_params import stage_params
+from projection.specs.scenario import Scenario
+from projection.specs.training import DTYPE_BYTES
+from projection.workload.ops import Op
+from projection.workload.stages import split_stages
+
+ADAM_TENSORS_PER_LAUNCH = 36
+L2NORM_TENSORS_PER_LAUNCH = 110
+
+
+def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> list[Item]:
+    """The optimizer step of one pipeline rank as action items (memory-bound kernels and the norm all-reduce)."""
+    model, training, plan = scenario.model, scenario.training, scenario.plan
+    opt = training.optimizer
+    mirror = plan.pp - 1 - pp_rank if plan.schedule == "dualpipe" else pp_rank  # DualPipe: two stages per rank
+    slots = [s for s in split_stages(model, plan) if s.pp_rank in (pp_rank, mirror)]
+    params = [stage_params(model, plan, s) for s in slots]
+    dense = sum(p.dense for p in params)
+    expert = sum(p.expert for p in params)
+    tensors = max(1, sum(p.tensors for p in params))
+    g_dense, g_expert = shard_groups(plan)
+    zero = plan.sharding.zero_stage
+    updated = dense / g_dense + expert / g_expert if zero >= 1 else float(dense + expert)
+    local_grads = updated if zero >= 2 else float(dense + expert)
+    grad_b = DTYPE_BYTES[opt.main_grads_dtype]
+    param_b = DTYPE_BYTES[training.params_dtype]
+    mixed = training.params_dtype != "fp32"
+    master_b = DTYPE_BYTES[opt.main_params_dtype] if mixed else param_b
+    moments_b = sum(DTYPE_BYTES[d] for d in (opt.exp_avg_dtype, opt.exp_avg_sq_dtype)[: opt.num_moments])
+    cpu = plan.offload.optimizer_fraction if plan.offload.optimizer else 0.0
+    on_gpu = updated * (1.0 - cpu)
+    items: list[Item] = []
+
+    def memory(name: str, read: float, written: float, kernels: int) -> None:
+        k = max(1, kernels)
+        op = Op(name, "memory_bound", "W", dtype="fp32", bytes_read=read / k, bytes_written=written / k, count=k)
+        items.append(run("optimizer", cost_model.op_seconds(op), k))
+
+    memory("zero_grad", 0.0, local_grads * grad_b, 1)
+    memory("grad_norm", updated * grad_b, 0.0, math.ceil(tensors / L2NORM_TENSORS_PER_LAUNCH))
+    world = world_placement(scenario.cluster, plan)
+    norm_s = cost_model.collective_seconds("all_reduce", 4, world) if world.n_ranks > 1 else 0.0
+    items.append(blocking("optimizer", norm_s))
+    memory("adam", on_gpu * (grad_b + master_b + moments_b), on_gpu * (master_b + moments_b),
+           math.ceil(tensors / ADAM_TENSORS_PER_LAUNCH))
+    if mixed and not (zero == 3 and plan.sharding.fsdp == "torch_fsdp2"):
+        memory("copy_main_to_model", updated * master_b, updated * param_b, tensors)
+    return items
+
+
+def optimizer_step_seconds(scenario: Scenario, cost_model: CostModel) -> tuple[float, ...]:
+    """Seconds of the optimizer step per pipeline rank (update, gradient norm and its all-reduce, host issue)."""
+    host_s = scenario.cluster.device.host_kernel_issue_s or 0.0
+    return tuple(run_items(optimizer_items(scenario, cost_model, r), host_s).seconds
+                 for r in range(scenario.plan.pp))

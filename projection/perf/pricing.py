@@ -1,0 +1,288 @@
+"""`price_stages`: seconds per virtual pipeline stage for F, I, W and B of one microbatch, pipeline p2p seconds per
+stage boundary, and where the seconds go (compute by op class, exposed communication by group, host overhead).
+
+Per stage, the ops of projection.workload.ops (embedding, decoder layers, MTP depths, output layer and loss, in that
+order) are run as actions by projection/perf/action_time.py with the overlap rules of projection/perf/items.py:
+- F: the forward ops of each component in forward order;
+- I: per component in backward order, its recomputed forward ops (activation recomputation re-runs a layer's forward
+  just before its backward: Megatron CheckpointFunction) then its input-gradient ops;
+- W: its weight-gradient ops, each followed, when gradient accumulation is not fused into the wgrad GEMM, by the
+  add of the gradient into the fp32 main-gradient buffer (Megatron DDP's backward hook `main_grad.add_(grad)`);
+- B: the I and W ops of each component interleaved as a full backward runs them (so the column-parallel wgrad hides
+  the input-gradient reduce-scatter). Schedules with split backward actions (zero-bubble, V, DualPipe) run I and W
+  separately and B = I + W; the others run B and W is its weight-gradient part (I = B - W).
+Pipeline p2p: one activation (forward) or gradient (backward) tensor of [s/cp (/tp with SP), b, h] in the params
+dtype per boundary, priced as a send/recv over the two ranks' placement (intra- or inter-node).
+Collectives are priced with `cost_model.collective_seconds` over placements computed from the scenario's cluster
+(projection/perf/placement.py), so a cost model built for another cluster size prices them right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from projection.cost.collectives import GroupPlacement
+from projection.cost.model import CostModel
+from projection.perf.action_time import ActionTime, add_times, run_items
+from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
+from projection.perf.placement import boundary_placement, expert_dp_placement, op_placements, shard_placements
+from projection.perf.stage_params import StageParams, stage_params
+from projection.schedule.action import Schedule
+from projection.sim.costs import CommTask, StageCosts
+from projection.specs.scenario import Scenario
+from projection.specs.training import DTYPE_BYTES, TrainingSpec
+from projection.workload.ops import Op, embedding_ops, layer_ops, mtp_ops, output_ops
+from projection.workload.stages import StageSlot, split_stages
+
+SPLIT_BACKWARD = frozenset({"zb_h1", "zb_h2", "zbv", "v_half", "v_min", "dualpipe", "dualpipev"})
+"""Schedules whose action lists hold separate I and W actions (checked against build_schedule in the tests)."""
+
+
+@dataclass(frozen=True)
+class StagePrice:
+    """One virtual stage, one microbatch. FLOPs are per rank: `model_flop` the executed forward and backward op
+    FLOPs, `recompute_flop` the recomputed forward FLOPs (attention counted over the full s x s matrix, the
+    convention of Megatron's model-FLOPs formula)."""
+
+    stage: int
+    pp_rank: int
+    chunk: int
+    f: ActionTime
+    i: ActionTime
+    w: ActionTime
+    b: ActionTime
+    model_flop: float
+    recompute_flop: float
+    params: StageParams
+
+    @property
+    def f_s(self) -> float:
+        return self.f.seconds
+
+    @property
+    def i_s(self) -> float:
+        return self.i.seconds
+
+    @property
+    def w_s(self) -> float:
+        return self.w.seconds
+
+    @property
+    def b_s(self) -> float:
+        return self.b.seconds
+
+
+@dataclass(frozen=True)
+class PricedStages:
+    """Priced virtual stages (data-flow order, model stages for DualPipe) and pipeline boundaries (seconds)."""
+
+    schedule: str
+    stages: tuple[StagePrice, ...]
+    p2p_fwd_s: tuple[float, ...]
+    p2p_bwd_s: tuple[float, ...]
+    p2p_bytes: int
+    p2p_placements: tuple[GroupPlacement, ...]
+    split_backward: bool
+    host_kernel_issue_s: float
+    provenance: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of one microbatch through every stage, per cost source ('roofline', 'calibrated: ...')."""
+
+    def action_time(self, stage: int, kind: str) -> ActionTime:
+        """Priced action of schedule kind F, B, I or W on model stage `stage`."""
+        sp = self.stages[stage]
+        return {"F": sp.f, "I": sp.i, "W": sp.w}.get(kind, sp.b)
+
+    def stage_costs(self, schedule: Schedule, comm_tasks: Sequence[CommTask] = ()) -> StageCosts:
+        """StageCosts for `schedule` (its stages map to priced model stages via Schedule.model_stage)."""
+        f, i, w = [], [], []
+        for s in range(schedule.n_stages):
+            sp = self.stages[schedule.model_stage(s)]
+            if self.split_backward:
+                f.append(sp.f_s)
+                i.append(sp.i_s)
+                w.append(sp.w_s)
+            else:
+                ws = min(sp.w_s, sp.b_s)
+                f.append(sp.f_s)
+                i.append(sp.b_s - ws)
+                w.append(ws)
+        n = schedule.n_stages - 1
+        fwd = tuple(self.p2p_fwd_s[k] if k < len(self.p2p_fwd_s) else 0.0 for k in range(n))
+        bwd = tuple(self.p2p_bwd_s[k] if k < len(self.p2p_bwd_s) else 0.0 for k in range(n))
+        return StageCosts(tuple(f), tuple(i), tuple(w), fwd, bwd, tuple(comm_tasks))
+
+
+def layer_signature(scenario: Scenario, layer: int) -> tuple[bool, int]:
+    """Decoder layers with equal signatures have equal op lists: they differ only in being MoE or dense and, for
+    recompute choices that name layers (layer ids, block, every N-th layer), in the layer index itself."""
+    r = scenario.plan.recompute
+    varies = (r.granularity == "full" and (r.layer_ids is not None or r.method == "block")) or \
+        any(m.startswith("layer:") for m in r.modules)
+    return scenario.model.is_moe_layer(layer), layer if varies else -1
+
+
+def stage_components(scenario: Scenario, slot: StageSlot, cache: dict[tuple[bool, int], tuple[Op, ...]] | None = None
+                     ) -> list[tuple[str, tuple[Op, ...]]]:
+    """The op tuples of one stage's components in forward order: embedding, layers, MTP depths, output. `cache`
+    reuses the op list of an equal layer (layer_signature)."""
+    m, t, p = scenario.model, scenario.training, scenario.plan
+    memo = cache if cache is not None else {}
+    comps: list[tuple[str, tuple[Op, ...]]] = []
+    if slot.embedding:
+        comps.append(("embedding", embedding_ops(m, t, p)))
+    for i in slot.layers:
+        sig = layer_signature(scenario, i)
+        if sig not in memo:
+            memo[sig] = layer_ops(m, t, p, i)
+        comps.append((f"layer{i}", memo[sig]))
+    comps += [(f"mtp{d}", mtp_ops(m, t, p, d)) for d in range(slot.mtp_layers)]
+    if slot.loss:
+        comps.append(("output", output_ops(m, t, p)))
+    return comps
+
+
+def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
+    """Seconds per virtual stage (F, I, W, B for one microbatch) and per pipeline boundary for the scenario's plan
+    and schedule (`plan.schedule`; V schedules place stages in a V)."""
+    model, training, plan, cluster = scenario.model, scenario.training, scenario.plan, scenario.cluster
+    host_s = cluster.device.host_kernel_issue_s or 0.0
+    groups = op_placements(cluster, plan)
+    compute_memo: dict[Op, float] = {}
+    coll_memo: dict[tuple[str, int, str], float] = {}
+
+    def compute_s(op: Op) -> float:
+        if op not in compute_memo:
+            compute_memo[op] = cost_model.op_seconds(op)
+        return compute_memo[op]
+
+    def coll_s(op: Op) -> float:
+        key = (op.coll or "", op.coll_bytes, op.group or "")
+        if key not in coll_memo:
+            coll_memo[key] = cost_model.collective_seconds(op.coll or "all_reduce", op.coll_bytes, groups[op.group or
+                                                                                                          "dp"])
+        return coll_memo[key]
+
+    builder = ItemBuilder(plan, compute_s, coll_s)
+    fsdp = _FsdpSizes(scenario, cost_model)
+    prov: dict[str, float] = {}
+    out = []
+    layers: dict[tuple[bool, int], tuple[Op, ...]] = {}
+    priced: dict[tuple[object, ...], tuple[StagePrice, dict[str, float]]] = {}
+    for slot in split_stages(model, plan):
+        key = (slot.embedding, slot.loss, slot.mtp_layers, *(layer_signature(scenario, i) for i in slot.layers))
+        if key in priced:  # an equal stage elsewhere in the pipeline: same seconds
+            done, stage_prov = priced[key]
+            out.append(replace(done, stage=slot.stage, pp_rank=slot.pp_rank, chunk=slot.chunk,
+                               params=stage_params(model, plan, slot)))
+            for k, v in stage_prov.items():
+                prov[k] = prov.get(k, 0.0) + v
+            continue
+        comps = stage_components(scenario, slot, layers)
+        params = stage_params(model, plan, slot)
+        mine: dict[str, float] = {}
+        gathers, scatters = fsdp.unit_seconds(params, [name for name, _ in comps])
+        fwd_units, i_units, w_units, b_units = [], [], [], []
+        mflop = rflop = 0.0
+        for (_, ops), ag, rs in zip(comps, gathers, scatters, strict=True):
+            fwd = [o for o in ops if o.phase == "F" and not o.recompute]
+            rec = [o for o in ops if o.recompute]
+            bwd = mark_async(_with_grad_accumulation([o for o in ops if o.phase != "F"], training))
+            bag = ag if plan.sharding.reshard_after_forward else ()
+            fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=ag))
+            rec_e = tuple(Entry(o) for o in rec)
+            i_units.append(Unit(rec_e + tuple(e for e in bwd if e.op.phase == "I"), gather_s=bag))
+            w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W"), scatter_s=rs))
+            b_units.append(Unit(rec_e + bwd, gather_s=bag, scatter_s=rs))
+            mflop += sum(o.total_flop for o in ops if not o.recompute)
+            rflop += sum(o.total_flop * (2.0 if o.kind == "attention" and o.causal else 1.0) for o in rec)
+            for o in ops:
+                label = _label(cost_model, o)
+                mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
+        f = run_items(builder.items(fwd_units, False), host_s)
+        i = run_items(builder.items(i_units[::-1], True), host_s)
+        w = run_items(builder.items(w_units[::-1], True), host_s)
+        split = plan.schedule in SPLIT_BACKWARD
+        b = add_times((i, w)) if split else run_items(builder.items(b_units[::-1], True), host_s)
+        out.append(StagePrice(slot.stage, slot.pp_rank, slot.chunk, f, i, w, b, mflop, rflop, params))
+        priced[key] = (out[-1], mine)
+        for k, v in mine.items():
+            prov[k] = prov.get(k, 0.0) + v
+    p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out)
+    return PricedStages(plan.schedule, tuple(out), fwd_s, fwd_s, p2p_bytes, places, plan.schedule in SPLIT_BACKWARD,
+                        host_s, prov)
+
+
+def _label(cost_model: CostModel, op: Op) -> str:
+    try:
+        return cost_model.provenance(op)
+    except (KeyError, ValueError):
+        return "alpha-beta (analytic)"
+
+
+def _with_grad_accumulation(bwd: list[Op], training: TrainingSpec) -> list[Op]:
+    """Without gradient-accumulation fusion, each wgrad GEMM writes a gradient in the activation dtype that Megatron's
+    DDP hook adds into the main-gradient buffer: read the gradient and the buffer, write the buffer."""
+    if training.gradient_accumulation_fusion:
+        return bwd
+    act = DTYPE_BYTES[training.params_dtype]
+    main = DTYPE_BYTES[training.optimizer.main_grads_dtype]
+    out: list[Op] = []
+    for op in bwd:
+        out.append(op)
+        if op.phase == "W" and op.kind in GEMMS:
+            elems = op.m * op.n * (op.batch if op.kind == "grouped_gemm" else 1)
+            out.append(replace(op, name=f"{op.name}.main_grad_add", kind="memory_bound", flop=0.0,
+                               bytes_read=elems * (act + main), bytes_written=elems * main, m=0, n=0, k=0, batch=1,
+                               layout="", count=1))
+    return out
+
+
+class _FsdpSizes:
+    """Seconds of the FSDP all-gather and reduce-scatter of each unit (zero_stage 3), else nothing."""
+
+    def __init__(self, scenario: Scenario, cost_model: CostModel) -> None:
+        plan, training = scenario.plan, scenario.training
+        self.on = plan.sharding.zero_stage == 3
+        self.cost_model = cost_model
+        if self.on:
+            self.dense, _ = shard_placements(scenario.cluster, plan)
+            self.expert = expert_dp_placement(scenario.cluster, plan) if scenario.model.moe is not None else None
+        self.param_b = DTYPE_BYTES[training.params_dtype]
+        self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
+
+    def unit_seconds(self, params: StageParams, names: Sequence[str]
+                     ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+        if not self.on:
+            return [()] * len(names), [()] * len(names)
+        sizes = {name: (d, e) for name, d, e in params.components}
+        per = [sizes.pop(n, (0, 0)) for n in names]
+        if sizes and per:  # params without an op component of their own (an MTP stage's embedding)
+            d0, e0 = per[0]
+            per[0] = (d0 + sum(d for d, _ in sizes.values()), e0 + sum(e for _, e in sizes.values()))
+        gathers, scatters = [], []
+        for dense, expert in per:
+            g = [self._s("all_gather", dense * self.param_b, self.dense)]
+            r = [self._s("reduce_scatter", dense * self.grad_b, self.dense)]
+            if expert and self.expert is not None:
+                g.append(self._s("all_gather", expert * self.param_b, self.expert))
+                r.append(self._s("reduce_scatter", expert * self.grad_b, self.expert))
+            gathers.append(tuple(g))
+            scatters.append(tuple(r))
+        return gathers, scatters
+
+    def _s(self, kind: str, size: float, group: GroupPlacement) -> float:
+        return self.cost_model.collective_seconds(kind, size, group)  # type: ignore[arg-type]
+
+
+def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice]
+         ) -> tuple[int, tuple[float, ...], tuple[GroupPlacement, ...]]:
+    plan, training, model = scenario.plan, scenario.training, scenario.model
+    tokens = training.micro_batch_size * training.seq_length // plan.cp // (plan.tp if plan.sp_ else 1)
+    size = tokens * model.hidden_size * DTYPE_BYTES[training.params_dtype]
+    secs, places = [], []
+    for a, b in zip(stages, stages[1:], strict=False):
+        place = boundary_placement(scenario.cluster, plan, a.pp_rank, b.pp_rank)
+        places.append(place)
+        secs.append(cost_model.collective_seconds("send_recv", size, place) if place.n_ranks > 1 else 0.0)
+    return size, tuple(secs), tuple(places)

@@ -1,0 +1,216 @@
+"""`project`: the projected training step of a scenario (step time, tokens/s/GPU, MFU, breakdown, memory verdict),
+and `compare_schedules` over every schedule the plan's pp / vpp / microbatches admit.
+
+Flow: price the stages (pricing.py) -> build the schedule -> data-parallel tasks (dp.py) -> simulate (the event loop
+by default: compute and comm streams, transfers queued on the sender's NIC when any traffic crosses nodes, else on
+the rank pair) -> optimizer step (optimizer.py) and exposed parameter all-gather -> Projection (result.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from projection.cost.model import CostModel
+from projection.errors import ConfigError, PlanError, Problem
+from projection.memory.report import MemoryReport
+from projection.perf.costmodel import default_cost_model
+from projection.perf.dp import DPComm, dp_comm_tasks, param_gather_exposed_s
+from projection.perf.optimizer import optimizer_step_seconds
+from projection.perf.pricing import PricedStages, price_stages
+from projection.perf.result import BREAKDOWN_KEYS, COMM_GROUPS, Projection, category_key
+from projection.schedule.action import Schedule
+from projection.schedule.registry import SCHEDULE_NAMES, build_schedule
+from projection.sim.api import simulate
+from projection.sim.des import Links
+from projection.sim.result import SimResult
+from projection.specs.plan import ScheduleName
+from projection.specs.scenario import Scenario
+from projection.workload.model_flops import model_flops_per_step
+
+Engine = Literal["des", "dag"]
+_PEAK_FALLBACK = {"fp16": ("bf16",), "bf16": ("fp16",), "fp32": ("tf32", "bf16"), "fp8": ("bf16",)}
+
+
+def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
+    """The scenario with another pipeline schedule (same pp, vpp, microbatches)."""
+    if schedule not in SCHEDULE_NAMES:
+        raise ConfigError(Problem(f"unknown schedule {schedule!r}", key="plan.schedule",
+                                  fix=f"use one of {', '.join(SCHEDULE_NAMES)}"))
+    name: ScheduleName = schedule  # type: ignore[assignment]
+    return scenario.model_copy(update={"plan": scenario.plan.model_copy(update={"schedule": name})})
+
+
+def build_plan_schedule(scenario: Scenario) -> Schedule:
+    """The plan's schedule for its pp, vpp and microbatches per DP rank; ConfigError when it does not apply."""
+    p = scenario.plan
+    m = scenario.training.num_microbatches(p.dp_())
+    try:
+        return build_schedule(p.schedule, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size)
+    except ValueError as e:
+        raise ConfigError(Problem(str(e), key="plan.schedule", fix="pick a schedule that accepts this pp, vpp and "
+                                  f"number of microbatches ({m})")) from e
+
+
+def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule: str | None = None,
+            engine: Engine = "des") -> Projection:
+    """Project one training step of `scenario` (its plan's schedule, or `schedule`). cost_model: default
+    `default_cost_model(scenario)` (shipped calibration over the roofline). engine: "des" (event loop, shared
+    links) or "dag" (exact walk, p2p as latency)."""
+    sc = with_schedule(scenario, schedule) if schedule is not None else scenario
+    cm = cost_model if cost_model is not None else default_cost_model(sc)
+    sched = build_plan_schedule(sc)
+    priced = price_stages(sc, cm)
+    dp = dp_comm_tasks(sc, cm, sched, priced)
+    crosses = dp.crosses_nodes or any(p.n_nodes > 1 for p in priced.p2p_placements)
+    links: Links = "none" if engine == "dag" else ("nic" if crosses else "pair")
+    sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
+    opt = optimizer_step_seconds(sc, cm)
+    pg = param_gather_exposed_s(dp, priced, sched, sim)
+    tails = [o + g for o, g in zip(_per_schedule_rank(opt, sched), pg, strict=True)]
+    step = sim.step_time_s + max(tails, default=0.0)
+    notes: list[str] = []
+    memory = _memory(sc, notes)
+    return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes)
+
+
+def compare_schedules(scenario: Scenario, cost_model: CostModel | None = None, *,
+                      engine: Engine = "des") -> list[Projection]:
+    """A projection per schedule applicable to the plan's pp, vpp and microbatches (interleaved_1f1b only with
+    vpp > 1, where it differs from 1f1b), sorted by step time."""
+    out = [project(scenario, cost_model, schedule=name, engine=engine) for name in applicable_schedules(scenario)]
+    return sorted(out, key=lambda p: p.step_time_s)
+
+
+def applicable_schedules(scenario: Scenario) -> list[str]:
+    p = scenario.plan
+    m = scenario.training.num_microbatches(p.dp_())
+    names = []
+    for name in SCHEDULE_NAMES:
+        if name == "interleaved_1f1b" and p.vpp_ == 1:
+            continue
+        try:
+            build_schedule(name, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size)
+        except ValueError:
+            continue
+        names.append(name)
+    return names
+
+
+def _per_schedule_rank(values: Sequence[float], sched: Schedule) -> list[float]:
+    return [values[r] if r < len(values) else 0.0 for r in range(sched.n_ranks)]
+
+
+def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:
+    from projection.memory.estimate import estimate_memory
+
+    try:
+        return estimate_memory(sc)
+    except PlanError as e:
+        notes.append(f"memory not estimated: {e.problems[0].message}")
+        return None
+
+
+def _peak(sc: Scenario) -> tuple[str, float]:
+    peaks = {str(k): v for k, v in sc.cluster.device.peak_flop_per_s.items()}
+    want = "fp8" if sc.training.fp8 is not None else sc.training.params_dtype
+    for dtype in (want, *_PEAK_FALLBACK.get(want, ())):
+        if dtype in peaks:
+            return dtype, peaks[dtype]
+    dtype = next(iter(peaks))
+    return dtype, peaks[dtype]
+
+
+def _assemble(sc: Scenario, sched: Schedule, engine: str, priced: PricedStages, dp: DPComm, sim: SimResult,
+              step: float, tails: list[float], opt: Sequence[float], pg: Sequence[float],
+              memory: MemoryReport | None, notes: list[str]) -> Projection:
+    plan, training = sc.plan, sc.training
+    world = sc.world_size
+    m = training.num_microbatches(plan.dp_())
+    tokens = training.resolved_global_batch(plan.dp_()) * training.seq_length
+    mflops = model_flops_per_step(sc.model, training, plan)
+    hflops = mflops + sum(s.recompute_flop for s in priced.stages) * m * world / plan.pp
+    dtype, peak = _peak(sc)
+    busiest = max(range(sched.n_ranks), key=lambda r: (sim.busy_s[r], r))
+    breakdown, comm_total = _breakdown(priced, dp, sched, sim, busiest)
+    breakdown["optimizer"] = opt[busiest] if busiest < len(opt) else 0.0
+    breakdown["comm.dp"] += pg[busiest]
+    breakdown["bubble"] += max(tails, default=0.0) - tails[busiest]
+    path = tuple(str(a) for a in sim.critical_path) + (("optimizer",) if max(tails, default=0.0) > 0 else ())
+    total_prov = sum(priced.provenance.values()) or 1.0
+    prov = {k: v / total_prov for k, v in priced.provenance.items()}
+    return Projection(
+        scenario=sc, schedule=plan.schedule, engine=sim.engine, step_time_s=step,
+        tokens_per_s_per_gpu=tokens / step / world if step > 0 else 0.0,
+        model_flops_per_step=mflops, model_tflops_per_gpu=mflops / step / world / 1e12 if step > 0 else 0.0,
+        mfu=mflops / (step * world * peak) if step > 0 else 0.0, hardware_flops_per_step=hflops,
+        hardware_tflops_per_gpu=hflops / step / world / 1e12 if step > 0 else 0.0,
+        hfu=hflops / (step * world * peak) if step > 0 else 0.0, peak_flop_per_s=peak, peak_dtype=dtype,
+        world_size=world, n_microbatches=m, breakdown_s=breakdown, breakdown_rank=busiest, comm_total_s=comm_total,
+        critical_path=path, sim=sim, memory=memory, provenance=prov, optimizer_s=tuple(opt),
+        param_gather_exposed_s=tuple(pg), priced=priced, dp=dp, notes=tuple(notes))
+
+
+def _breakdown(priced: PricedStages, dp: DPComm, sched: Schedule, sim: SimResult,
+               rank: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-category seconds of `rank`'s simulated step (compute stream, exposed p2p and comm tasks, bubble) and
+    its full communication time per group."""
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    comm = dict.fromkeys(COMM_GROUPS, 0.0)
+    for a in sched.actions[rank]:
+        if a.kind not in ("F", "B", "I", "W"):
+            continue
+        t = priced.action_time(sched.model_stage(a.stage), a.kind)
+        for k, v in t.by_category.items():
+            key = category_key(k)
+            if key is not None:
+                out[key] += v
+        for k, v in t.comm_s.items():
+            if k in comm:
+                comm[k] += v
+    busy = sum(out.values())
+    assert abs(busy - sim.busy_s[rank]) <= 1e-6 * max(busy, 1e-3), (busy, sim.busy_s[rank])
+    compute: list[tuple[float, float]] = []
+    p2p: list[tuple[float, float]] = []
+    tasks: list[tuple[float, float]] = []
+    for e in sim.timeline[rank]:
+        (compute if e.stream == "compute" else p2p if e.stream == "p2p" else tasks).append((e.start_s, e.end_s))
+    pp_exposed = _uncovered(_union(p2p), compute)
+    all_exposed = _uncovered(_union(p2p + tasks), compute)
+    out["comm.pp"] = pp_exposed
+    out["comm.dp"] += max(0.0, all_exposed - pp_exposed)
+    out["bubble"] = max(0.0, sim.step_time_s - sim.busy_s[rank] - all_exposed)
+    comm["pp"] = sum(e - s for s, e in p2p)
+    comm["dp"] += dp.grad_s[rank] + dp.param_gather_s[rank]
+    return out, comm
+
+
+def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(iv):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _uncovered(iv: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """Length of the disjoint sorted intervals `iv` outside the union of `cover`."""
+    cov = _union(cover)
+    total = 0.0
+    j = 0
+    for s, e in iv:
+        while j < len(cov) and cov[j][1] <= s:
+            j += 1
+        t, k = s, j
+        while k < len(cov) and cov[k][0] < e:
+            if cov[k][0] > t:
+                total += cov[k][0] - t
+            t = max(t, cov[k][1])
+            k += 1
+        if e > t:
+            total += e - t
+    return total

@@ -1,0 +1,282 @@
+"""Performance projection core (projection/perf): pricing of stages, p2p and data-parallel communication, the
+optimizer step, the breakdown, weak scaling, and invariants with hypothesis."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from projection.cost.collectives import GroupPlacement, group_placement
+from projection.errors import PlanError
+from projection.perf import (
+    BREAKDOWN_KEYS,
+    compare_schedules,
+    default_cost_model,
+    dp_comm_tasks,
+    extrapolate,
+    optimizer_step_seconds,
+    price_stages,
+    project,
+)
+from projection.perf.action_time import blocking, launch, pipelined_exposed_s, run, run_items, wait
+from projection.perf.placement import grid_placement
+from projection.perf.pricing import SPLIT_BACKWARD, stage_components
+from projection.perf.project import build_plan_schedule
+from projection.perf.stage_params import stage_params
+from projection.schedule.registry import SCHEDULE_NAMES, build_schedule
+from projection.specs.hardware import ClusterSpec, load_device
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import Scenario
+from projection.specs.training import TrainingSpec
+from projection.workload.params import per_rank_params
+from projection.workload.stages import split_stages
+
+H100 = load_device("h100-sxm")
+QUIET = H100.model_copy(update={"host_kernel_issue_s": None})  # no framework overhead: seconds add up exactly
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def scenario(*, layers: int = 8, hidden: int = 1024, tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1,
+             sp: bool = False, nodes: int = 1, gpn: int = 8, mbs: int = 1, gbs: int = 64, seq: int = 1024,
+             zero: int = 0, overlap: dict[str, bool] | None = None, recompute: str = "none", schedule: str = "1f1b",
+             device: object = QUIET, moe: bool = False) -> Scenario:
+    model = ModelSpec(num_layers=layers, hidden_size=hidden, num_attention_heads=16, num_kv_heads=8,
+                      ffn_hidden_size=4 * hidden, vocab_size=32000, vocab_divisible_by=128, vocab_pad_with_tp=True,
+                      moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": hidden} if moe else None)
+    training = TrainingSpec(seq_length=seq, micro_batch_size=mbs, global_batch_size=gbs)
+    rec = {"granularity": recompute, **({"method": "uniform", "num_layers": 1} if recompute == "full" else {})}
+    dp = nodes * gpn // (tp * cp * pp)
+    plan = ParallelPlan(tp=tp, sp=sp, pp=pp, vpp=vpp, cp=cp, dp=dp, sharding={"zero_stage": zero}, recompute=rec,
+                        overlap=overlap or {}, schedule=schedule, ep=2 if moe else 1)
+    cluster = ClusterSpec(device=device, nodes=nodes, gpus_per_node=gpn)
+    return Scenario(model=model, training=training, plan=plan, cluster=cluster)
+
+
+# ---- pricing
+
+def test_uniform_dense_stage_f_is_the_sum_of_its_ops() -> None:
+    sc = scenario(tp=2, pp=4, layers=8)  # TP without SP: forward all-reduces are waited for on the compute stream
+    cm = default_cost_model(sc)
+    priced = price_stages(sc, cm)
+    for slot in split_stages(sc.model, sc.plan):
+        ops = [o for _, comp in stage_components(sc, slot) for o in comp if o.phase == "F" and not o.recompute]
+        assert priced.stages[slot.stage].f_s == pytest.approx(sum(cm.op_seconds(o) for o in ops), rel=1e-12)
+    middle = priced.stages[1:-1]
+    assert middle[0].f_s == middle[1].f_s and middle[0].b_s == middle[1].b_s
+    assert all(s.b_s == pytest.approx(s.i_s + s.w_s) or s.b_s <= s.i_s + s.w_s for s in priced.stages)
+
+
+def test_recompute_forward_is_added_to_the_backward() -> None:
+    base, full = scenario(pp=2), scenario(pp=2, recompute="full")
+    cm = default_cost_model(base)
+    p0, p1 = price_stages(base, cm), price_stages(full, cm)
+    for slot in split_stages(full.model, full.plan):
+        rec = [o for _, comp in stage_components(full, slot) for o in comp if o.recompute]
+        extra = sum(cm.op_seconds(o) for o in rec)
+        assert p1.stages[slot.stage].i_s - p0.stages[slot.stage].i_s == pytest.approx(extra, rel=1e-9)
+        assert p1.stages[slot.stage].f_s == p0.stages[slot.stage].f_s
+        assert p1.stages[slot.stage].b.by_category["recompute"] == pytest.approx(extra, rel=1e-9)
+
+
+def test_p2p_is_priced_on_the_tier_its_ranks_cross() -> None:
+    inter = scenario(tp=8, pp=2, nodes=2, gbs=8)  # pp stride 8 GPUs = one node: stages on different nodes
+    intra = scenario(tp=2, pp=2, nodes=1, gbs=8)
+    for sc, place in ((inter, GroupPlacement(2, 1, 2)), (intra, GroupPlacement(2, 2, 1))):
+        cm = default_cost_model(sc)
+        priced = price_stages(sc, cm)
+        assert priced.p2p_placements[0] == place
+        nbytes = 1 * 1024 * sc.model.hidden_size * 2
+        assert priced.p2p_bytes == nbytes
+        assert priced.p2p_fwd_s[0] == cm.collective_seconds("send_recv", nbytes, place)
+    assert price_stages(inter, default_cost_model(inter)).p2p_fwd_s[0] > \
+        price_stages(intra, default_cost_model(intra)).p2p_fwd_s[0]
+
+
+@pytest.mark.parametrize(("zero", "kind"), [(0, "all_reduce"), (1, "reduce_scatter")])
+def test_dp_task_sizes_are_the_gradient_bytes_per_rank(zero: int, kind: str) -> None:
+    sc = scenario(hidden=2048, layers=8, pp=2, vpp=2, schedule="interleaved_1f1b", zero=zero, gbs=32,
+                  overlap={"grad_reduce": True})
+    cm = default_cost_model(sc)
+    sched = build_plan_schedule(sc)
+    priced = price_stages(sc, cm)
+    dp = dp_comm_tasks(sc, cm, sched, priced)
+    for rp in per_rank_params(sc.model, sc.plan):
+        mine = [b for b in dp.grad_buckets if b.pp_rank == rp.pp_rank]
+        assert sum(b.size_bytes for b in mine) == rp.params * 4  # fp32 main gradients
+        assert {b.kind for b in mine} == {kind}
+    first = [b for b in dp.grad_buckets if b.pp_rank == 0 and b.stage == 0]
+    assert len(first) == math.ceil(priced.stages[0].params.dense / 40_000_000)  # bucketed: rank 0, chunk 0
+    assert all(len([b for b in dp.grad_buckets if b.stage == s]) == 1 for s in range(1, 4))  # one bucket per chunk
+    assert (len(dp.param_buckets) > 0) == (zero == 1)
+
+
+def test_dp_without_overlap_is_one_task_after_the_backward_and_fsdp_reduces_inside() -> None:
+    sc = scenario(pp=2, zero=1, gbs=16)
+    cm = default_cost_model(sc)
+    sched = build_plan_schedule(sc)
+    dp = dp_comm_tasks(sc, cm, sched, price_stages(sc, cm))
+    for r, acts in enumerate(sched.actions):
+        (task,) = [t for t in dp.tasks if t.rank == r]
+        assert task.after == acts[-1] and task.duration_s == pytest.approx(dp.grad_s[r])
+    fsdp = scenario(pp=1, zero=3, gbs=16)
+    priced = price_stages(fsdp, cm)
+    assert not dp_comm_tasks(fsdp, cm, build_plan_schedule(fsdp), priced).grad_buckets
+    assert priced.stages[0].f.comm_s["dp"] > 0.0 and priced.stages[0].b.comm_s["dp"] > 0.0
+
+
+def test_default_cost_model_sources() -> None:
+    from projection.cost.calibrated import CalibratedCostModel
+    from projection.cost.roofline import RooflineCostModel
+
+    assert isinstance(default_cost_model(scenario()), CalibratedCostModel)  # calibrations/h100-sxm.json
+    a100 = scenario(device=load_device("a100-80g"))
+    assert isinstance(default_cost_model(a100), RooflineCostModel)  # no shipped A100 calibration
+    from projection.perf.costmodel import shipped_calibration
+
+    path = shipped_calibration("mi300x")
+    assert path is not None
+    cm = default_cost_model(a100, calibration=path)
+    assert isinstance(cm, CalibratedCostModel) and cm.name == "mi300x.json"
+
+
+def test_stage_params_add_up_to_the_rank_params() -> None:
+    sc = scenario(layers=8, pp=4, tp=2, moe=True, gbs=16)
+    got: dict[int, int] = {}
+    for slot in split_stages(sc.model, sc.plan):
+        got[slot.pp_rank] = got.get(slot.pp_rank, 0) + stage_params(sc.model, sc.plan, slot).total
+    assert got == {r.pp_rank: r.params for r in per_rank_params(sc.model, sc.plan)}
+
+
+def test_split_backward_schedules_are_those_with_i_and_w_actions() -> None:
+    for name in SCHEDULE_NAMES:
+        vpp = 2 if name in ("zbv", "v_half", "v_min", "dualpipev", "interleaved_1f1b") else 1
+        kinds = {a.kind for acts in build_schedule(name, 4, 8, vpp).actions for a in acts}
+        assert (name in SPLIT_BACKWARD) == bool(kinds & {"I", "W"}), name
+
+
+def test_placements_equal_the_generic_rank_walk() -> None:
+    for sizes, gpn in [((2, 2, 1, 4, 2), 8), ((8, 1, 1, 2, 4), 8), ((1, 2, 2, 2, 2), 4), ((4, 1, 2, 1, 2), 2)]:
+        cluster = ClusterSpec(device=QUIET, nodes=math.prod(sizes) // gpn, gpus_per_node=gpn)
+        for axis in ("tp", "cp", "ep", "dp", "pp", "dp-cp", "tp-cp-dp-pp"):
+            assert grid_placement(cluster, sizes, axis) == group_placement(cluster, *sizes, axis), (sizes, axis)
+
+
+def test_optimizer_shards_with_the_distributed_optimizer() -> None:
+    plain, sharded = scenario(hidden=2048), scenario(hidden=2048, zero=1)
+    cm = default_cost_model(plain)
+    assert optimizer_step_seconds(sharded, cm)[0] < optimizer_step_seconds(plain, cm)[0]
+
+
+# ---- the action model
+
+def test_launch_bound_action_costs_the_host_issue_time() -> None:
+    tiny = run_items([run("memory_bound", 1e-6)] * 100, host_s=10e-6)
+    assert tiny.seconds == pytest.approx(100 * 10e-6 + 1e-6)
+    assert tiny.by_category["overhead"] == pytest.approx(100 * 10e-6 - 99 * 1e-6)
+    big = run_items([run("gemm", 1e-3)] * 10, host_s=10e-6)  # the host runs ahead of long kernels
+    assert big.seconds == pytest.approx(10e-6 + 10e-3)
+
+
+def test_overlap_in_an_action() -> None:
+    t = run_items([launch("tp", 2.0, 1), run("gemm", 3.0), wait(1), blocking("tp", 1.0), run("gemm", 1.0)])
+    assert t.seconds == 5.0 and t.by_category == {"gemm": 4.0, "tp": 1.0} and t.comm_s == {"tp": 3.0}
+    t = run_items([launch("ep", 5.0, 1), run("gemm", 3.0)])
+    assert t.seconds == 5.0 and t.by_category["ep"] == 2.0
+    assert pipelined_exposed_s(4.0, 8.0, 4) == 1.0 and pipelined_exposed_s(8.0, 4.0, 4) == 2.0 + 3.0
+
+
+def test_tp_comm_overlap_hides_tp_time() -> None:
+    off = project(scenario(tp=8, sp=True, gbs=8))
+    on = project(scenario(tp=8, sp=True, gbs=8, overlap={"tp_comm": True}))
+    assert on.breakdown_s["comm.tp"] < off.breakdown_s["comm.tp"]
+    assert on.comm_total_s["tp"] == pytest.approx(off.comm_total_s["tp"])
+    assert on.step_time_s < off.step_time_s
+
+
+# ---- projection
+
+def test_projection_numbers_and_breakdown() -> None:
+    sc = scenario(tp=2, pp=2, gbs=32, zero=1, overlap={"grad_reduce": True, "param_gather": True},
+                  device=H100)
+    p = project(sc)
+    assert set(p.breakdown_s) == set(BREAKDOWN_KEYS)
+    assert sum(p.breakdown_s.values()) == pytest.approx(p.step_time_s, rel=1e-9)
+    assert p.tokens_per_s_per_gpu == pytest.approx(32 * 1024 / p.step_time_s / 8)
+    assert p.mfu == pytest.approx(p.model_flops_per_step / (p.step_time_s * 8 * 989.4e12))
+    assert p.hfu == p.mfu  # no recompute
+    assert p.breakdown_s["overhead"] > 0.0 and p.memory is not None and p.memory.verdict == "fits"
+    d = json.loads(json.dumps(p.to_dict()))
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "world_size", "breakdown_s"):
+        assert key in d
+    assert "step time" in p.to_table()
+    full = project(scenario(tp=2, pp=2, gbs=32, recompute="full"))
+    assert full.hfu > full.mfu and full.breakdown_s["recompute"] > 0.0
+
+
+def test_engines_agree_without_shared_links() -> None:
+    sc = scenario(pp=4, gbs=16, zero=1, overlap={"grad_reduce": True})
+    a, b = project(sc, engine="dag"), project(sc, engine="des")
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=0.02)
+
+
+def test_compare_schedules_covers_the_applicable_ones() -> None:
+    sc = scenario(pp=4, gbs=16, layers=8)  # dp 2: 8 microbatches (DualPipe needs at least 2 pp)
+    got = compare_schedules(sc)
+    names = {p.schedule for p in got}
+    assert {"1f1b", "gpipe", "zb_h1", "zb_h2", "dualpipe"} <= names and "zbv" not in names
+    assert [p.step_time_s for p in got] == sorted(p.step_time_s for p in got)
+    v = {p.schedule for p in compare_schedules(scenario(pp=2, vpp=2, schedule="interleaved_1f1b", gbs=16))}
+    assert {"interleaved_1f1b", "zbv", "v_half", "v_min", "dualpipev"} <= v and "1f1b" not in v
+
+
+def test_extrapolate_is_weak_scaling_at_fixed_global_batch() -> None:
+    sc = scenario(tp=2, pp=2, gbs=32, nodes=1)
+    big = extrapolate(sc, 4)
+    assert big.plan.dp == 8 and big.world_size == 32 and big.training.global_batch_size == 32
+    assert big.training.num_microbatches(8) == 4 and sc.training.num_microbatches(2) == 16
+    with pytest.raises(PlanError):
+        extrapolate(sc, 64)  # dp 128 does not divide a global batch of 32
+    far = project(extrapolate(scenario(tp=8, gbs=64), 8))
+    assert far.dp.crosses_nodes
+
+
+# ---- invariants (hypothesis)
+
+grids = {"tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2]), "zero": st.sampled_from([0, 1, 3]),
+         "overlap": st.booleans(), "recompute": st.sampled_from(["none", "full"]), "mbs": st.sampled_from([1, 2]),
+         "sp": st.booleans(), "schedule": st.sampled_from(["1f1b", "zb_h1", "gpipe"])}
+
+
+def _random(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int, sp: bool, schedule: str,
+            nodes: int = 1) -> Scenario:
+    return scenario(tp=tp, pp=pp, zero=zero, recompute=recompute, mbs=mbs, gbs=64 * mbs, nodes=nodes, sp=sp,
+                    schedule=schedule, overlap={"grad_reduce": overlap, "param_gather": overlap, "tp_comm": overlap},
+                    hidden=512, layers=4, device=H100)
+
+
+@SETTINGS
+@given(**grids)
+def test_tokens_per_gpu_do_not_grow_with_dp(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int,
+                                            sp: bool, schedule: str) -> None:
+    sc = _random(tp, pp, zero, overlap, recompute, mbs, sp, schedule)
+    rates = [project(extrapolate(sc, n), engine="dag").tokens_per_s_per_gpu for n in (1, 2, 4)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(rates, rates[1:], strict=False)), rates
+
+
+@SETTINGS
+@given(**grids, nodes=st.sampled_from([1, 2]))
+def test_exposed_communication_is_bounded_and_step_covers_compute(tp: int, pp: int, zero: int, overlap: bool,
+                                                                 recompute: str, mbs: int, sp: bool, schedule: str,
+                                                                 nodes: int) -> None:
+    p = project(_random(tp, pp, zero, overlap, recompute, mbs, sp, schedule, nodes))
+    for g in ("tp", "cp", "ep", "pp", "dp"):
+        exposed = p.breakdown_s[f"comm.{g}"]
+        assert 0.0 <= exposed <= p.comm_total_s[g] * (1 + 1e-9) + 1e-12, (g, exposed, p.comm_total_s[g])
+    assert all(v >= 0.0 for v in p.breakdown_s.values())
+    assert p.step_time_s >= max(p.sim.busy_s) * (1 - 1e-12)
+    assert sum(p.breakdown_s.values()) == pytest.approx(p.step_time_s, rel=1e-9)
