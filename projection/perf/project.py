@@ -23,7 +23,7 @@ from projection.schedule.action import Schedule
 from projection.schedule.registry import SCHEDULE_NAMES, build_schedule
 from projection.sim.api import simulate
 from projection.sim.des import Links
-from projection.sim.result import SimResult
+from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.plan import ScheduleName
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
@@ -175,8 +175,8 @@ def _breakdown(priced: PricedStages, dp: DPComm, sched: Schedule, sim: SimResult
     tasks: list[tuple[float, float]] = []
     for e in sim.timeline[rank]:
         (compute if e.stream == "compute" else p2p if e.stream == "p2p" else tasks).append((e.start_s, e.end_s))
-    pp_exposed = _uncovered(_union(p2p), compute)
-    all_exposed = _uncovered(_union(p2p + tasks), compute)
+    pp_exposed = _uncovered(union_intervals(p2p), compute)
+    all_exposed = _uncovered(union_intervals(p2p + tasks), compute)
     out["comm.pp"] = pp_exposed
     out["comm.dp"] += max(0.0, all_exposed - pp_exposed)
     out["bubble"] = max(0.0, sim.step_time_s - sim.busy_s[rank] - all_exposed)
@@ -185,32 +185,6 @@ def _breakdown(priced: PricedStages, dp: DPComm, sched: Schedule, sim: SimResult
     return out, comm
 
 
-def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for s, e in sorted(iv):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
 def _uncovered(iv: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
     """Length of the disjoint sorted intervals `iv` outside the union of `cover`."""
-    cov = _union(cover)
-    total = 0.0
-    j = 0
-    for s, e in iv:
-        while j < len(cov) and cov[j][1] <= s:
-            j += 1
-        t, k = s, j
-        while k < len(cov) and cov[k][0] < e:
-            if cov[k][0] > t:
-                total += cov[k][0] - t
-            t = max(t, cov[k][1])
-            k += 1
-        if e > t:
-            total += e - t
-    return total
+    return uncovered_length(iv, union_intervals(cover))

@@ -140,23 +140,24 @@ def _dominates(a: State, b: State) -> bool:
 @lru_cache(maxsize=256)
 def inflight_matrices(s: Schedule) -> tuple[tuple[tuple[int, ...], np.ndarray], ...]:
     """Per rank: (its stages, counts[k, j] = live microbatches of stage j after the k-th compute action) as an int
-    array, so a weighted peak over the timeline is one matrix-vector product. Cached; do not modify the arrays."""
-    out = []
-    for r, rank_timeline in enumerate(inflight_timeline(s)):
-        stages = s.stages_of(r)
-        mat = np.array([[c.get(st, 0) for st in stages] for c in rank_timeline], dtype=np.int64).reshape(
-            len(rank_timeline), len(stages))
+    array, so a weighted peak over the timeline is one matrix-vector product. Cached; the arrays are read-only."""
+    out = timeline_matrices(inflight_timeline(s), [s.stages_of(r) for r in range(s.n_ranks)])
+    for _, mat in out:
         mat.setflags(write=False)
-        out.append((stages, mat))
-    return tuple(out)
+    return out
 
 
-def timeline_matrices(timeline: Sequence[Sequence[dict[int, int]]]) -> tuple[tuple[tuple[int, ...], np.ndarray], ...]:
-    """The same layout as inflight_matrices for a timeline given as dicts (e.g. a custom in-flight model)."""
+Matrices = tuple[tuple[tuple[int, ...], np.ndarray], ...]
+
+
+def timeline_matrices(timeline: Sequence[Sequence[dict[int, int]]],
+                      stages: Sequence[tuple[int, ...]] | None = None) -> Matrices:
+    """The layout of inflight_matrices for a timeline given as dicts (e.g. a custom in-flight model); `stages`
+    fixes each rank's column order (default: the stages seen, sorted)."""
     out = []
-    for rank_timeline in timeline:
-        stages = tuple(sorted({st for c in rank_timeline for st in c}))
-        mat = np.array([[c.get(st, 0) for st in stages] for c in rank_timeline], dtype=np.int64).reshape(
-            len(rank_timeline), len(stages))
-        out.append((stages, mat))
+    for r, rank_timeline in enumerate(timeline):
+        cols = stages[r] if stages is not None else tuple(sorted({st for c in rank_timeline for st in c}))
+        mat = np.array([[c.get(st, 0) for st in cols] for c in rank_timeline], dtype=np.int64).reshape(
+            len(rank_timeline), len(cols))
+        out.append((tuple(cols), mat))
     return tuple(out)

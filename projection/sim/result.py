@@ -139,7 +139,7 @@ class SimResult:
         out = []
         for r in range(self.n_ranks):
             busy = list(zip(run.start[cs.lo[r]:cs.hi[r]], run.end[cs.lo[r]:cs.hi[r]], strict=True))
-            out.append(_uncovered(_union(comm[r]), busy))
+            out.append(uncovered_length(union_intervals(comm[r]), busy))
         return tuple(out)
 
     @cached_property
@@ -223,7 +223,8 @@ def _comm_origin(comm: tuple[CommInterval, ...], i: int, end: list[float]) -> in
         i = prev[-1]
 
 
-def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union_intervals(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Merge intervals (start, end) into disjoint ones sorted by start; empty ones are dropped."""
     out: list[tuple[float, float]] = []
     for s, e in sorted(iv):
         if e <= s:
@@ -236,7 +237,7 @@ def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _uncovered(iv: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+def uncovered_length(iv: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
     """Length of the union `iv` not covered by `cover` (disjoint intervals sorted by start)."""
     total = 0.0
     j = 0
