@@ -98,7 +98,8 @@ def _dtype_class(dtype: str) -> str:
 class CalibratedCostModel:
     """Prices ops from a Calibration; `fallback` (a roofline model) prices what the tables do not cover, and its
     cluster placement and fabric price collectives. Without a fallback, out-of-range queries use the nearest
-    measured point (for devices without a DeviceSpec, e.g. a CPU)."""
+    measured point (for devices without a DeviceSpec, e.g. a CPU). `fabric` replaces the fallback's fabric as the
+    base the calibration's collective curves are fitted onto (a CPU calibration has no fallback to take it from)."""
 
     def __init__(self, calibration: Calibration, fallback: RooflineCostModel | None = None, *,
                  fabric: Fabric | None = None, groups: Mapping[str, GroupPlacement] | None = None,
@@ -106,7 +107,7 @@ class CalibratedCostModel:
         self.calibration, self.fallback, self.name = calibration, fallback, name
         self.groups: Mapping[str, GroupPlacement] = groups if groups is not None else (
             fallback.groups if fallback is not None else {})
-        self.fabric = fabric or self._fitted_fabric(fallback.fabric if fallback is not None else None)
+        self.fabric = self._fitted_fabric(fabric or (fallback.fabric if fallback is not None else None))
         self.gemm = self._gemm_tables()
         self.grouped = self._grouped_tables()
         self.attention = self._attention_tables()
