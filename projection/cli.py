@@ -52,10 +52,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 # Sub-commands implemented in their own modules: each has add_parser(subparsers) and run(args) -> int.
 _EXTRA = {"calibrate": "projection.cli_calibrate", "shapes": "projection.cli_shapes",
-          "schedule": "projection.cli_schedule"}
+          "schedule": "projection.cli_schedule", "performance": "projection.cli_performance"}
 _EXTRA_HELP = {"calibrate": "microbenchmarks, benchmark-log importers and collective fits",
                "shapes": "GEMM, attention and collective shapes of one training step",
-               "schedule": "build a pipeline schedule and simulate its timeline (what-ifs, traces, PNG)"}
+               "schedule": "build a pipeline schedule and simulate its timeline (what-ifs, traces, PNG)",
+               "performance": "step time, tokens/s/GPU, MFU and breakdown; weak scaling (--target-nodes, --scaling)"}
 
 
 def _extra(name: str) -> Any:
@@ -69,8 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     if args.command in _EXTRA:
         try:
-            if args.command == "shapes":
-                return int(_extra("shapes").run(args, env=dict(os.environ)))
+            if args.command in ("shapes", "performance"):
+                return int(_extra(args.command).run(args, env=dict(os.environ)))
             return int(_extra(args.command).run(args))
         except ProjectionError as e:
             print(f"error: {e.render()}", file=sys.stderr)

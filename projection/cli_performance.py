@@ -1,0 +1,210 @@
+"""`projection performance`: step time, tokens/s/GPU, model TFLOP/s/GPU and MFU of one training job, with the
+breakdown, the critical path and the memory verdict (projection/perf).
+
+    projection performance --config F [--target-nodes N | --nodes N] [--gpus-per-node G] [--hardware NAME]
+                           [--calibration FILE] [--schedule NAME|all] [--set KEY=VALUE ...] [--primus-root DIR]
+                           [--format table|json] [--trace out.json] [--scaling 1,2,4,...] [--png out.png]
+
+`--target-nodes N` weak-scales the job from the config's own node count to N nodes at a fixed global batch (data
+parallelism grows, microbatches per rank shrink; every collective is priced on its new placement). `--schedule all`
+compares every applicable pipeline schedule in one table. `--scaling 1,2,4` projects the job at each node count
+(weak scaling as `--target-nodes`) and prints one row per count; `--png` adds a plot of tokens/s/GPU and MFU against
+nodes. `--trace` writes the simulated step as a Chrome trace (Perfetto).
+
+Wiring (cli.py): `add_parser(subparsers)` adds the sub-command; `run(args, env)` prints and returns the exit code
+(2 with the message on stderr for a user error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from projection import api
+from projection.errors import ConfigError, Problem, ProjectionError
+
+if TYPE_CHECKING:
+    from projection.perf.result import Projection
+    from projection.specs.scenario import Scenario
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `performance` to the top-level sub-parsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "performance", help="step time, tokens/s/GPU, MFU, breakdown and critical path of one training step",
+        description="Project the step time of a training job: every op priced by the cost model (a calibration, "
+        "else the device roofline), every collective on its group's placement, overlap and the pipeline schedule "
+        "simulated. Model TFLOP/s follow Megatron-LM's model-FLOPs formula (recompute not counted); MFU = model "
+        "TFLOP/s / the device's dense peak.")
+    p.add_argument("--config", required=True, help="Primus YAML, Megatron args/script/MODEL_ARGS YAML, TorchTitan "
+                   "TOML, HF config.json or a native scenario YAML (format detected from the file)")
+    nodes = p.add_mutually_exclusive_group()
+    nodes.add_argument("--nodes", type=int, help="number of nodes (replaces the config's)")
+    nodes.add_argument("--target-nodes", type=int, metavar="N",
+                       help="weak-scale from the config's own nodes to N nodes at a fixed global batch")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the device's usual count)")
+    p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
+    p.add_argument("--calibration", metavar="FILE", help="a Calibration JSON (projection calibrate ...); default: "
+                   "the shipped calibration of the device, else the roofline")
+    p.add_argument("--schedule", metavar="NAME|all", help="pipeline schedule (default: the config's), or 'all' to "
+                   "compare every applicable schedule")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a value, in the config file's own key space (repeatable)")
+    p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--trace", metavar="OUT.json", help="write the simulated step as a Chrome trace (ui.perfetto.dev)")
+    p.add_argument("--scaling", metavar="1,2,4,...", help="project at each node count (weak scaling, fixed global "
+                   "batch) and print one row per count")
+    p.add_argument("--png", metavar="OUT.png", help="with --scaling: plot tokens/s/GPU and MFU against nodes "
+                   "(needs matplotlib)")
+    p.add_argument("--engine", choices=("des", "dag"), default="des",
+                   help="simulator: event loop with communication streams (default) or the exact dependency walk")
+    return p
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    """Project and print; 0 on success, 2 on a user error (message on stderr, no traceback)."""
+    try:
+        text = _run(args, env)
+    except ProjectionError as err:
+        print(f"error: {err.render()}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
+    from projection.perf import compare_schedules, default_cost_model, extrapolate, project, scaling_table
+
+    _check_args(args)
+    scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes,
+                        gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
+                        primus_root=getattr(args, "primus_root", None), env=env)
+    if args.target_nodes is not None:
+        scenario = extrapolate(scenario, args.target_nodes)
+    calibration = Path(args.calibration) if args.calibration else None
+    if calibration is not None and not calibration.is_file():
+        raise ConfigError(Problem("calibration file not found", file=str(calibration), key="--calibration",
+                                  fix="give a Calibration JSON written by `projection calibrate ...`"))
+    if args.scaling:
+        counts = _node_counts(args.scaling)
+        if calibration is None:  # the shipped default of each extrapolated scenario
+            rows = scaling_table(scenario, counts, engine=args.engine)
+        else:  # one cost model per node count: its collectives are priced on that count's placements
+            rows = []
+            for n in counts:
+                sc = extrapolate(scenario, n)
+                rows.append(project(sc, default_cost_model(sc, calibration=calibration), engine=args.engine))
+        written = []
+        if args.png:
+            from projection.report.scaling_plot import write_scaling_png
+
+            written.append(str(_write(lambda: write_scaling_png(rows, args.png, title=_title(scenario)), args.png)))
+        if args.trace:
+            written.append(str(_trace(rows[-1], args.trace)))
+        if args.format == "json":
+            return json.dumps({"scaling": [_scaling_row(p) for p in rows], "projections": [p.to_dict() for p in rows],
+                               "wrote": written}, indent=2)
+        return "\n".join([_scaling_table(rows, scenario), *[f"wrote {w}" for w in written]])
+    cost_model = default_cost_model(scenario, calibration=calibration)
+    if args.schedule == "all":
+        projs = compare_schedules(scenario, cost_model, engine=args.engine)
+        written = [str(_trace(min(projs, key=lambda p: p.step_time_s), args.trace))] if args.trace and projs else []
+        if args.format == "json":
+            return json.dumps({"schedules": [p.to_dict() for p in projs], "wrote": written}, indent=2)
+        return "\n".join([_schedules_table(projs, scenario), *[f"wrote {w}" for w in written]])
+    proj = project(scenario, cost_model, schedule=args.schedule, engine=args.engine)
+    written = [str(_trace(proj, args.trace))] if args.trace else []
+    if args.format == "json":
+        doc = proj.to_dict()
+        doc["wrote"] = written
+        return json.dumps(doc, indent=2)
+    return "\n".join([proj.to_table(), *[f"wrote {w}" for w in written]])
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    problems = []
+    for flag in ("nodes", "target_nodes", "gpus_per_node"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            problems.append(Problem(f"must be a positive integer (got {value})", key="--" + flag.replace("_", "-"),
+                                    fix="give a whole number of at least 1"))
+    if args.png and not args.scaling:
+        problems.append(Problem("--png plots a scaling table", key="--png", fix="add --scaling 1,2,4,... (or drop "
+                                "--png; `projection schedule --png` draws a timeline)"))
+    if args.scaling and args.schedule == "all":
+        problems.append(Problem("--scaling and --schedule all cannot be combined", key="--schedule",
+                                fix="compare schedules at one node count, or scale one schedule"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def _node_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        counts = []
+    if not counts or any(c < 1 for c in counts):
+        raise ConfigError(Problem(f"cannot read node counts {text!r}", key="--scaling",
+                                  fix="give positive integers separated by commas, e.g. 1,2,4,8"))
+    return sorted(set(counts))
+
+
+def _title(scenario: Scenario) -> str:
+    plan = scenario.plan
+    return (f"{scenario.model.name} on {scenario.cluster.device.name}: tp {plan.tp} pp {plan.pp} cp {plan.cp} "
+            f"ep {plan.ep}, global batch {scenario.training.resolved_global_batch(plan.dp_())}")
+
+
+def _write(fn: Callable[[], Path], path: str) -> Path:
+    try:
+        return Path(fn())
+    except OSError as e:
+        raise ConfigError(Problem(f"cannot write output: {e}", file=path, fix="choose a writable path")) from e
+
+
+def _trace(proj: Projection, path: str) -> Path:
+    from projection.report.trace import write_chrome_trace
+
+    return _write(lambda: write_chrome_trace(proj.sim, path), path)
+
+
+def _verdict(proj: Projection) -> str:
+    return proj.memory.verdict if proj.memory is not None else "-"
+
+
+def _scaling_row(proj: Projection) -> dict[str, Any]:
+    sc = proj.scenario
+    dp = sc.plan.dp_()
+    return {"nodes": sc.cluster.nodes, "world_size": proj.world_size, "dp": dp, "microbatches": proj.n_microbatches,
+            "step_time_s": proj.step_time_s, "tokens_per_s_per_gpu": proj.tokens_per_s_per_gpu,
+            "model_tflops_per_gpu": proj.model_tflops_per_gpu, "mfu": proj.mfu, "memory_verdict": _verdict(proj)}
+
+
+def _scaling_table(rows: Sequence[Projection], scenario: Scenario) -> str:
+    lines = [f"weak scaling at fixed global batch: {_title(scenario)}",
+             f"{'nodes':>6} {'world':>7} {'dp':>6} {'microbatches':>12} {'step s':>10} {'tokens/s/GPU':>13} "
+             f"{'TFLOP/s/GPU':>12} {'MFU':>7}  memory"]
+    for p in rows:
+        r = _scaling_row(p)
+        lines.append(f"{r['nodes']:>6d} {r['world_size']:>7d} {r['dp']:>6d} {r['microbatches']:>12d} "
+                     f"{r['step_time_s']:>10.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['model_tflops_per_gpu']:>12.1f} "
+                     f"{r['mfu']:>7.1%}  {r['memory_verdict']}")
+    return "\n".join(lines)
+
+
+def _schedules_table(projs: Sequence[Projection], scenario: Scenario) -> str:
+    lines = [f"schedules compared: {_title(scenario)}, {projs[0].n_microbatches if projs else 0} microbatches",
+             f"{'schedule':<18} {'vpp':>4} {'step s':>10} {'tokens/s/GPU':>13} {'TFLOP/s/GPU':>12} {'MFU':>7} "
+             f"{'bubble':>7}  memory"]
+    best = min((p.step_time_s for p in projs), default=0.0)
+    for p in projs:
+        mark = "  <- fastest" if p.step_time_s == best else ""
+        lines.append(f"{p.schedule:<18} {p.scenario.plan.vpp_:>4} {p.step_time_s:>10.4g} "
+                     f"{p.tokens_per_s_per_gpu:>13.1f} {p.model_tflops_per_gpu:>12.1f} {p.mfu:>7.1%} "
+                     f"{p.sim.bubble_ratio:>7.1%}  {_verdict(p)}{mark}")
+    return "\n".join(lines)

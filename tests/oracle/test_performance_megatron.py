@@ -1,0 +1,83 @@
+"""Measured on real GPUs: the projected step time against the `iteration-time` Megatron-LM's functional tests
+measured on DGX H100 (issue 6, "Must show": within 15 % median).
+
+Expected values: shared/fixtures/megatron/CASES.md, the median of TensorBoard `iteration-time` over steps >= 3 (interval
+time / iterations, on global rank world_size - 1); world sizes from the same table. Each case's model_config.yaml is
+loaded with `projection.api.load` on h100-sxm with the table's nodes x GPUs and projected with the shipped default
+calibration (`projection.perf.default_cost_model`). These are small models (a step of 0.05 - 1.9 s): launch and
+framework overheads matter, and are whatever the performance model says they are; nothing is fitted to these values.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from projection import api
+
+MEGATRON = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "megatron"
+MEDIAN_LIMIT = 0.15  # issue 6
+
+pytestmark = pytest.mark.skipif(not (MEGATRON / "CASES.md").is_file(),
+                                reason="shared/fixtures/megatron absent (user clone)")
+
+_ROW = re.compile(r"^\|\s*(?P<case>\S+)\s*\|\s*(?P<nodes>\d+)\s*x\s*(?P<gpus>\d+)\s*\|\s*(?P<mem>\d+)\s*\|"
+                  r"\s*(?P<time>[0-9.]+)\s*\|")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    iteration_s: float
+
+
+def cases() -> list[Case]:
+    if not (MEGATRON / "CASES.md").is_file():
+        return []
+    out = []
+    for line in (MEGATRON / "CASES.md").read_text(encoding="utf-8").splitlines():
+        m = _ROW.match(line)
+        if m:
+            out.append(Case(m["case"], int(m["nodes"]), int(m["gpus"]), float(m["time"])))
+    return out
+
+
+def test_cases_table_found() -> None:
+    found = cases()
+    assert len(found) >= 19 and all(c.iteration_s > 0 for c in found)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue-6 threshold not met (measured 2026-11-29): median |error| 73.8 % (limit 15 %), max 92.3 % over 19 "
+    "cases, every one projected too fast: gpt3_7b_tp1_pp4_memory_speed (32 x 4096) -15.4 %; the 18 small models "
+    "(12 layers x 512, one 15 x 1024 MoE; steps of 0.05 - 1.9 s) -62 .. -92 %. Not modelled and a likely part of "
+    "it: per-iteration work these runs add (--log-params-norm, --log-num-zeros-in-grad, memory and timers logged "
+    "to TensorBoard every step, --deterministic-mode, fine-grained activation offloading in the -92 % case)"))
+def test_step_time_matches_dgx_h100() -> None:
+    pytest.importorskip("projection.perf", reason="projection.perf not present")
+    from projection.perf import default_cost_model, project
+
+    rows = []
+    for c in cases():
+        sc = api.load(MEGATRON / c.name / "model_config.yaml", nodes=c.nodes, gpus_per_node=c.gpus_per_node,
+                      hardware="h100-sxm")
+        assert sc.world_size == c.nodes * c.gpus_per_node
+        proj = project(sc, default_cost_model(sc))
+        err = proj.step_time_s / c.iteration_s - 1.0
+        plan = sc.plan
+        layout = (f"tp{plan.tp} pp{plan.pp} cp{plan.cp} ep{plan.ep} dp{plan.dp_()} "
+                  f"mb{sc.training.num_microbatches(plan.dp_())}")
+        rows.append((c.name, layout, c.iteration_s, proj.step_time_s, err))
+    print(f"\n{'case':<86} {'layout':<30} {'measured s':>10} {'projected s':>11} {'error':>7}")
+    for name, layout, meas, projected, err in rows:
+        print(f"{name:<86} {layout:<30} {meas:>10.4f} {projected:>11.4f} {err:>+7.1%}")
+    errors = [abs(r[4]) for r in rows]
+    med, worst = statistics.median(errors), max(errors)
+    print(f"median |error| {med:.1%} (limit {MEDIAN_LIMIT:.0%}), max |error| {worst:.1%} over {len(rows)} cases")
+    assert med <= MEDIAN_LIMIT
