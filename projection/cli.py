@@ -10,19 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from projection import __version__, api
+from projection.cli_args import add_scenario_args
 from projection.errors import ProjectionError
 
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="Primus YAML, Megatron args/script/MODEL_ARGS YAML, TorchTitan "
-                   "TOML, HF config.json or a native scenario YAML (format detected from the file)")
-    p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
-    p.add_argument("--nodes", type=int, help="number of nodes")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the device's usual count)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a value, in the config file's own key space (repeatable)")
-    p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+_common = add_scenario_args
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from projection import api
+from projection.cli_args import add_scenario_args
 from projection.errors import ProjectionError
 from projection.workload.shapes import COLUMNS, step_shapes
 
@@ -28,14 +29,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "shapes", help="GEMM / attention / collective shapes of one step, per rank type (input of a calibration)",
         description="Kernel shapes one training step runs on each rank type, with counts per step. GEMMs use the "
         "BLAS convention of hipblaslt-bench (m, n, k, layout = transA transB).")
-    p.add_argument("--config", required=True, help="any supported config file (format detected from the file)")
-    p.add_argument("--hardware", help="device name from hardware_specs/ or a YAML path")
-    p.add_argument("--nodes", type=int, help="number of nodes")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the device's usual count)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a value, in the config file's own key space (repeatable)")
-    p.add_argument("--primus-root", help="a Primus checkout whose presets resolve the experiment")
-    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    add_scenario_args(p, formats=("csv", "json"))
     return p
 
 

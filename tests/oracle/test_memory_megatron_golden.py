@@ -21,15 +21,14 @@ model states + buffers + optimizer-step transients, to check the static terms se
 from __future__ import annotations
 
 import json
-import re
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from projection import api
 from projection.memory.report import RankMemory
+from tests.oracle.megatron_cases import Case, cases
 
 FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 MEGATRON = FIXTURES / "megatron"
@@ -40,30 +39,6 @@ WORST_LIMIT = 10.0  # %
 pytestmark = pytest.mark.skipif(not (MEGATRON / "CASES.md").is_file(),
                                 reason="shared/fixtures/megatron absent (user clone)")
 
-_ROW = re.compile(r"^\|\s*(?P<case>\S+)\s*\|\s*(?P<nodes>\d+)\s*x\s*(?P<gpus>\d+)\s*\|\s*(?P<mem>\d+)\s*\|"
-                  r"[^|]*\|[^|]*pp_rank (?P<pp_rank>\d+) of PP=(?P<pp>\d+)")
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    nodes: int
-    gpus_per_node: int
-    measured: int
-    pp_rank: int
-    pp: int
-
-
-def cases() -> list[Case]:
-    if not (MEGATRON / "CASES.md").is_file():
-        return []
-    out = []
-    for line in (MEGATRON / "CASES.md").read_text(encoding="utf-8").splitlines():
-        m = _ROW.match(line)
-        if m:
-            out.append(Case(m["case"], int(m["nodes"]), int(m["gpus"]), int(m["mem"]), int(m["pp_rank"]),
-                            int(m["pp"])))
-    return out
 
 
 def measured_after_step(case: str) -> float:

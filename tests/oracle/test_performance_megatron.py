@@ -10,14 +10,13 @@ framework overheads matter, and are whatever the performance model says they are
 
 from __future__ import annotations
 
-import re
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from projection import api
+from tests.oracle.megatron_cases import cases
 
 MEGATRON = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "megatron"
 MEDIAN_LIMIT = 0.15  # issue 6
@@ -25,27 +24,6 @@ MEDIAN_LIMIT = 0.15  # issue 6
 pytestmark = pytest.mark.skipif(not (MEGATRON / "CASES.md").is_file(),
                                 reason="shared/fixtures/megatron absent (user clone)")
 
-_ROW = re.compile(r"^\|\s*(?P<case>\S+)\s*\|\s*(?P<nodes>\d+)\s*x\s*(?P<gpus>\d+)\s*\|\s*(?P<mem>\d+)\s*\|"
-                  r"\s*(?P<time>[0-9.]+)\s*\|")
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    nodes: int
-    gpus_per_node: int
-    iteration_s: float
-
-
-def cases() -> list[Case]:
-    if not (MEGATRON / "CASES.md").is_file():
-        return []
-    out = []
-    for line in (MEGATRON / "CASES.md").read_text(encoding="utf-8").splitlines():
-        m = _ROW.match(line)
-        if m:
-            out.append(Case(m["case"], int(m["nodes"]), int(m["gpus"]), float(m["time"])))
-    return out
 
 
 def test_cases_table_found() -> None:
