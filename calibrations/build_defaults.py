@@ -46,21 +46,32 @@ FP8_GEMM = {
         (8192, 8192, 8192, 1159.23), (16384, 16384, 16384, 1015.1), (32768, 32768, 32768, 1029.14),
         (1024, 2145, 1024, 110.96), (6144, 12288, 12288, 1159.54), (802816, 192, 768, 605.34)]),
 }
+# A100: published on the same benchmark page family as the H100/H200 rows but not transcribed in hardware.md:
+# Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md @3bb66cacc256 (A100-SXM4-80GB, CUDA 12.5, cuBLASLt,
+# FP16, random init). Layout TN assumed as for the other cuBLASLt rows (A).
+A100_DOC = "Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md @3bb66cac (not in hardware.md)"
+FP16_GEMM = {
+    "a100-80g": [(1024, 1024, 1024, 119.4), (2048, 2048, 2048, 221.8), (4096, 4096, 4096, 228.0),
+                 (8192, 8192, 8192, 253.7), (16384, 16384, 16384, 256.5), (1024, 2145, 1024, 132.8),
+                 (6144, 12288, 12288, 250.8), (802816, 192, 768, 157.8)],
+}
 # Published rows left out of the shipped tables, predicted by the tests: (device, dtype, layout, m, n, k, TFLOP/s).
 HELD_OUT = {
     "h100-sxm": ("fp8", "TN", 16384, 16384, 16384, 1377.3),
     "h200": ("fp8", "TN", 8192, 8192, 8192, 1300.6),
     "mi300x": ("fp8", "TN", 6144, 12288, 12288, 1159.54),
     "mi355x": ("bf16", "TN", 5120, 32768, 2880, 1532.9),
+    "a100-80g": ("fp16", "TN", 6144, 12288, 12288, 250.8),
 }
 STATED_GEMM_ERROR = 0.10  # relative time error of the interpolation at a held-out published row
 # §4: stream copy / triad TB/s; BabelStream default arrays of 2^25 doubles (A): copy moves 2, triad 3 arrays.
 STREAM = {"h100-sxm": (2.90, 2.97, "Azure/AI-benchmarking-guide ND_H100_v5_results.md"),
           "h200": (4.01, 4.15, "Azure/AI-benchmarking-guide ND_H200_v5_results.md"),
-          "mi300x": (4.11, 4.09, "samuel-bohman/AI-benchmarking-guide ND_MI300X_v5_results.md")}
+          "mi300x": (4.11, 4.09, "samuel-bohman/AI-benchmarking-guide ND_MI300X_v5_results.md"),
+          "a100-80g": (1.61, 1.70, A100_DOC)}
 # §4: flash-attention benchmark_flash_attention.py at batch 2, seqlen 8192, dim 2048 (heads = 2048 / head dim),
 # fp16; the Azure scripts report its "fwd + bwd" TFLOP/s for causal=True (Benchmarks/*/FlashAttention.py).
-FLASH = {"h100-sxm": (327.9, 128), "h200": (329.3, 128), "mi300x": (328.6, 64)}
+FLASH = {"h100-sxm": (327.9, 128), "h200": (329.3, 128), "mi300x": (328.6, 64), "a100-80g": (179.5, 64)}
 # §2 busbw GB/s: (label, n_ranks, n_nodes, in_place, {size: busbw}, source)
 COLLECTIVES: dict[str, list[tuple[int, int, bool, dict[str, float], str]]] = {
     "h100-sxm": [(8, 1, True, {"1M": 43.70, "16M": 234.45, "134M": 400.61, "1G": 466.35, "8G": 478.87},
@@ -78,13 +89,20 @@ COLLECTIVES: dict[str, list[tuple[int, int, bool, dict[str, float], str]]] = {
     "mi325x": [(8 * n, n, False, {"16G": bw}, "hisohara/ai-scripts rccl-smoketest README (AAC11, bnxt_re RoCE, "
                 f"NCCL_ALGO=Ring), all_reduce {n} node(s)") for n, bw in ((1, 319.08), (2, 350.24), (4, 350.59),
                                                                          (8, 350.84))],
+    "a100-80g": [(8, 1, True, {"1M": 36.22, "16M": 109.22, "134M": 174.18, "1G": 228.10, "8G": 231.58},
+                  f"{A100_DOC}, NCCL 2.18.5 all_reduce in place")],
     "mi355x": [(16, 2, False, {"16M": 120.23, "128M": 241.57, "1G": 364.39, "8G": 369.04},
                 "hisohara/ai-scripts rccl-smoketest README (AAC14, Pollara 400 AINIC), all_reduce")],
 }
 DEVICE_NAMES = {"h100-sxm": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200", "mi300x": "AMD Instinct MI300X",
-                "mi325x": "AMD Instinct MI325X", "mi355x": "AMD Instinct MI355X"}
+                "mi325x": "AMD Instinct MI325X", "mi355x": "AMD Instinct MI355X", "a100-80g": "NVIDIA A100-SXM4-80GB"}
 TRACE_DIRS = {"h100-sxm": "traces/expected/h100/Qwen_Qwen1.5-0.5B-Chat__1016005",
               "mi300x": "traces/expected/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005"}
+
+
+def _doc(device: str, section: str) -> str:
+    """Where a device's published table is transcribed: hardware.md, or (A100) the benchmark page itself."""
+    return "" if device == "a100-80g" else f"{HW} {section}"
 
 
 def _held_out(device: str, dtype: str, layout: str, m: int, n: int, k: int) -> bool:
@@ -99,6 +117,10 @@ def gemm_rows(device: str, fixtures: Path) -> list[GemmRow]:
             if not _held_out(device, "fp8", "TN", m, n, k):
                 rows.append(GemmRow(m=m, n=n, k=k, dtype="fp8", layout="TN", time_s=2.0 * m * n * k / (tf * 1e12),
                                     flop_per_s=tf * 1e12, source=f"R: {HW} §3 {where} FP8 {m}x{n}x{k} {tf} TFLOP/s"))
+    for m, n, k, tf in FP16_GEMM.get(device, []):
+        if not _held_out(device, "fp16", "TN", m, n, k):
+            rows.append(GemmRow(m=m, n=n, k=k, dtype="fp16", layout="TN", time_s=2.0 * m * n * k / (tf * 1e12),
+                                flop_per_s=tf * 1e12, source=f"R: {A100_DOC}, cuBLASLt FP16 {m}x{n}x{k} {tf} TFLOP/s"))
     if device == "mi300x":
         rows.append(GemmRow(m=8192, n=8192, k=8192, dtype="bf16", layout="NN", time_s=2.0 * 8192**3 / 724e12,
                             flop_per_s=724e12, source=f"R: {HW} §3 AMD-AGI/Primus docs_deprecated/node-smoke.md, "
@@ -161,7 +183,8 @@ def attention_rows(device: str, fixtures: Path) -> list[AttentionRow]:
         heads = 2048 // hd
         fwd_flop = 4.0 * 2 * 8192**2 * 2048 / 2  # causal forward, flash-attention benchmark convention
         t_fwd = fwd_flop / (tf * 1e12)  # fwd + bwd = 3.5 x forward FLOP at one rate: forward 1 part, backward 2.5
-        note = (f"D: {HW} §4 Flash-Attention-2 {tf} TFLOP/s (batch 2, seq 8192, head dim {hd}); the Azure script "
+        note = (f"D: {_doc(device, '§4')} Flash-Attention-2 {tf} TFLOP/s (batch 2, seq 8192, head dim {hd}); "
+                "the Azure script "
                 "reports benchmark_flash_attention.py 'fwd + bwd' for causal=True, fp16, dim 2048; A: forward and "
                 "backward at the same rate, backward = 2.5 forward FLOPs")
         rows.append(AttentionRow(direction="fwd", batch=2, heads=heads, kv_heads=heads, head_dim=hd, seq_q=8192,
@@ -178,7 +201,8 @@ def memory_rows(device: str, fixtures: Path) -> list[MemoryBoundRow]:
         for op, tbs, arrays in (("stream_copy", copy, 2), ("stream_triad", triad, 3)):
             size = arrays * 8 * 2**25
             rows.append(MemoryBoundRow(op=op, size_bytes=size, time_s=size / (tbs * 1e12), dtype="fp64",
-                                       source=f"R: {HW} §4 {where} {op[7:]} {tbs} TB/s; A: BabelStream default "
+                                       source=f"R: {_doc(device, '§4')} {where} {op[7:]} {tbs} TB/s; "
+                                       "A: BabelStream default "
                                        "arrays of 2^25 doubles"))
     if device in TRACE_DIRS:
         for sheet in ("UnaryElementwise.csv", "BinaryElementwise.csv"):
@@ -199,7 +223,7 @@ def collective_rows(device: str) -> list[CollectiveRow]:
             t = bus_factor("all_reduce", n_ranks) * size / (busbw * 1e9)
             rows.append(CollectiveRow(kind="all_reduce", n_ranks=n_ranks, n_nodes=n_nodes, size_bytes=size, time_s=t,
                                       busbw_bytes_per_s=busbw * 1e9, in_place=in_place, device=DEVICE_NAMES[device],
-                                      source=f"R: {HW} §2 {where}, {label} busbw {busbw} GB/s"))
+                                      source=f"R: {_doc(device, '§2')} {where}, {label} busbw {busbw} GB/s"))
     return rows
 
 

@@ -18,12 +18,15 @@ from projection.workload.ops import Op
 
 REPO = Path(__file__).resolve().parents[2]
 HARDWARE_MD = REPO.parent / "shared/reference/hardware.md"
-DEVICES = ("h100-sxm", "h200", "mi300x", "mi325x", "mi355x")
+DEVICES = ("h100-sxm", "h200", "mi300x", "mi325x", "mi355x", "a100-80g")
 # §3 row labels -> device (the 6-node MI300X screen and the older-software MI355X rows are not shipped)
 ROW_DEVICE = {"H100 cuBLASLt": "h100-sxm", "H200 cuBLASLt": "h200", "MI300X hipBLASLt": "mi300x", "MI355X": "mi355x"}
 # Held-out published rows: device -> (dtype, layout, m, n, k, TFLOP/s), and the stated relative error
 HELD_OUT = {"h100-sxm": ("fp8", "TN", 16384, 16384, 16384, 1377.3), "h200": ("fp8", "TN", 8192, 8192, 8192, 1300.6),
-            "mi300x": ("fp8", "TN", 6144, 12288, 12288, 1159.54), "mi355x": ("bf16", "TN", 5120, 32768, 2880, 1532.9)}
+            "mi300x": ("fp8", "TN", 6144, 12288, 12288, 1159.54), "mi355x": ("bf16", "TN", 5120, 32768, 2880, 1532.9),
+            # Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md @3bb66cac, cuBLASLt FP16 (not in
+            # hardware.md)
+            "a100-80g": ("fp16", "TN", 6144, 12288, 12288, 250.8)}
 STATED_ERROR = 0.10
 
 
