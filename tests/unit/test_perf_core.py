@@ -134,13 +134,13 @@ def test_default_cost_model_sources() -> None:
     from projection.cost.roofline import RooflineCostModel
 
     assert isinstance(default_cost_model(scenario()), CalibratedCostModel)  # calibrations/h100-sxm.json
-    a100 = scenario(device=load_device("a100-80g"))
-    assert isinstance(default_cost_model(a100), RooflineCostModel)  # no shipped A100 calibration
+    b200 = scenario(device=load_device("b200"))
+    assert isinstance(default_cost_model(b200), RooflineCostModel)  # no shipped B200 calibration
     from projection.perf.costmodel import shipped_calibration
 
     path = shipped_calibration("mi300x")
     assert path is not None
-    cm = default_cost_model(a100, calibration=path)
+    cm = default_cost_model(b200, calibration=path)
     assert isinstance(cm, CalibratedCostModel) and cm.name == "mi300x.json"
 
 
