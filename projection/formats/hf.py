@@ -52,7 +52,7 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
 
     take("model.name", "_name_or_path", mt)
     layers = take("model.num_layers", "num_hidden_layers")
-    hidden = take("model.hidden_size", "hidden_size")
+    take("model.hidden_size", "hidden_size")
     heads = take("model.num_attention_heads", "num_attention_heads")
     take("model.ffn_hidden_size", "intermediate_size")
     take("model.vocab_size", "vocab_size")
@@ -84,7 +84,6 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
         out.append(("model.moe", moe, o(key)))
     if missing:
         raise ConfigError(missing)
-    del hidden
     return out
 
 

@@ -9,16 +9,8 @@ activation peak, plus the 2 MiB rounding slack of one block per saved tensor kin
 
 from __future__ import annotations
 
-from projection.specs.scenario import Scenario
-
 FRAGMENTATION_OF_ACTIVATIONS = 0.10
 BLOCK_ROUNDING_BYTES = 2 * 1024 * 1024
-
-
-def runtime_bytes(sc: Scenario) -> dict[str, int]:
-    """Allocations every rank makes besides model states, activations and the framework buffers of buffers.py: none
-    modelled (the CUDA context and NCCL's own buffers live outside the caching allocator)."""
-    return {}
 
 
 def reserved_bytes(allocated_peak: int, activation_bytes: int) -> int:

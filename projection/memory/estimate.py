@@ -47,7 +47,7 @@ from projection.memory.activations import (
     recomputed_layers,
     saved_layer_bytes,
 )
-from projection.memory.allocator import reserved_bytes, runtime_bytes
+from projection.memory.allocator import reserved_bytes
 from projection.memory.buffers import (
     Runtime,
     deferred_wgrad_bytes,
@@ -254,12 +254,6 @@ def working_moments(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None
     return loss, backward
 
 
-def working_set_bytes(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None = None) -> dict[str, float]:
-    """The larger of the two transient moments of working_moments (they do not overlap in time)."""
-    loss, backward = working_moments(sc, slots, rt)
-    return max(loss, backward, key=lambda d: sum(d.values()))
-
-
 def _loss_freed_in_backward(sc: Scenario, slots: Sequence[StageSlot], counts: dict[int, int],
                             rt: Runtime) -> dict[str, float]:
     """Saved loss tensors of the one microbatch whose backward is running on the loss stage: its loss backward ran
@@ -351,15 +345,14 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
             act_terms[k] = max(0.0, act_terms.get(k, 0.0) - v)
         states = model_state_bytes(sc.model, sc.training, sc.plan, rp)
         bufs = persistent_buffer_bytes(sc, rt, mine)
-        other = runtime_bytes(sc)
         step = optimizer_step_bytes(sc, rt, rp)
         base = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
-                "buffers": sum(bufs.values()), "other": sum(other.values())}
+                "buffers": sum(bufs.values()), "other": 0}
         fwd_bwd = {**base, "activations": round(sum(act_terms.values()) + sum(work.values()))}
         opt_step = {**base, "activations": 0, "other": base["other"] + sum(step.values())}
         by = fwd_bwd if sum(fwd_bwd.values()) >= sum(opt_step.values()) else opt_step
         terms = {**states.terms, **{k: round(v) for k, v in act_terms.items()},
-                 **{k: round(v) for k, v in work.items()}, **bufs, **other, **step}
+                 **{k: round(v) for k, v in work.items()}, **bufs, **step}
         peak = sum(by.values())
         ranks.append(RankMemory(pp_rank=r, bytes=by, terms=terms, peak_bytes=peak,
                                 reserved_bytes=reserved_bytes(peak, by["activations"]), cpu_bytes=states.cpu_optimizer,

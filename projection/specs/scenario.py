@@ -143,7 +143,7 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
         problems += _pydantic_problems(raw, "cluster", err)
     if problems:
         raise ConfigError(problems)
-    plan, dp_problems = resolve_dp(raw, specs["model"], specs["plan"], cluster.world_size)
+    plan, dp_problems = resolve_dp(raw, specs["plan"], cluster.world_size)
     problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
     if problems:
         raise PlanError(problems)

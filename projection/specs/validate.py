@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from projection.specs.scenario import RawScenario
 
 
-def resolve_dp(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
-               world: int) -> tuple[ParallelPlan, list[Problem]]:
+def resolve_dp(raw: RawScenario, plan: ParallelPlan, world: int) -> tuple[ParallelPlan, list[Problem]]:
     """Fill plan.dp from the world size (world = tp * cp * pp * dp), or check a given dp against it."""
     from projection.specs.scenario import origin_problem
 
