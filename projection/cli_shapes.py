@@ -26,7 +26,8 @@ from projection.workload.shapes import COLUMNS, step_shapes
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "shapes", help="GEMM / attention / collective shapes of one step, per rank type (input of a calibration)",
+        "shapes", help="GEMM / attention / memory-bound kernel / collective shapes of one step, per rank type "
+        "(input of a calibration)",
         description="Kernel shapes one training step runs on each rank type, with counts per step. GEMMs use the "
         "BLAS convention of hipblaslt-bench (m, n, k, layout = transA transB).")
     add_scenario_args(p, formats=("csv", "json"))
@@ -50,8 +51,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
                             "pp": plan.pp, "vpp": plan.vpp_, "dp": plan.dp_()},
                "microbatches_per_step": scenario.training.num_microbatches(plan.dp_()),
                "conventions": "GEMM m, n, k and layout in the BLAS (hipBLASLt) convention; attention m = seq_q, "
-                              "n = seq_kv, k = head dim, batch = sequences; collective size_bytes in the nccl-tests "
-                              "size convention; phase F forward, I input gradient, W weight gradient",
+                              "n = seq_kv, k = head dim, batch = sequences; memory_bound: op = kernel, m = rows, "
+                              "n = row length, size_bytes = bytes read + written; collective size_bytes in the "
+                              "nccl-tests size convention; phase F forward, I input gradient, W weight gradient",
                "rows": [r.to_dict() for r in rows]}
         print(json.dumps(doc, indent=2))
         return 0

@@ -3,7 +3,7 @@
     projection calibrate gemm [--config F] [--shape MxNxK[:LAYOUT[:DTYPE]] ...] [--device auto|cuda|cpu] [--out FILE]
     projection calibrate attention [--config F] [--shape BxHxKVxDxS[xSKV] ...] [--device ...] [--out FILE]
     projection calibrate collective [--config F] [--kinds all_reduce,...] [--sizes 1MiB,...] [--world-size N] ...
-    projection calibrate memory [--sizes 4096,1MiB,...] [--dtype bf16] [--device ...] [--out FILE]
+    projection calibrate memory [--config F] [--sizes 4096,1MiB,...] [--dtype bf16] [--device ...] [--out FILE]
 
 By default the shapes are those `projection shapes --config F` lists (largest FLOPs first, --max-shapes of them), else a
 small default sweep. Registered into the `calibrate` group through `register` (projection/cli_calibrate.py hooks).
@@ -20,7 +20,13 @@ from projection.calibrate.bench_attention import AttentionShape, bench_attention
 from projection.calibrate.bench_collective import SUPPORTED, bench_collectives
 from projection.calibrate.bench_common import Progress, pick_device, provenance
 from projection.calibrate.bench_gemm import GemmShape, bench_gemms
-from projection.calibrate.bench_memory import DEFAULT_CPU_SIZES, DEFAULT_GPU_SIZES, bench_memory
+from projection.calibrate.bench_memory import (
+    DEFAULT_CPU_SIZES,
+    DEFAULT_GPU_SIZES,
+    KernelShape,
+    bench_kernels,
+    bench_memory,
+)
 from projection.calibrate.calibration import Calibration, Layout
 from projection.calibrate.errors import CalibrationError
 from projection.errors import Problem
@@ -36,7 +42,8 @@ def register(calibrate_subparsers: Any) -> None:
             ("gemm", "time GEMMs and grouped GEMMs (BLAS m, n, k, layout) with PyTorch", _run_gemm),
             ("attention", "time scaled-dot-product attention forward and backward with PyTorch", _run_attention),
             ("collective", "time collectives over local processes with torch.distributed", _run_collective),
-            ("memory", "time a bandwidth-bound elementwise op over a range of sizes", _run_memory)):
+            ("memory", "time an elementwise add over a range of sizes, and the job's norms, activations, loss and "
+             "softmax at its shapes (with --config)", _run_memory)):
         p = calibrate_subparsers.add_parser(name, help=helptext, description=helptext)
         p.add_argument("--config", help="benchmark the shapes of this job (any supported config file)")
         p.add_argument("--hardware", help="device of the job's cluster (for --config)")
@@ -53,7 +60,8 @@ def register(calibrate_subparsers: Any) -> None:
             p.add_argument("--sizes", help="comma-separated sizes (collectives: nccl-tests convention; memory: bytes "
                            "read + written): 4096,1MiB,...")
         if name == "memory":
-            p.add_argument("--dtype", default="bf16", help="element type of the buffers")
+            p.add_argument("--dtype", help="element type of the buffers (default: bf16 for the add, the job's dtype "
+                           "for its kernels)")
         elif name == "collective":
             p.add_argument("--kinds", help=f"comma-separated, from {', '.join(SUPPORTED)}")
             p.add_argument("--world-size", type=int, help="processes (default 2 on the CPU, every visible GPU)")
@@ -187,9 +195,18 @@ def _sizes(args: argparse.Namespace) -> list[int]:
         raise CalibrationError(Problem(str(err), key="--sizes", fix="write sizes like 4096,1MiB,64MB")) from None
 
 
+def kernel_shapes(args: argparse.Namespace) -> list[KernelShape]:
+    """The job's named memory-bound kernels (`projection shapes` rows of kind memory_bound), largest first."""
+    rows = sorted((r for r in _config_rows(args) if r.kind == "memory_bound" and r.op), key=lambda r: -r.size_bytes)
+    return list(dict.fromkeys(KernelShape(r.op, r.m, r.n, args.dtype or r.dtype, r.size_bytes) for r in rows))
+
+
 def _run_memory(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     sizes = _sizes(args) or list(DEFAULT_CPU_SIZES if device.type == "cpu" else DEFAULT_GPU_SIZES)
-    rows = bench_memory(sizes, device, dtype=args.dtype, warmup=args.warmup, repeat=args.repeat,
-                        progress=_progress(args, len(sizes)))
+    kernels = kernel_shapes(args)
+    progress = _progress(args, len(sizes) + len(kernels))
+    rows = bench_memory(sizes, device, dtype=args.dtype or "bf16", warmup=args.warmup, repeat=args.repeat,
+                        progress=progress)
+    rows += bench_kernels(kernels, device, warmup=args.warmup, repeat=args.repeat, progress=progress)
     return _write(Calibration(provenance=(provenance(device, _command(args)),), memory_bound=rows), args)

@@ -11,7 +11,11 @@ Tables and their interpolation (every table is exact at its measured points):
   priced as one GEMM with the groups stacked along n (the token dimension).
 - Attention, per (direction, head dim, causal, 16-bit or fp8): log FLOP/s over (log batch*heads, log seq_q,
   log seq_kv), FLOPs counted as the ops count them (ops_attention.py).
-- Memory-bound: log time against log bytes, piecewise linear (monotone), median of rows of equal size.
+- Memory-bound: log time against log bytes, piecewise linear (monotone), median of rows of equal size. Rows of a
+  named kernel (`gelu`, `rmsnorm.bwd`, ...: ops_base.KERNEL_FNS, as `projection calibrate memory --config` measures
+  them) price the ops naming that kernel, per dtype where measured in it; outside their size range the nearest
+  row's bytes/s scales the time. Every other row (add, copy, stream, trace kernels) forms the generic curve that
+  prices the unnamed ops and named ones without rows.
 - Collectives: the alpha-beta fabric of projection/cost/collectives.py with curves fitted to the calibration's
   collective rows (projection.calibrate.fit), else the fallback's analytic fabric.
 "In range" means inside the bounding box of the table's points in every coordinate.
@@ -26,11 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from projection.calibrate.calibration import Calibration
+from projection.calibrate.calibration import Calibration, MemoryBoundRow
 from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, collective_time_s
 from projection.cost.model import collective_op_seconds
 from projection.cost.roofline import RooflineCostModel
 from projection.workload.ops import Op
+from projection.workload.ops_base import KERNEL_FNS
 
 OUT_OF_RANGE = "calibrated (out of range -> roofline)"
 CLAMPED = "calibrated (out of range -> nearest measured)"
@@ -86,6 +91,11 @@ class CurveTable:
     def __call__(self, size: float) -> float:
         return float(math.exp(np.interp(math.log(max(size, 1.0)), self.x, self.y)))
 
+    def scaled(self, size: float) -> float:
+        """Outside the range: the nearest end's time scaled by size (its bytes/s held constant)."""
+        end = 0 if math.log(max(size, 1.0)) < self.x[0] else -1
+        return float(math.exp(self.y[end]) * max(size, 1.0) / math.exp(self.x[end]))
+
 
 def _log2(*values: float) -> list[float]:
     return [math.log2(max(v, 1)) for v in values]
@@ -111,10 +121,11 @@ class CalibratedCostModel:
         self.gemm = self._gemm_tables()
         self.grouped = self._grouped_tables()
         self.attention = self._attention_tables()
-        rows = calibration.memory_bound
-        self.memory = CurveTable([r.size_bytes for r in rows if r.size_bytes > 0],
-                                 [r.time_s for r in rows if r.size_bytes > 0], "memory_bound") \
-            if any(r.size_bytes > 0 for r in rows) else None
+        rows = [r for r in calibration.memory_bound if r.size_bytes > 0]
+        generic = [r for r in rows if r.op.removesuffix(".bwd") not in KERNEL_FNS]
+        self.memory = CurveTable([r.size_bytes for r in generic], [r.time_s for r in generic], "memory_bound") \
+            if generic else None
+        self.kernels = self._kernel_tables([r for r in rows if r.op.removesuffix(".bwd") in KERNEL_FNS])
         self._cache: dict[Op, tuple[float, str]] = {}
 
     # ---- the CostModel interface
@@ -147,6 +158,11 @@ class CalibratedCostModel:
     def _lookup(self, op: Op) -> tuple[float, str]:
         if op.kind == "memory_bound":
             size = op.bytes_read + op.bytes_written
+            kernel = self.kernels.get((op.kernel, _dtype_class(op.dtype))) or self.kernels.get((op.kernel, "*"))
+            if kernel is not None:
+                label = f"calibrated: {self.name} memory_bound {op.kernel}"
+                return (kernel(size), label) if kernel.contains(size) else (kernel.scaled(size), f"{label} (scaled "
+                                                                                                  "by bytes)")
             if self.memory is None:
                 return self._outside(op, None)
             if self.memory.contains(size):
@@ -183,6 +199,15 @@ class CalibratedCostModel:
         if clamped is None:
             raise ValueError(f"no measured table for {op.kind} {op.dtype} ({op.name}) and no roofline fallback")
         return clamped(), CLAMPED
+
+    def _kernel_tables(self, rows: Sequence[MemoryBoundRow]) -> dict[tuple[str, str], CurveTable]:
+        """Curves per (kernel, dtype class) and per kernel over every dtype ("*")."""
+        groups: dict[tuple[str, str], list[MemoryBoundRow]] = defaultdict(list)
+        for r in rows:
+            groups[(r.op, _dtype_class(r.dtype or ""))].append(r)
+            groups[(r.op, "*")].append(r)
+        return {key: CurveTable([r.size_bytes for r in g], [r.time_s for r in g], f"memory_bound {key[0]}")
+                for key, g in groups.items()}
 
     @staticmethod
     def _attention_key(op: Op) -> tuple[str, int, bool, str]:

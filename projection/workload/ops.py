@@ -84,8 +84,8 @@ def mtp_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, depth:
                    (coll(f"{pre}.eh_proj.rs", "I", "reduce_scatter", t * h * d.act_bytes, "tp"),)) if d.tp > 1 \
         else Piece("mtp", (), ())
     head = [*_embedding_pieces(model, d, f"{pre}.embedding"),
-            pointwise(f"{pre}.enorm", d, d.tokens_sp * h, d.tokens_sp * h, "mtp"),
-            pointwise(f"{pre}.hnorm", d, d.tokens_sp * h, d.tokens_sp * h, "mtp"),
+            pointwise(f"{pre}.enorm", d, d.tokens_sp * h, d.tokens_sp * h, "mtp", fn=d.norm, width=h),
+            pointwise(f"{pre}.hnorm", d, d.tokens_sp * h, d.tokens_sp * h, "mtp", fn=d.norm, width=h),
             column_linear(f"{pre}.eh_proj", d, t, h // d.tp, 2 * h, dtype=d.act, tag="mtp"), gather]
     last = model.num_layers - 1
     layer = [_prefixed(p, pre) for p in _layer_pieces(model, d, last)]
@@ -136,17 +136,18 @@ def _embedding_pieces(model: ModelSpec, d: Dims, name: str) -> list[Piece]:
 
 def _output_pieces(model: ModelSpec, training: TrainingSpec, d: Dims, name: str) -> list[Piece]:
     """Megatron vocab_parallel_cross_entropy: fp32 upcast, max / exp / sum over the vocabulary shard and three small
-    all-reduces over TP (max, target logit, sum of exp); the fused loss kernel reads the logits once."""
+    all-reduces over TP (max, target logit, sum of exp); the fused loss kernel reads the logits once. The ops carry
+    the logits' dtype (the loss itself runs in fp32) and name the `cross_entropy` kernel over [tokens, vocab / tp]."""
     t, h, ab = d.tokens, d.h, d.act_bytes
-    e = t * (model.padded_vocab(d.tp) // d.tp)
-    if training.fused_loss:
-        loss_f, loss_b = mem(f"{name}.loss", "F", e * ab, 3 * t * 4, "fp32"), mem(f"{name}.loss.bwd", "I", e * ab,
-                                                                                e * ab, "fp32")
-    else:
-        loss_f, loss_b = mem(f"{name}.loss", "F", e * ab + 2 * e * 4, 2 * e * 4, "fp32"), \
-            mem(f"{name}.loss.bwd", "I", e * 4, e * ab, "fp32")
+    v = model.padded_vocab(d.tp) // d.tp
+    e = t * v
+    # (read, written) bytes of forward and backward
+    (f_r, f_w), (b_r, b_w) = ((e * ab, 3 * t * 4), (e * ab, e * ab)) if training.fused_loss else \
+        ((e * ab + 2 * e * 4, 2 * e * 4), (e * 4, e * ab))
+    loss_f = mem(f"{name}.loss", "F", f_r, f_w, d.act, fn="cross_entropy", rows=t, width=v)
+    loss_b = mem(f"{name}.loss.bwd", "I", b_r, b_w, d.act, fn="cross_entropy", rows=t, width=v)
     reduce = (coll(f"{name}.loss.ar", "F", "all_reduce", t * 4, "tp", count=3),) if d.tp > 1 else ()
-    return [pointwise(f"{name}.norm", d, d.tokens_sp * h, d.tokens_sp * h, "layernorm"),
+    return [pointwise(f"{name}.norm", d, d.tokens_sp * h, d.tokens_sp * h, "layernorm", fn=d.norm, width=h),
             column_linear(name, d, t, model.padded_vocab(d.tp) // d.tp, h, dtype=d.act, tag="output"),
             Piece("loss", (loss_f, *reduce), (loss_b,))]
 

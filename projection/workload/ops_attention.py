@@ -59,11 +59,12 @@ def _unfused(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str)
     scores = bh * sq * skv
     # BLAS shapes of the row-major products: S = Q K^T, O = P V; dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
     fwd = (gemm(f"{name}.qk", "F", skv, sq, d_qk, dt, ab, layout="TN", batch=bh),
-           mem(f"{name}.softmax", "F", scores * ab, scores * ab * (2 if d.dropout else 1), dt),
+           mem(f"{name}.softmax", "F", scores * ab, scores * ab * (2 if d.dropout else 1), dt, fn="softmax",
+               rows=bh * sq, width=skv),
            gemm(f"{name}.pv", "F", d_v, sq, skv, dt, ab, layout="NN", batch=bh))
     bwd = (gemm(f"{name}.pv.dgrad_p", "I", skv, sq, d_v, dt, ab, layout="TN", batch=bh),
            gemm(f"{name}.pv.dgrad_v", "I", d_v, skv, sq, dt, ab, layout="NT", batch=bh),
-           mem(f"{name}.softmax.bwd", "I", 2 * scores * ab, scores * ab, dt),
+           mem(f"{name}.softmax.bwd", "I", 2 * scores * ab, scores * ab, dt, fn="softmax", rows=bh * sq, width=skv),
            gemm(f"{name}.qk.dgrad_q", "I", d_qk, sq, skv, dt, ab, layout="NN", batch=bh),
            gemm(f"{name}.qk.dgrad_k", "I", d_qk, skv, sq, dt, ab, layout="NT", batch=bh))
     return join("core_attn", _cp_ring(d, kv_heads, d_qk, d_v), Piece("core_attn", fwd, bwd))
@@ -86,7 +87,8 @@ def gqa_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     if model.position_embedding == "rope":
         pieces.append(pointwise("attn.rope", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn"))
     if model.qk_norm:
-        pieces.append(pointwise("attn.qk_norm", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn"))
+        pieces.append(pointwise("attn.qk_norm", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn", fn=d.norm,
+                                width=hd))
     pieces += [core_attention(d, heads, kv, hd, hd), row_linear("attn.proj", d, t, h, heads * hd, tag="attn")]
     return pieces
 
@@ -104,14 +106,16 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     if mla.q_lora_rank:
         pieces.append(linear("attn.q_down", d, tl, mla.q_lora_rank, h, tag="attn"))
         if model.qk_norm:
-            pieces.append(pointwise("attn.q_norm", d, tl * mla.q_lora_rank, tl * mla.q_lora_rank, "attn"))
+            pieces.append(pointwise("attn.q_norm", d, tl * mla.q_lora_rank, tl * mla.q_lora_rank, "attn", fn=d.norm,
+                                    width=mla.q_lora_rank))
         pieces.append(column_linear("attn.q_up", d, t, heads * dq, mla.q_lora_rank, tag="mla_up_proj"))
     else:
         pieces.append(column_linear("attn.q_proj", d, t, heads * dq, h, tag="attn"))
     latent = mla.kv_lora_rank + rope
     pieces.append(linear("attn.kv_down", d, tl, latent, h, tag="attn"))
     if model.qk_norm:
-        pieces.append(pointwise("attn.kv_norm", d, tl * mla.kv_lora_rank, tl * mla.kv_lora_rank, "attn"))
+        pieces.append(pointwise("attn.kv_norm", d, tl * mla.kv_lora_rank, tl * mla.kv_lora_rank, "attn", fn=d.norm,
+                                width=mla.kv_lora_rank))
     pieces += [_latent_gather(d, latent), linear("attn.kv_up", d, t, heads * (mla.qk_head_dim + dv),
                                                  mla.kv_lora_rank, tag="mla_up_proj"),
                pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
@@ -133,6 +137,6 @@ def _latent_gather(d: Dims, width: int) -> Piece:
 
 def attention_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     """Input norm, self-attention and the residual add of one decoder layer."""
-    norm = pointwise("attn.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm")
+    norm = pointwise("attn.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm", fn=d.norm, width=d.h)
     body = mla_attention(model, d) if model.mla is not None else gqa_attention(model, d)
     return [norm, *body, residual("attn.residual", d)]

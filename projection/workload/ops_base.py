@@ -12,7 +12,11 @@ Conventions (stated once, used by every builder):
   of an all-gather, the input of a reduce-scatter, the buffer of an all-reduce, the send buffer of an all-to-all, and
   one message of a send/recv.
 - Memory-bound ops carry bytes only (flop = 0): their arithmetic is not counted, as neither Megatron's model-FLOPs
-  formula nor PyTorch's FlopCounterMode counts it.
+  formula nor PyTorch's FlopCounterMode counts it. Those that stand for one library kernel name it in `fn`
+  (`layernorm`, `rmsnorm`, an activation such as `gelu` or `silu_glu`, `cross_entropy`, `softmax`; the backward op
+  is the same `fn` in phase I) with its shape: m = rows, n = row length of the output (a gated activation reads
+  2n per row). A calibration can time that kernel at that shape (`projection calibrate memory --config`), which
+  matters where such kernels are not bandwidth-bound (transcendentals on a CPU); the rest are priced by bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from projection.specs.plan import ParallelPlan
 from projection.specs.training import DTYPE_BYTES, TrainingSpec
 
 OpKind = Literal["gemm", "grouped_gemm", "attention", "memory_bound", "collective"]
+_ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")  # ModelSpec.activation
+KERNEL_FNS = ("layernorm", "rmsnorm", "cross_entropy", "softmax", *_ACTIVATIONS, *(f"{a}_glu" for a in _ACTIVATIONS))
 Phase = Literal["F", "I", "W"]
 CollKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
 GroupAxis = Literal["tp", "cp", "ep", "etp", "dp", "pp"]
@@ -62,6 +68,12 @@ class Op:
     count: int = 1
     recompute: bool = False
     tag: str = ""
+    fn: str = ""
+
+    @property
+    def kernel(self) -> str:
+        """The calibration key of a named memory-bound kernel: `fn`, `fn.bwd` in backward; '' when unnamed."""
+        return "" if not self.fn else self.fn if self.phase == "F" else f"{self.fn}.bwd"
 
     @property
     def total_flop(self) -> float:
@@ -104,6 +116,8 @@ class Dims:
     fused_wgrad: bool
     flash: bool
     dropout: bool
+    norm: str = "rmsnorm"
+    act_fn: str = "silu"
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -115,7 +129,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 act=act, act_bytes=DTYPE_BYTES[act], gemm="fp8" if training.fp8 is not None else act,
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
-                flash=training.attention_backend != "unfused", dropout=training.dropout > 0)
+                flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
+                act_fn=f"{model.activation}_glu" if model.gated_mlp else model.activation)
 
 
 def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes: float, *, layout: str,
@@ -130,9 +145,10 @@ def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes:
 
 
 def mem(name: str, phase: Phase, read_bytes: float, written_bytes: float, dtype: str = "bf16", tag: str = "",
-        count: int = 1) -> Op:
+        count: int = 1, *, fn: str = "", rows: int = 0, width: int = 0) -> Op:
+    """A memory-bound op; `fn` names the kernel it stands for, of `rows` x `width` (module docstring)."""
     return Op(name, "memory_bound", phase, dtype=dtype, bytes_read=read_bytes, bytes_written=written_bytes,
-              tag=tag, count=count)
+              tag=tag, count=count, fn=fn, m=rows if fn else 0, n=width if fn else 0)
 
 
 def coll(name: str, phase: Phase, kind: CollKind, size_bytes: float, group: GroupAxis, count: int = 1,
@@ -174,12 +190,16 @@ def row_linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dtype:
     return join(tag, linear(name, d, tokens, n_out, k_in, dtype=dtype, tag=tag), tp_exit(name, d, n_out, tag))
 
 
-def pointwise(name: str, d: Dims, elems_in: float, elems_out: float, tag: str = "", extra_in: float = 0.0) -> Piece:
+def pointwise(name: str, d: Dims, elems_in: float, elems_out: float, tag: str = "", extra_in: float = 0.0, *,
+              fn: str = "", width: int = 0) -> Piece:
     """An elementwise/normalisation op over activations: F reads its inputs and writes its output; I reads the
-    saved input and the output gradient and writes the input gradient (bytes in the activation dtype)."""
+    saved input and the output gradient and writes the input gradient (bytes in the activation dtype). `fn` names
+    the kernel, whose output rows are `width` long."""
     ab = d.act_bytes
-    fwd = mem(name, "F", (elems_in + extra_in) * ab, elems_out * ab, d.act, tag)
-    bwd = mem(f"{name}.bwd", "I", (elems_in + elems_out + extra_in) * ab, elems_in * ab, d.act, tag)
+    rows = int(elems_out // width) if fn and width else 0
+    fwd = mem(name, "F", (elems_in + extra_in) * ab, elems_out * ab, d.act, tag, fn=fn, rows=rows, width=width)
+    bwd = mem(f"{name}.bwd", "I", (elems_in + elems_out + extra_in) * ab, elems_in * ab, d.act, tag, fn=fn,
+              rows=rows, width=width)
     return Piece(tag, (fwd,), (bwd,))
 
 

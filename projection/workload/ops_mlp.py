@@ -37,7 +37,7 @@ def dense_mlp(model: ModelSpec, d: Dims, ffn: int, name: str = "mlp", tag: str =
     branches = 2 if model.gated_mlp else 1
     f, t, h = ffn // d.tp, d.tokens, d.h
     return join(tag, column_linear(f"{name}.fc1", d, t, branches * f, h, tag=tag),
-                pointwise(f"{name}.act", d, t * branches * f, t * f, tag),
+                pointwise(f"{name}.act", d, t * branches * f, t * f, tag, fn=d.act_fn, width=f),
                 row_linear(f"{name}.fc2", d, t, h, f, tag=tag))
 
 
@@ -84,7 +84,7 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
                     (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),
               _exchange("moe.dispatch", d, routed * h * ab, rows * h * ab),
               grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
-              pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act"),
+              pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act", fn=d.act_fn, width=fe),
               grouped_linear("moe.fc2", d, local, rows, h, fe, "moe"),
               _exchange("moe.combine", d, routed * h * ab, rows * h * ab, combine=True),
               Piece("moe", (mem("moe.unpermute", "F", routed * (h * ab + 4), tl * h * ab, d.act, "moe"),),
@@ -111,6 +111,6 @@ def _exchange(name: str, d: Dims, a2a_bytes: float, etp_bytes: float, combine: b
 
 def ffn_pieces(model: ModelSpec, d: Dims, layer_index: int) -> list[Piece]:
     """Pre-MLP norm, the dense MLP or MoE block of decoder layer `layer_index`, and the residual add."""
-    norm = pointwise("mlp.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm")
+    norm = pointwise("mlp.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm", fn=d.norm, width=d.h)
     body = moe_pieces(model, d) if model.is_moe_layer(layer_index) else [dense_mlp(model, d, model.ffn_hidden_size)]
     return [norm, *body, residual("mlp.residual", d)]

@@ -1,7 +1,8 @@
 """The kernel shapes one training step runs, per rank type: GEMMs (BLAS m, n, k, dtype, layout), grouped GEMMs,
-attention calls and collectives, each with its count per step. What a tuning or calibration run needs (the role of
-Primus's hipBLASLt shape dump); `projection shapes` prints it and `projection calibrate gemm|attention|collective`
-benchmarks it.
+attention calls, named memory-bound kernels (norms, activations, cross-entropy, softmax: `op`, m = rows, n = row
+length, size = bytes read + written; ops_base.py) and collectives, each with its count per step. What a tuning or
+calibration run needs (the role of Primus's hipBLASLt shape dump); `projection shapes` prints it and `projection
+calibrate gemm|attention|memory|collective` benchmarks it.
 
 Rank types: pipeline ranks hold different layers (embedding, loss, MoE pattern), so rows are per pp rank; ranks whose
 rows are identical are merged ("pp1-2"). Counts per step = invocations per microbatch x microbatches per step
@@ -23,9 +24,9 @@ from projection.workload.ops import Op, stage_ops
 from projection.workload.params import per_rank_params
 from projection.workload.stages import split_stages
 
-SHAPE_KINDS = ("gemm", "grouped_gemm", "attention", "collective")
+SHAPE_KINDS = ("gemm", "grouped_gemm", "attention", "memory_bound", "collective")
 COLUMNS = ("rank_type", "kind", "phase", "recompute", "dtype", "layout", "m", "n", "k", "batch", "heads", "kv_heads",
-           "head_dim_v", "causal", "collective", "group", "size_bytes", "count_per_step", "flop_per_step")
+           "head_dim_v", "causal", "collective", "group", "size_bytes", "op", "count_per_step", "flop_per_step")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ShapeRow:
     collective: str
     group: str
     size_bytes: int
+    op: str
     count_per_step: int
     flop_per_step: float
 
@@ -59,9 +61,12 @@ class ShapeRow:
 def _key(op: Op) -> tuple[Any, ...]:
     if op.kind == "collective":
         return (op.kind, op.phase, op.recompute, "", "", 0, 0, 0, 1, 0, 0, 0, False, op.coll or "", op.group or "",
-                op.coll_bytes)
+                op.coll_bytes, "")
+    if op.kind == "memory_bound":
+        return (op.kind, op.phase, op.recompute, op.dtype, "", op.m, op.n, 0, 1, 0, 0, 0, False, "", "",
+                int(op.bytes_read + op.bytes_written), op.kernel)
     return (op.kind, op.phase, op.recompute, op.dtype, op.layout, op.m, op.n, op.k, op.batch, op.heads, op.kv_heads,
-            op.head_dim_v, op.causal, "", "", 0)
+            op.head_dim_v, op.causal, "", "", 0, "")
 
 
 def step_shapes(scenario: Scenario) -> tuple[ShapeRow, ...]:
@@ -76,7 +81,7 @@ def step_shapes(scenario: Scenario) -> tuple[ShapeRow, ...]:
         flop: dict[tuple[Any, ...], float] = {}
         for slot in (s for s in slots if s.pp_rank == rank):
             for op in stage_ops(model, training, plan, slot):
-                if op.kind in SHAPE_KINDS:
+                if op.kind in SHAPE_KINDS and (op.kind != "memory_bound" or op.fn):
                     key = _key(op)
                     counts[key] += op.count * n_micro
                     flop[key] = flop.get(key, 0.0) + op.total_flop * n_micro
@@ -111,7 +116,7 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
         last = plan.pp * plan.vpp_ - 1
         for phase, sends in (("F", sum(s.stage < last for s in slots)), ("I", sum(s.stage > 0 for s in slots))):
             if sends:
-                out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, "send_recv", "pp", size)] += \
+                out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, "send_recv", "pp", size, "")] += \
                     sends * n_micro
     rp = per_rank_params(model, plan)[pp_rank]
     experts = rp.by_component.get("experts", 0)
@@ -126,5 +131,5 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
         if zero == 3:
             rows.append(("F", "all_gather", params * act, 1 + int(plan.sharding.reshard_after_forward)))
         for phase, kind, size, count in rows:
-            out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, kind, group, int(size))] += count
+            out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, kind, group, int(size), "")] += count
     return out

@@ -12,16 +12,25 @@ all-reduced over the data-parallel group after the backward, its norm is taken a
 norm), then the optimizer steps. One torch thread per process (`torch.set_num_threads(1)`, the calibrations too):
 the 2 processes use 2 cores.
 
+With 2 processes, each round's compute calibration runs as 2 concurrent `projection calibrate` processes (one
+core each, both files merged): the job's ranks share this machine's caches, memory bandwidth and clocks, so the
+speed a "device" reaches is the one it has while its neighbour works too.
+
 The "device". The scenario's hardware is a device YAML written into tmp_path for this CPU, every number from the
 calibrations of this test (peak fp32 FLOP/s = the fastest GEMM measured, memory bandwidth = the fastest memory-bound
 row, link = the gloo all-reduce rows; host issue = a measured empty-op dispatch) or from the OS (memory size), each
 with its source; fields that mean nothing for one CPU (NIC, link kind) are tagged A.
 
-Measurement. Medians over measured steps after a warm-up step (each step: barrier, then wall time to the end of the
-optimizer step, the slowest rank). Other processes on a shared machine steal cores from the 2 workers; the CPU time
-used by other processes during each measurement is computed from /proc/stat and printed; a measurement during which
-they used more than a quarter of a core is repeated (twice at most), and if the machine stays that busy the test is
-skipped with the numbers, since it would no longer measure this machine's speed.
+Measurement. A shared virtual machine's speed drifts by 10-20 % over tens of seconds (seen here: the same step
+0.69 s one minute, 0.94 s a few minutes later), so calibrating once and then measuring compares two different
+machines. The test alternates instead: ROUNDS rounds of [the `projection calibrate` runs, then the training with
+STEPS_PER_ROUND measured steps after a warm-up step]; the rounds' calibrations are merged by `projection calibrate
+import` (repeated shapes: their mean), and the measured step is the median over every round's steps (each step:
+barrier, then wall time to the end of the optimizer step, the slowest rank). Other processes on a shared machine
+steal cores from the workers; the CPU time used by other processes during each round is computed from /proc/stat
+and printed; a round during which they used more than a quarter of a core beyond the cores it leaves free is
+repeated (twice at most), and if the machine stays that busy the test is skipped with the numbers, since it would no
+longer measure this machine's speed.
 """
 
 from __future__ import annotations
@@ -31,8 +40,10 @@ import os
 import resource
 import socket
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +61,7 @@ pytestmark = pytest.mark.slow
 T = TypeVar("T")
 
 H, HEADS, FFN, LAYERS, VOCAB, SEQ, MBS = 512, 8, 2048, 2, 4096, 512, 2
-WARMUP_STEPS, STEPS = 1, 5
+WARMUP_STEPS, STEPS_PER_ROUND, ROUNDS = 1, 2, 4
 SINGLE_LIMIT, DP_LIMIT = 0.15, 0.20  # issue 6
 BUSY_LIMIT_CORES = 0.25
 ATTEMPTS = 2
@@ -121,7 +132,7 @@ class GPT(nn.Module):
 
 
 def _train(rank: int, world: int, port: int, out: str) -> None:
-    """One data-parallel rank: WARMUP_STEPS + STEPS steps; rank 0 writes the per-step max over ranks."""
+    """One data-parallel rank: WARMUP_STEPS + STEPS_PER_ROUND steps; rank 0 writes the per-step max over ranks."""
     torch.set_num_threads(1)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -139,7 +150,7 @@ def _train(rank: int, world: int, port: int, out: str) -> None:
     ids = torch.randint(0, VOCAB, (MBS, SEQ), generator=gen)
     targets = torch.randint(0, VOCAB, (MBS, SEQ), generator=gen)
     times = []
-    for _ in range(WARMUP_STEPS + STEPS):
+    for _ in range(WARMUP_STEPS + STEPS_PER_ROUND):
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
@@ -323,6 +334,16 @@ def host_issue_s() -> float:
     return statistics.median(samples)
 
 
+def concurrent(runs: list[list[list[str]]]) -> None:
+    """Each element of `runs` (a list of `projection calibrate` argument lists) in a process of its own, all at
+    once, with one torch thread each."""
+    script = "import sys, json, torch; torch.set_num_threads(1); from projection import cli; " \
+             "sys.exit(max(cli.main(['calibrate', *a]) for a in json.loads(sys.argv[1])))"
+    procs = [subprocess.Popen([sys.executable, "-c", script, json.dumps(argvs)]) for argvs in runs]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0] * len(runs), codes
+
+
 class one_thread:  # noqa: N801 - a context manager, used like a function
     """torch.set_num_threads(1) inside the block (the calibrations run in this process)."""
 
@@ -335,98 +356,115 @@ class one_thread:  # noqa: N801 - a context manager, used like a function
 
 
 class Machine:
-    """Calibrations of this machine and the device YAML built from them: compute and memory when built (1 core),
-    collectives when the 2-process test asks (2 cores)."""
+    """This machine's calibrations and the device YAML built from them. `calibrate_round` runs one round of
+    `projection calibrate` (compute on 1 core; with world 2 also the gloo all-reduce on 2 processes) into files of
+    its own; `project` merges the given rounds' files and projects the job from them."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.shapes = write_config(tmp / "shapes.yaml", 2, "mi300x")  # any device: the shapes do not depend on it
-        t0 = time.perf_counter()
         with one_thread():
             self.host_issue_s = host_issue_s()
-            common = ("--device", "cpu", "--quiet", "--warmup", "2")
-            calibrate("gemm", "--config", str(self.shapes), "--dtype", "fp32", "--repeat", "7",
-                      "--out", str(tmp / "gemm.json"), *common)
-            calibrate("attention", "--config", str(self.shapes), "--dtype", "fp32", "--repeat", "7",
-                      "--out", str(tmp / "attention.json"), *common)
-            sizes = ",".join(str(4**k) for k in range(6, 16))  # 4 KiB .. 1 GiB read + written
-            calibrate("memory", "--sizes", sizes, "--dtype", "fp32", "--repeat", "5",
-                      "--out", str(tmp / "memory.json"), *common)
-        self.compute_s = time.perf_counter() - t0
-        self.parts = ["gemm", "attention", "memory"]
-        self.cal_path, self.hardware = self._write("compute")
+        self.grad_bytes = dp_grad_bytes(self.shapes)
 
-    def _write(self, name: str) -> tuple[Path, Path]:
-        cal_path = self.tmp / f"cpu-{name}.json"
-        calibrate("import", *(str(self.tmp / f"{n}.json") for n in self.parts), "--out", str(cal_path))
-        hardware = self.tmp / f"cpu-test-{name}.yaml"
-        hardware.write_text(device_yaml(load_calibration(cal_path), self.host_issue_s), encoding="utf-8")
-        return cal_path, hardware
+    def compute_argv(self, tag: str) -> list[list[str]]:
+        """The `projection calibrate` runs of the compute calibration (1 core), writing files tagged `tag`."""
+        common = ["--device", "cpu", "--quiet", "--warmup", "1", "--repeat", "3", "--dtype", "fp32"]
+        sizes = ",".join(str(4**k) for k in range(6, 15))  # 4 KiB .. 256 MiB read + written
+        config = ["--config", str(self.shapes)]
+        return [["gemm", *config, "--out", str(self.tmp / f"gemm-{tag}.json"), *common],
+                ["attention", *config, "--out", str(self.tmp / f"attention-{tag}.json"), *common],
+                ["memory", *config, "--sizes", sizes, "--out", str(self.tmp / f"memory-{tag}.json"), *common]]
 
-    def add_collectives(self) -> float:
-        """Calibrate the gloo all-reduce on 2 processes (the job's gradient buffer and a sweep); returns seconds."""
-        t0 = time.perf_counter()
-        grad = dp_grad_bytes(self.shapes)
-        sizes = ",".join(str(s) for s in (4, 4096, 65536, 2**20, 2**22, grad // 2, grad))
+    def calibrate_round(self, tag: str, world: int) -> list[Path]:
+        """One round. With world > 1 the compute calibration runs as `world` concurrent `projection calibrate`
+        processes of 1 thread each, as the job's ranks share this machine (caches, memory bandwidth, clocks)."""
+        tags = [tag] if world == 1 else [f"{tag}-{w}" for w in range(world)]
+        out = [self.tmp / f"{part}-{t}.json" for t in tags for part in ("gemm", "attention", "memory")]
         with one_thread():
-            calibrate("collective", "--kinds", "all_reduce", "--sizes", sizes, "--world-size", "2", "--device", "cpu",
-                      "--warmup", "2", "--repeat", "7", "--quiet", "--out", str(self.tmp / "collective.json"))
-        self.parts.append("collective")
-        self.cal_path, self.hardware = self._write("all")
-        return time.perf_counter() - t0
+            if world == 1:
+                for argv in self.compute_argv(tag):
+                    calibrate(*argv)
+            else:
+                concurrent([self.compute_argv(t) for t in tags])
+            if world > 1:
+                out.append(self.tmp / f"collective-{tag}.json")
+                grad = self.grad_bytes
+                sizes = ",".join(str(s) for s in (4, 4096, 65536, 2**20, 2**22, grad // 2, grad))
+                calibrate("collective", "--kinds", "all_reduce", "--sizes", sizes, "--world-size", str(world),
+                          "--device", "cpu", "--warmup", "2", "--repeat", "5", "--quiet", "--out", str(out[-1]))
+        return out
 
-    def project(self, world: int) -> Any:
+    def project(self, world: int, files: list[Path]) -> Any:
         from projection.perf import default_cost_model, project
 
-        config = write_config(self.tmp / f"job-{world}.yaml", world, str(self.hardware))
-        sc = api.load(config, hardware=str(self.hardware))
+        cal_path = self.tmp / f"cpu-{world}.json"
+        calibrate("import", *(str(f) for f in files), "--out", str(cal_path))
+        hardware = self.tmp / f"cpu-test-{world}.yaml"
+        hardware.write_text(device_yaml(load_calibration(cal_path), self.host_issue_s), encoding="utf-8")
+        config = write_config(self.tmp / f"job-{world}.yaml", world, str(hardware))
+        sc = api.load(config, hardware=str(hardware))
         assert sc.world_size == world and sc.cluster.device.name == "cpu-test"
-        return project(sc, default_cost_model(sc, calibration=self.cal_path))
+        return project(sc, default_cost_model(sc, calibration=cal_path)), hardware
 
 
 @pytest.fixture(scope="module")
-def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
+def machine(tmp_path_factory: pytest.TempPathFactory) -> Machine:
     pytest.importorskip("projection.perf", reason="projection.perf not present")
-    tmp = tmp_path_factory.mktemp("cpu-perf")
-    try:
-        m, load = quiet(lambda: Machine(tmp), "the compute calibration", need=1)
-    except Busy as e:
-        pytest.skip(str(e))
-    print(f"\ncalibrated GEMMs, attention and memory-bound ops of this CPU in {m.compute_s:.1f} s (other "
-          f"processes: {load:.2f} cores)")
-    yield m
+    return Machine(tmp_path_factory.mktemp("cpu-perf"))
 
 
-def _report(what: str, measured: list[float], proj: Any, load: float, limit: float) -> float:
+def rounds(machine: Machine, world: int, tmp: Path) -> tuple[list[Path], list[float], list[float]]:
+    """ROUNDS x [calibrate, then train]: the calibration files, every measured step, and the other processes' load
+    (cores) of each round. Raises Busy when a round stays too busy."""
+    files: list[Path] = []
+    steps: list[float] = []
+    loads: list[float] = []
+    for r in range(ROUNDS):
+        def one_round(r: int = r) -> tuple[list[Path], list[float]]:
+            t0 = time.perf_counter()
+            cal = machine.calibrate_round(f"{world}p-r{r}", world)
+            t1 = time.perf_counter()
+            measured = measure_steps(world, tmp)
+            print(f"\n  round {r}: calibrated in {t1 - t0:.1f} s, then steps {[round(t, 4) for t in measured]} s")
+            return cal, measured
+
+        (cal, measured), load = quiet(one_round, f"round {r}", need=world)
+        files += cal
+        steps += measured
+        loads.append(load)
+    return files, steps, loads
+
+
+def _report(what: str, measured: list[float], proj: Any, loads: list[float], limit: float) -> float:
     med = statistics.median(measured)
     err = proj.step_time_s / med - 1.0
     parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in proj.breakdown_s.items() if v > 0)
     print(f"\n{what}: measured steps {[round(t, 4) for t in measured]} s, median {med:.4f} s (other processes "
-          f"{load:.2f} cores); projected {proj.step_time_s:.4f} s -> error {err:+.1%} (limit {limit:.0%})\n"
+          f"{', '.join(f'{c:.2f}' for c in loads)} cores in the {len(loads)} rounds); projected "
+          f"{proj.step_time_s:.4f} s -> error {err:+.1%} (limit {limit:.0%})\n"
           f"  projected breakdown (ms): {parts}\n  cost sources: "
           + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(proj.provenance.items(), key=lambda kv: -kv[1])))
     return err
 
 
 def test_single_process_step(machine: Machine, tmp_path: Path) -> None:
-    proj = machine.project(1)
     try:
-        measured, load = quiet(lambda: measure_steps(1, tmp_path), "the single-process training", need=1)
+        files, measured, loads = rounds(machine, 1, tmp_path)
     except Busy as e:
         pytest.skip(str(e))
-    err = _report("1 process", measured, proj, load, SINGLE_LIMIT)
+    proj, _ = machine.project(1, files)
+    err = _report("1 process", measured, proj, loads, SINGLE_LIMIT)
     assert abs(err) <= SINGLE_LIMIT
 
 
 def test_two_process_data_parallel_step(machine: Machine, tmp_path: Path) -> None:
     try:
-        seconds, load = quiet(machine.add_collectives, "the collective calibration", need=2)
-        print(f"\ncalibrated the gloo all-reduce (2 processes) in {seconds:.1f} s (other processes {load:.2f} cores); "
-              f"device YAML {machine.hardware}:\n{machine.hardware.read_text()}")
-        proj = machine.project(2)
-        assert proj.world_size == 2 and proj.scenario.plan.dp_() == 2 and proj.comm_total_s["dp"] > 0
-        measured, load = quiet(lambda: measure_steps(2, tmp_path), "the 2-process training", need=2)
+        files, measured, loads = rounds(machine, 2, tmp_path)
     except Busy as e:
         pytest.skip(str(e))
-    err = _report("2 gloo processes (data parallel)", measured, proj, load, DP_LIMIT)
+    proj, hardware = machine.project(2, files)
+    print(f"\ndevice YAML {hardware}:\n{hardware.read_text()}")
+    assert proj.world_size == 2 and proj.scenario.plan.dp_() == 2 and proj.comm_total_s["dp"] > 0
+    err = _report("2 gloo processes (data parallel)", measured, proj, loads, DP_LIMIT)
     assert abs(err) <= DP_LIMIT
