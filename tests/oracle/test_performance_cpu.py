@@ -24,13 +24,13 @@ with its source; fields that mean nothing for one CPU (NIC, link kind) are tagge
 Measurement. A shared virtual machine's speed drifts by 10-20 % over tens of seconds (seen here: the same step
 0.69 s one minute, 0.94 s a few minutes later), so calibrating once and then measuring compares two different
 machines. The test alternates instead: ROUNDS rounds of [the `projection calibrate` runs, then the training with
-STEPS_PER_ROUND measured steps after a warm-up step]; the rounds' calibrations are merged by `projection calibrate
-import` (repeated shapes: their mean), and the measured step is the median over every round's steps (each step:
-barrier, then wall time to the end of the optimizer step, the slowest rank). Other processes on a shared machine
-steal cores from the workers; the CPU time used by other processes during each round is computed from /proc/stat
-and printed; a round during which they used more than a quarter of a core beyond the cores it leaves free is
-repeated (twice at most), and if the machine stays that busy the test is skipped with the numbers, since it would no
-longer measure this machine's speed.
+STEPS_PER_ROUND measured steps after WARMUP_STEPS warm-up steps]; the rounds' calibrations are merged by `projection
+calibrate import` (repeated shapes: their mean), and the measured step is the median over every round's steps
+(each step: barrier, then wall time to the end of the optimizer step, the slowest rank). Other processes on a
+shared machine steal cores from the workers; the CPU time used by other processes during each round is computed
+from /proc/stat and printed; a round during which they used more than a quarter of a core beyond the cores it
+leaves free is repeated (twice at most), and if the machine stays that busy the test is skipped with the numbers,
+since it would no longer measure this machine's speed.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ pytestmark = pytest.mark.slow
 T = TypeVar("T")
 
 H, HEADS, FFN, LAYERS, VOCAB, SEQ, MBS = 512, 8, 2048, 2, 4096, 512, 2
-WARMUP_STEPS, STEPS_PER_ROUND, ROUNDS = 1, 2, 4
+WARMUP_STEPS, STEPS_PER_ROUND, ROUNDS = 2, 2, 4
 SINGLE_LIMIT, DP_LIMIT = 0.15, 0.20  # issue 6
 BUSY_LIMIT_CORES = 0.25
 ATTEMPTS = 2
