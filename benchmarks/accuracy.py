@@ -5,7 +5,7 @@ Run: python3 benchmarks/accuracy.py            (needs ../shared/reference/valida
 
 Every case of validation-public.md that pairs a configuration with a measured throughput is projected with the
 shipped default calibration of its device (`projection.perf.default_cost_model`: calibrations/<device>.json, or the
-device roofline where no calibration is shipped -- A100: roofline, said in the table) and no per-case constant. The
+device roofline where no calibration is shipped, said in the table) and no per-case constant. The
 published numbers are validation only: nothing in projection is fitted to them.
 
 Metrics and conversions (validation-public.md §0.2), error = projected / measured - 1 on a throughput:
