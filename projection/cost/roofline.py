@@ -40,6 +40,9 @@ def interpolate_log(points: Sequence[tuple[float, float]], size: float) -> float
     return points[-1][1]
 
 
+NO_CURVE = "at 100 % of the datasheet: the device YAML has no efficiency curve for it"
+
+
 class RooflineCostModel:
     """Peaks and efficiency curves of one device; collectives on `fabric` (default: analytic, from the specs)."""
 
@@ -69,9 +72,22 @@ class RooflineCostModel:
         return collective_time_s(kind, size_bytes, group, self.fabric)
 
     def provenance(self, op: Op) -> str:
+        notes = []
         if op.kind in ("gemm", "grouped_gemm", "attention") and op.dtype not in self._peaks:
-            return f"roofline ({self.peak_dtype(op.dtype)} peak for {op.dtype})"
-        return "roofline"
+            notes.append(f"{self.peak_dtype(op.dtype)} peak for {op.dtype}")
+        if not self.has_curve(op):
+            notes.append(NO_CURVE)
+        return f"roofline ({'; '.join(notes)})" if notes else "roofline"
+
+    def has_curve(self, op: Op) -> bool:
+        """Whether an efficiency curve prices this op (without one the roofline runs at 100 % of the datasheet)."""
+        if op.kind == "memory_bound":
+            return bool(self._memory)
+        if op.kind == "attention":
+            return bool(self._curve(self._attention, op.dtype))
+        if op.kind in ("gemm", "grouped_gemm"):
+            return bool(self._curve(self._gemm, op.dtype))
+        return True
 
     # ---- pieces, public for the calibrated model's fallback and for tests
     def single_seconds(self, op: Op) -> float:

@@ -1,7 +1,7 @@
 """Accuracy of the performance projection on the published end-to-end results of
 shared/reference/validation-public.md (issue 6, "Must show": Narayanan 2021 Table 1, Korthikanti 2022 iteration times,
-Megatron-LM README H100 table, NeMo 24.07 table), all with the shipped default calibrations (roofline on the A100,
-which has none) and no per-case constants: median |error| of TFLOP/s/GPU (or tokens/s/GPU) at most 10 %, no case
+Megatron-LM README H100 table, NeMo 24.07 table), all with the shipped default calibrations and no per-case
+constants: median |error| of TFLOP/s/GPU (or tokens/s/GPU) at most 10 %, no case
 beyond 20 %.
 
 The cases, their conversions (F96 for Narayanan's achieved TFLOP/s, F72 for the Megatron-LM table, tokens/s/GPU from
@@ -52,17 +52,26 @@ def test_every_published_case_is_projected(rows: list) -> None:
     assert all(r.projected > 0 and r.step_time_s > 0 for r in rows)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue-6 threshold not met (measured 2026-11-29, benchmarks/accuracy.py): median |error| 10.7 % (limit 10 %), "
-    "max 35.8 % (limit 20 %) over 39 cases. A100 with the shipped a100-80g calibration (published cuBLASLt FP16, "
-    "stream, flash-attention and intra-node NCCL microbenchmarks; no inter-node A100 collective data): Narayanan "
-    "2021 +10.7 .. +34.6 % (median 17.9 %), Korthikanti 2022 +3.1 .. +21.4 % (median 10.1 %). H100 with the shipped "
-    "calibration: Megatron-LM 2024 median 8.4 %, max 35.8 % (32B tp8 dp48 -35.8 %: exposed DP reduce-scatter priced "
-    "from a GCP TCP-GPUDirect inter-node curve); NeMo 24.07 median 5.5 %, max 18.8 %"))
-def test_median_and_worst_error(rows: list) -> None:
-    errs = sorted(abs(r.error) for r in rows)
-    med = errs[(len(errs) - 1) // 2] if len(errs) % 2 else (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
-    worst = errs[-1]
-    print(f"median |error| {med:.1%} (limit {MEDIAN_LIMIT:.0%}), max |error| {worst:.1%} (limit {WORST_LIMIT:.0%})")
+def _median(values: list[float]) -> float:
+    errs = sorted(values)
+    n = len(errs)
+    return errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2
+
+
+def test_median_error(rows: list) -> None:
+    med = _median([abs(r.error) for r in rows])
+    print(f"median |error| {med:.1%} (limit {MEDIAN_LIMIT:.0%}) over {len(rows)} cases")
     assert med <= MEDIAN_LIMIT
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue-6 threshold not met (measured 2026-11-29, benchmarks/accuracy.py): max |error| 35.8 % (limit 20 %) over "
+    "39 cases, 3 beyond 20 %: Megatron-LM 2024 32B tp8 dp48 -35.8 % (exposed DP reduce-scatter + parameter "
+    "all-gather over 48 nodes with 4 microbatches of the assumed MBS 1; MBS and gradient dtype are not published), "
+    "Narayanan 2021 1.7B tp1 dp32 +22.5 % and 3.6B tp2 dp32 +21.3 %. Median 7.6 %: A100 (shipped a100-80g "
+    "calibration + efficiency curves from the same published microbenchmarks) Narayanan median 12.6 %, Korthikanti "
+    "3.7 % (max 17.5 %); H100 Megatron-LM 2024 median 8.4 %, NeMo 24.07 5.5 % (max 18.8 %)"))
+def test_worst_error(rows: list) -> None:
+    worst = max(abs(r.error) for r in rows)
+    print(f"max |error| {worst:.1%} (limit {WORST_LIMIT:.0%})")
     assert worst <= WORST_LIMIT

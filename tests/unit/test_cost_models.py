@@ -193,3 +193,15 @@ def test_efficiency_points_are_sourced_and_consistent(name: str) -> None:
         ratio = re.search(r"\b([\d.]+) TFLOP/s / ([\d.]+)(?: peak)?\b", source)
         if source.startswith("D:") and ratio and not re.search(r"mean of|median|ratio", source):
             assert eff == pytest.approx(float(ratio[1]) / float(ratio[2]), rel=2e-3), source
+
+
+def test_roofline_says_when_it_runs_at_the_datasheet_peak() -> None:
+    """A device YAML without efficiency curves (b200: no published microbenchmark in hardware.md) prices at 100 % of
+    the datasheet, and the provenance says so; one with curves does not carry the note."""
+    bare = RooflineCostModel(load_device("b200"))
+    op = gemm(4096, 4096, 4096)
+    assert "no efficiency curve" in bare.provenance(op) and not bare.has_curve(op)
+    assert bare.op_seconds(op) == pytest.approx(op.flop / load_device("b200").peak_flop_per_s["bf16"])
+    assert RooflineCostModel(MI300X).provenance(op) == "roofline" and RooflineCostModel(MI300X).has_curve(op)
+    mem = Op("m", "memory_bound", "F", bytes_read=1e9)
+    assert "no efficiency curve" in bare.provenance(mem)
