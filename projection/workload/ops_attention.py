@@ -54,17 +54,24 @@ def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name
 
 
 def _unfused(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str) -> Piece:
-    """Scores = Q K^T (batched over b*heads), softmax (+ dropout) kept in memory, out = P V; backward dQ, dK, dP, dV."""
+    """Scores = Q K^T (batched over b*heads), softmax (+ dropout) kept in memory, out = P V; backward dQ, dK, dP, dV.
+
+    Softmax (Megatron's FusedScaleMaskSoftmax: scale, mask and softmax in one kernel) reads the scores and writes the
+    probabilities; attention dropout is a separate kernel (Megatron's `attention_dropout`, torch native_dropout):
+    reads the probabilities, writes the dropped ones and a 1-byte mask. Backward: dropout reads the gradient and the
+    mask and writes a gradient; softmax reads the gradient and the probabilities and writes the score gradient."""
     bh, sq, skv, ab, dt = d.b * heads, d.tokens // d.b, d.s, d.act_bytes, d.act
     scores = bh * sq * skv
+    softmax_f = mem(f"{name}.softmax", "F", scores * ab, scores * ab, dt, fn="softmax", rows=bh * sq, width=skv)
+    softmax_b = mem(f"{name}.softmax.bwd", "I", 2 * scores * ab, scores * ab, dt, fn="softmax", rows=bh * sq,
+                    width=skv)
+    dropout_f = (mem(f"{name}.dropout", "F", scores * ab, scores * (ab + 1), dt),) if d.dropout else ()
+    dropout_b = (mem(f"{name}.dropout.bwd", "I", scores * (ab + 1), scores * ab, dt),) if d.dropout else ()
     # BLAS shapes of the row-major products: S = Q K^T, O = P V; dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
-    fwd = (gemm(f"{name}.qk", "F", skv, sq, d_qk, dt, ab, layout="TN", batch=bh),
-           mem(f"{name}.softmax", "F", scores * ab, scores * ab * (2 if d.dropout else 1), dt, fn="softmax",
-               rows=bh * sq, width=skv),
+    fwd = (gemm(f"{name}.qk", "F", skv, sq, d_qk, dt, ab, layout="TN", batch=bh), softmax_f, *dropout_f,
            gemm(f"{name}.pv", "F", d_v, sq, skv, dt, ab, layout="NN", batch=bh))
     bwd = (gemm(f"{name}.pv.dgrad_p", "I", skv, sq, d_v, dt, ab, layout="TN", batch=bh),
-           gemm(f"{name}.pv.dgrad_v", "I", d_v, skv, sq, dt, ab, layout="NT", batch=bh),
-           mem(f"{name}.softmax.bwd", "I", 2 * scores * ab, scores * ab, dt, fn="softmax", rows=bh * sq, width=skv),
+           gemm(f"{name}.pv.dgrad_v", "I", d_v, skv, sq, dt, ab, layout="NT", batch=bh), *dropout_b, softmax_b,
            gemm(f"{name}.qk.dgrad_q", "I", d_qk, sq, skv, dt, ab, layout="NN", batch=bh),
            gemm(f"{name}.qk.dgrad_k", "I", d_qk, skv, sq, dt, ab, layout="NT", batch=bh))
     return join("core_attn", _cp_ring(d, kv_heads, d_qk, d_v), Piece("core_attn", fwd, bwd))

@@ -1,0 +1,67 @@
+"""Bytes of the memory-bound ops of unfused attention against the tensors PyTorch's own kernels read and write.
+
+The workload (projection/workload/ops_attention.py `_unfused`) prices softmax and attention dropout by the bytes they
+move. The oracle runs the same kernels a framework runs on the GPU (aten `_softmax`, `native_dropout`, and in backward
+`native_dropout_backward`, `_softmax_backward_data`) on a small tensor of the scenario's shape and dtype under a
+TorchDispatchMode that sums the bytes of every tensor each aten call takes and returns; each priced op must equal its
+kernel exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from projection import api  # noqa: E402
+from projection.workload.ops import layer_ops  # noqa: E402
+
+CONFIG = """\
+model: {name: tiny, num_layers: 1, hidden_size: 64, num_attention_heads: 4, ffn_hidden_size: 128, vocab_size: 256,
+        norm: layernorm, gated_mlp: false, activation: gelu, position_embedding: learned, max_position_embeddings: 32}
+training: {seq_length: 32, micro_batch_size: 2, global_batch_size: 2, params_dtype: bf16,
+           attention_backend: unfused, dropout: 0.1}
+plan: {tp: 1}
+cluster: {hardware: mi300x, nodes: 1, gpus_per_node: 1}
+"""
+
+
+class KernelBytes(TorchDispatchMode):
+    """(aten op, bytes of tensor inputs, bytes of tensor outputs) of every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        read = sum(t.nbytes for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
+        written = sum(t.nbytes for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        self.calls.append((func.__name__.split(".")[0], read, written))
+        return out
+
+
+def test_unfused_softmax_and_dropout_bytes_equal_the_aten_kernels(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(CONFIG, encoding="utf-8")
+    sc = api.load(path)
+    ops = {(o.name, o.phase): o for o in layer_ops(sc.model, sc.training, sc.plan, 0) if o.kind == "memory_bound"}
+    b, s, heads = sc.training.micro_batch_size, sc.training.seq_length, sc.model.num_attention_heads
+    scores = torch.randn(b, heads, s, s, dtype=torch.bfloat16, requires_grad=True)
+    with KernelBytes() as mode:
+        probs = torch.softmax(scores, dim=-1)
+        dropped, _mask = torch.native_dropout(probs, 0.1, True)
+        dropped.backward(torch.randn_like(dropped))
+    kernels = {name: (read, written) for name, read, written in mode.calls}
+    expected = {("attn.core.softmax", "F"): kernels["_softmax"],
+                ("attn.core.dropout", "F"): kernels["native_dropout"],
+                ("attn.core.dropout.bwd", "I"): kernels["native_dropout_backward"],
+                ("attn.core.softmax.bwd", "I"): kernels["_softmax_backward_data"]}
+    for key, (read, written) in expected.items():
+        op = ops[key]
+        assert (op.bytes_read, op.bytes_written) == (read, written), key
