@@ -448,22 +448,25 @@ def _report(what: str, measured: list[float], proj: Any, loads: list[float], lim
     return err
 
 
-def test_single_process_step(machine: Machine, tmp_path: Path) -> None:
+def measured_and_projected(machine: Machine, world: int, tmp: Path) -> tuple[list[float], Any, Path, list[float]]:
+    """The rounds' measured steps, the projection from their calibrations, the device YAML and the loads; skips
+    when the machine stays too busy."""
     try:
-        files, measured, loads = rounds(machine, 1, tmp_path)
+        files, measured, loads = rounds(machine, world, tmp)
     except Busy as e:
         pytest.skip(str(e))
-    proj, _ = machine.project(1, files)
+    proj, hardware = machine.project(world, files)
+    return measured, proj, hardware, loads
+
+
+def test_single_process_step(machine: Machine, tmp_path: Path) -> None:
+    measured, proj, _, loads = measured_and_projected(machine, 1, tmp_path)
     err = _report("1 process", measured, proj, loads, SINGLE_LIMIT)
     assert abs(err) <= SINGLE_LIMIT
 
 
 def test_two_process_data_parallel_step(machine: Machine, tmp_path: Path) -> None:
-    try:
-        files, measured, loads = rounds(machine, 2, tmp_path)
-    except Busy as e:
-        pytest.skip(str(e))
-    proj, hardware = machine.project(2, files)
+    measured, proj, hardware, loads = measured_and_projected(machine, 2, tmp_path)
     print(f"\ndevice YAML {hardware}:\n{hardware.read_text()}")
     assert proj.world_size == 2 and proj.scenario.plan.dp_() == 2 and proj.comm_total_s["dp"] > 0
     err = _report("2 gloo processes (data parallel)", measured, proj, loads, DP_LIMIT)
