@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from projection.calibrate.bench_common import TORCH_DTYPES, Progress, device_name, time_call
+from projection.calibrate.bench_common import TORCH_DTYPES, Progress, device_name, time_call, within_memory
 from projection.calibrate.calibration import AttentionRow
 
 
@@ -31,29 +31,34 @@ class AttentionShape:
     dtype: str = "bf16"
 
 
+def _time_shape(s: AttentionShape, device: torch.device, warmup: int, repeat: int) -> tuple[float, float]:
+    """Seconds of the forward and of forward + backward of one shape."""
+    dt = TORCH_DTYPES[s.dtype if s.dtype in TORCH_DTYPES else "bf16"]
+    q = torch.randn(s.batch, s.heads, s.seq_q, s.head_dim, device=device, dtype=dt, requires_grad=True)
+    k = torch.randn(s.batch, s.kv_heads, s.seq_kv, s.head_dim, device=device, dtype=dt, requires_grad=True)
+    v = torch.randn(s.batch, s.kv_heads, s.seq_kv, s.head_dim, device=device, dtype=dt, requires_grad=True)
+    grad = torch.randn(s.batch, s.heads, s.seq_q, s.head_dim, device=device, dtype=dt)
+    gqa = s.kv_heads != s.heads
+
+    def forward() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=s.causal, enable_gqa=gqa)
+
+    def both() -> None:
+        forward().backward(grad)
+
+    with torch.no_grad():
+        t_fwd = time_call(forward, device, warmup, repeat)
+    return t_fwd, time_call(both, device, warmup, repeat)
+
+
 def bench_attention(shapes: Iterable[AttentionShape], device: torch.device, *, warmup: int = 3, repeat: int = 10,
                     progress: Progress | None = None) -> tuple[AttentionRow, ...]:
     """A forward and a backward row per shape."""
     rows: list[AttentionRow] = []
     where = device_name(device)
     for s in shapes:
-        dt = TORCH_DTYPES[s.dtype if s.dtype in TORCH_DTYPES else "bf16"]
-        q = torch.randn(s.batch, s.heads, s.seq_q, s.head_dim, device=device, dtype=dt, requires_grad=True)
-        k = torch.randn(s.batch, s.kv_heads, s.seq_kv, s.head_dim, device=device, dtype=dt, requires_grad=True)
-        v = torch.randn(s.batch, s.kv_heads, s.seq_kv, s.head_dim, device=device, dtype=dt, requires_grad=True)
-        grad = torch.randn(s.batch, s.heads, s.seq_q, s.head_dim, device=device, dtype=dt)
-        gqa = s.kv_heads != s.heads
-
-        def forward(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, gqa: bool = gqa,
-                    causal: bool = s.causal) -> torch.Tensor:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-
-        def both(grad: torch.Tensor = grad) -> None:
-            forward().backward(grad)
-
-        with torch.no_grad():
-            t_fwd = time_call(forward, device, warmup, repeat)
-        t_both = time_call(both, device, warmup, repeat)
+        with within_memory(f"attention b{s.batch} h{s.heads}/{s.kv_heads} d{s.head_dim} s{s.seq_q}x{s.seq_kv}", device):
+            t_fwd, t_both = _time_shape(s, device, warmup, repeat)
         source = f"R: projection calibrate attention on {where}, median of {repeat} after {warmup} warm-up"
         common: dict[str, object] = dict(batch=s.batch, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
                                          seq_q=s.seq_q, seq_kv=s.seq_kv, causal=s.causal, dtype=s.dtype, count=repeat)

@@ -14,7 +14,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 import torch
@@ -67,6 +67,27 @@ def provenance(device: torch.device, command: str, notes: tuple[str, ...] = ()) 
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     return Provenance(device_name=device_name(device), driver_version=driver, library_versions=libs,
                       torch_version=str(torch.__version__), date=date, command=command, notes=notes)
+
+
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+@contextlib.contextmanager
+def within_memory(what: str, device: torch.device, key: str = "--shape / --config") -> Iterator[None]:
+    """Turn the device's out-of-memory error while benchmarking `what` into a CalibrationError (exit 2) that names
+    the shape and how to benchmark less."""
+    try:
+        yield
+    except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError; the CPU allocator raises a plain one
+        if not any(marker in str(err).lower() for marker in _OOM_MARKERS):
+            raise
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        fix = "give smaller --sizes" if key == "--sizes" else ("benchmark fewer or smaller shapes: --shape, "
+                                                                 "--max-shapes, or the job with a smaller micro batch "
+                                                                 "(--set training.micro_batch_size=1)")
+        raise CalibrationError(Problem(f"{what} does not fit in the memory of {device_name(device)}", key=key,
+                                       fix=fix)) from None
 
 
 def synchronize(device: torch.device) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from projection.calibrate.bench_common import TORCH_DTYPES, Progress, device_name, time_call
+from projection.calibrate.bench_common import TORCH_DTYPES, Progress, device_name, time_call, within_memory
 from projection.calibrate.calibration import GemmRow, GroupedGemmRow, Layout
 from projection.calibrate.errors import CalibrationError
 from projection.errors import Problem
@@ -98,9 +98,9 @@ def bench_gemms(shapes: Iterable[GemmShape], device: torch.device, *, warmup: in
     grouped: list[GroupedGemmRow] = []
     where = device_name(device)
     for shape in shapes:
-        fn = gemm_callable(shape, device)
-        t = time_call(fn, device, warmup, repeat)
         label = f"{shape.m}x{shape.n}x{shape.k} {shape.dtype} {shape.layout}"
+        with within_memory(f"the GEMM {label}" + (f" x {shape.groups} groups" if shape.groups > 1 else ""), device):
+            t = time_call(gemm_callable(shape, device), device, warmup, repeat)
         source = f"R: projection calibrate gemm on {where}, median of {repeat} after {warmup} warm-up"
         if shape.groups > 1:
             grouped.append(GroupedGemmRow(groups=shape.groups, m=shape.m, n=shape.n, k=shape.k, dtype=shape.dtype,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from projection.calibrate.bench_common import TORCH_DTYPES, Progress, device_name, time_call
+from projection.calibrate.bench_common import TORCH_DTYPES, Progress, device_name, time_call, within_memory
 from projection.calibrate.calibration import MemoryBoundRow
 from projection.calibrate.errors import CalibrationError
 from projection.errors import Problem
@@ -58,13 +58,14 @@ def bench_memory(sizes: Iterable[int], device: torch.device, *, dtype: str = "bf
     rows = []
     for size in sizes:
         n = max(int(size) // (3 * elem), 1)
-        a, b = torch.randn(n, device=device).to(dt), torch.randn(n, device=device).to(dt)
-        c = torch.empty_like(a)
+        with within_memory(f"the add over {size} B", device, key="--sizes"):
+            a, b = torch.randn(n, device=device).to(dt), torch.randn(n, device=device).to(dt)
+            c = torch.empty_like(a)
 
-        def add(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> torch.Tensor:
-            return torch.add(a, b, out=c)
+            def add(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> torch.Tensor:
+                return torch.add(a, b, out=c)
 
-        t = time_call(add, device, warmup, repeat)
+            t = time_call(add, device, warmup, repeat)
         rows.append(MemoryBoundRow(op="add", size_bytes=3 * n * elem, time_s=t, dtype=dtype, count=repeat,
                                    source=f"R: projection calibrate memory on {where}, median of {repeat} after "
                                    f"{warmup} warm-up"))
@@ -137,8 +138,9 @@ def bench_kernels(shapes: Iterable[KernelShape], device: torch.device, *, warmup
     where = device_name(device)
     rows = []
     for shape in shapes:
-        setup, call = kernel_callable(shape, device)
-        t = time_call(call, device, warmup, repeat, setup=setup)
+        with within_memory(f"the {shape.op} kernel over [{shape.rows}, {shape.width}]", device):
+            setup, call = kernel_callable(shape, device)
+            t = time_call(call, device, warmup, repeat, setup=setup)
         rows.append(MemoryBoundRow(op=shape.op, size_bytes=shape.size_bytes, time_s=t, dtype=shape.dtype,
                                    count=repeat, source=f"R: projection calibrate memory on {where}: {shape.fn} over "
                                    f"[{shape.rows}, {shape.width}] {shape.dtype}"

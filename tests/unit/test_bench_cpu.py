@@ -139,3 +139,18 @@ def test_progress_bar() -> None:
     bar.step("a")
     bar.step("b")
     assert stream.getvalue().endswith("\rx [####] 2/2 b" + " " * 39 + "\n")
+
+
+@pytest.mark.parametrize(("argv", "what"), [
+    (("gemm", "--shape", "1000000x1000000x1000000:TN:fp32"), "the GEMM 1000000x1000000x1000000 fp32 TN"),
+    (("attention", "--shape", "1000x64x64x128x100000", "--dtype", "fp32"), "attention b1000 h64/64 d128"),
+    (("memory", "--sizes", "16TiB", "--dtype", "fp32"), "the add over"),
+])
+def test_a_shape_beyond_the_device_memory_is_a_clear_error(argv: tuple[str, ...], what: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The allocator's failure becomes exit 2 naming the shape and how to benchmark less, not a traceback."""
+    assert calibrate(*argv, "--device", "cpu", "--warmup", "0", "--repeat", "1", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert what in err and "does not fit in the memory of CPU" in err
+    assert ("smaller --sizes" if argv[0] == "memory" else "--max-shapes") in err
+    assert "Traceback" not in err
