@@ -30,7 +30,7 @@ SUPPORTED: tuple[CollectiveKind, ...] = ("all_reduce", "all_gather", "reduce_sca
                                          "send_recv")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -110,7 +110,7 @@ def bench_collectives(kinds: Sequence[str], sizes: Sequence[int], device: torch.
     cases = [(k, int(s)) for k in kinds for s in sizes]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(world_size, _free_port(), backend, device.type, cases, warmup, repeat, queue),
+    mp.start_processes(_worker, args=(world_size, free_port(), backend, device.type, cases, warmup, repeat, queue),
                        nprocs=world_size, join=True, start_method="spawn")
     times = queue.get()
     where = f"{world_size} x {device_name(device)}, {backend}"

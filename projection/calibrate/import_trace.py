@@ -26,7 +26,7 @@ import json
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,8 @@ _COLLECTIVES: dict[str, CollectiveKind] = {
 
 
 @dataclass(frozen=True)
-class TraceGemmCall:
-    """One GEMM op instance (PyTorch convention). flop counts the bias add as TraceLens does."""
+class TraceGemmShape:
+    """A GEMM op name and shape (PyTorch convention). flop counts the bias add as TraceLens does."""
 
     op: str
     m: int
@@ -73,23 +73,19 @@ class TraceGemmCall:
     a_transposed: bool
     b_transposed: bool
     flop: float
+
+
+@dataclass(frozen=True)
+class TraceGemmCall(TraceGemmShape):
+    """One GEMM op instance and its kernel time."""
+
     time_s: float
 
 
 @dataclass(frozen=True)
-class TraceGemmSummary:
+class TraceGemmSummary(TraceGemmShape):
     """GEMM calls of one op name and shape: count, mean and total busy time, mean of the per-call FLOP/s."""
 
-    op: str
-    m: int
-    n: int
-    k: int
-    batch: int
-    bias: bool
-    dtype: str
-    a_transposed: bool
-    b_transposed: bool
-    flop: float
     count: int
     time_mean_s: float
     time_sum_s: float
@@ -194,17 +190,16 @@ def trace_gemm_calls(trace: dict[str, Any], links: _Links | None = None) -> list
 
 def summarize_gemms(calls: list[TraceGemmCall]) -> list[TraceGemmSummary]:
     """Calls grouped by op name, shape, bias, dtype and transposition (first-seen order)."""
+    shape_fields = [f.name for f in fields(TraceGemmShape) if f.name != "flop"]
     groups: dict[tuple[Any, ...], list[TraceGemmCall]] = {}
     for c in calls:
-        groups.setdefault((c.op, c.m, c.n, c.k, c.batch, c.bias, c.dtype, c.a_transposed, c.b_transposed),
-                          []).append(c)
+        groups.setdefault(tuple(getattr(c, name) for name in shape_fields), []).append(c)
     out = []
     for members in groups.values():
-        c = members[0]
+        shape = {f.name: getattr(members[0], f.name) for f in fields(TraceGemmShape)}
         times = [x.time_s for x in members]
         rates = [x.flop / x.time_s for x in members if x.time_s > 0]
-        out.append(TraceGemmSummary(c.op, c.m, c.n, c.k, c.batch, c.bias, c.dtype, c.a_transposed, c.b_transposed,
-                                    flop=c.flop, count=len(members), time_mean_s=statistics.fmean(times),
+        out.append(TraceGemmSummary(**shape, count=len(members), time_mean_s=statistics.fmean(times),
                                     time_sum_s=math.fsum(times),
                                     flop_per_s_mean=statistics.fmean(rates) if rates else 0.0))
     return out

@@ -35,7 +35,7 @@ from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, 
 from projection.cost.model import collective_op_seconds
 from projection.cost.roofline import RooflineCostModel
 from projection.workload.ops import Op
-from projection.workload.ops_base import KERNEL_FNS
+from projection.workload.ops_base import kernel_fn
 
 OUT_OF_RANGE = "calibrated (out of range -> roofline)"
 CLAMPED = "calibrated (out of range -> nearest measured)"
@@ -122,10 +122,10 @@ class CalibratedCostModel:
         self.grouped = self._grouped_tables()
         self.attention = self._attention_tables()
         rows = [r for r in calibration.memory_bound if r.size_bytes > 0]
-        generic = [r for r in rows if r.op.removesuffix(".bwd") not in KERNEL_FNS]
+        generic = [r for r in rows if not kernel_fn(r.op)]
         self.memory = CurveTable([r.size_bytes for r in generic], [r.time_s for r in generic], "memory_bound") \
             if generic else None
-        self.kernels = self._kernel_tables([r for r in rows if r.op.removesuffix(".bwd") in KERNEL_FNS])
+        self.kernels = self._kernel_tables([r for r in rows if kernel_fn(r.op)])
         self._cache: dict[Op, tuple[float, str]] = {}
 
     # ---- the CostModel interface

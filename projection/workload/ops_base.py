@@ -31,6 +31,12 @@ from projection.specs.training import DTYPE_BYTES, TrainingSpec
 OpKind = Literal["gemm", "grouped_gemm", "attention", "memory_bound", "collective"]
 _ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")  # ModelSpec.activation
 KERNEL_FNS = ("layernorm", "rmsnorm", "cross_entropy", "softmax", *_ACTIVATIONS, *(f"{a}_glu" for a in _ACTIVATIONS))
+
+
+def kernel_fn(key: str) -> str:
+    """The kernel a calibration key names (`gelu` for `gelu` and `gelu.bwd`), or '' for any other op name."""
+    fn = key.removesuffix(".bwd")
+    return fn if fn in KERNEL_FNS else ""
 Phase = Literal["F", "I", "W"]
 CollKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
 GroupAxis = Literal["tp", "cp", "ep", "etp", "dp", "pp"]

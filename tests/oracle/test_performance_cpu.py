@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from torch import nn  # noqa: E402
 
 from projection import api, cli  # noqa: E402
 from projection.calibrate.calibration import Calibration, load_calibration  # noqa: E402
+from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
 
 pytestmark = pytest.mark.slow
 T = TypeVar("T")
@@ -173,12 +173,6 @@ def _train(rank: int, world: int, port: int, out: str) -> None:
         Path(out).write_text(json.dumps(times[WARMUP_STEPS:]))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure_steps(world: int, tmp: Path, limit_s: float = 90.0) -> list[float]:
     """Seconds of each measured training step (the slowest rank)."""
     out = tmp / f"steps-{world}.json"
@@ -189,16 +183,7 @@ def measure_steps(world: int, tmp: Path, limit_s: float = 90.0) -> list[float]:
         finally:
             torch.set_num_threads(threads)
     else:
-        import torch.multiprocessing as mp
-
-        ctx = mp.start_processes(_train, args=(world, _free_port(), str(out)), nprocs=world, join=False,
-                                 start_method="spawn")
-        deadline = time.monotonic() + limit_s
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                pytest.fail(f"data-parallel training with {world} processes did not finish in {limit_s} s")
+        run_spawned(_train, (world, free_port(), str(out)), world, limit_s, "data-parallel training")
     steps: list[float] = json.loads(out.read_text())
     return steps
 

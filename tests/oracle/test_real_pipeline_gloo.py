@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch.distributed as dist  # noqa: E402
 from projection.schedule.registry import build_schedule  # noqa: E402
 from projection.sim.costs import StageCosts  # noqa: E402
 from projection.sim.dag import walk  # noqa: E402
+from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
 
 HIDDEN, ROWS, LAYERS, N_MB, STEPS, WARMUP = 512, 8, 8, 8, 4, 1
 DEVICE_FWD_S, DEVICE_BWD_S = 0.010, 0.020  # per layer: the accelerator's share of each pass (see _DeviceTime)
@@ -128,19 +128,8 @@ def _instrument(stage: Any, sid: int, records: list[tuple[Any, ...]], name: str,
 
 
 def _run(world: int, names: list[str], tmp: Path, limit_s: float = 60.0) -> list[tuple[Any, ...]]:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = str(tmp / "rec")
-    ctx = mp.start_processes(_worker, args=(world, names, port, out), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + limit_s
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"gloo pipeline with {world} processes did not finish in {limit_s} s")
+    run_spawned(_worker, (world, names, free_port(), out), world, limit_s, "gloo pipeline")
     recs: list[tuple[Any, ...]] = []
     for r in range(world):
         recs += [(*x, r) for x in json.loads(Path(f"{out}.{r}").read_text())]
