@@ -83,6 +83,8 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "wgrad_deferral_limit": ("int", 0),
     "cross_entropy_fusion_impl": ("str", "native"),
     "gradient_accumulation_fusion": ("bool", True),
+    "log_params_norm": ("bool", False),
+    "log_num_zeros_in_grad": ("bool", False),
     "hidden_dropout": ("float", 0.1),
     "attention_dropout": ("float", 0.1),
     "attention_backend": ("str", "auto"),

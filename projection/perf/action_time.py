@@ -5,7 +5,9 @@ An action is a sequence of `Item`s, run in order by `run_items`:
 - "run": the compute stream runs it (a kernel, or a collective the framework waits for: exposed communication);
 - "launch": a collective issued on its group's stream; it starts when the compute stream reaches it (stream order),
   the host has issued it and its stream is free, and overlaps what follows until a "wait" names it;
-- "wait": the compute stream waits for the named launches (their unfinished time is exposed communication).
+- "wait": the compute stream waits for the named launches (their unfinished time is exposed communication);
+- "sync": the host waits for the GPU (`.item()`, `torch.cuda.synchronize()`): every launch is waited for and the host
+  resumes issuing only when the compute stream has drained, so the kernels after it cannot be issued ahead.
 Unwaited launches are waited for at the end of the action.
 
 Host issue (the framework-overhead model): the host issues kernels one after another, `host_s` seconds each (Python,
@@ -26,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-Mode = Literal["run", "launch", "wait"]
+Mode = Literal["run", "launch", "wait", "sync"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,11 @@ def wait(*tokens: int) -> Item:
     return Item("wait", waits=tuple(tokens), kernels=0)
 
 
+def sync() -> Item:
+    """The host reads a GPU result (one device-to-host copy to issue), then waits for the GPU."""
+    return Item("sync", kernels=1)
+
+
 def run_items(items: Iterable[Item], host_s: float = 0.0) -> ActionTime:
     """Simulate the action: seconds from its start to the end of its last kernel or collective."""
     t = 0.0  # compute stream
@@ -105,6 +112,13 @@ def run_items(items: Iterable[Item], host_s: float = 0.0) -> ActionTime:
             continue
         kernels += it.kernels
         host += it.kernels * host_s
+        if it.mode == "sync":
+            settle(sorted(pending, key=lambda tok: pending[tok][1]))
+            if host > t:
+                book("overhead", host - t)
+                t = host
+            host = t
+            continue
         if it.mode == "run":
             if it.kernels and host > t:
                 book("overhead", host - t)

@@ -5,11 +5,18 @@ Per pipeline rank, over the elements it updates (all its parameters, or its 1/d 
 or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.memory.model_states.shard_groups):
 - zero the gradient buffer (Megatron zero_grad_buffer at the start of the step): write local grads;
 - gradient norm for clipping (Megatron clip_grad_norm_fp32, multi_tensor_l2norm): read the grads; then one scalar
-  all-reduce over every rank (the norm is reduced over the model- and data-parallel groups);
+  all-reduce over every rank (the norm is reduced over the model- and data-parallel groups) that the host reads
+  (`.item()`: a synchronisation, projection/perf/action_time.py);
+- with `log_num_zeros_in_grad` (Megatron count_zeros_fp32): per gradient tensor `numel - count_nonzero(grad)` added
+  to a running total, COUNT_ZEROS_KERNELS kernels each (a Python loop, megatron/core/optimizer/clip_grads.py), read
+  of the grads, then a scalar all-reduce the host reads;
 - Adam/AdamW (fused multi-tensor kernel): read the gradient, read and write the fp32 master copy (mixed precision)
   and each moment; then copy the master parameters into the model parameters (params dtype, one copy kernel per
   parameter tensor, as DistributedOptimizer._copy_main_params_to_model_params loops over them). SGD, Lion and Muon
-  use their number of moments (OptimizerSpec.num_moments); Muon's Newton-Schulz GEMMs are not modelled.
+  use their number of moments (OptimizerSpec.num_moments); Muon's Newton-Schulz GEMMs are not modelled;
+- with `log_params_norm` (Megatron calc_params_l2_norm, every iteration when set): multi_tensor_l2norm over the
+  (fp32 master) parameters the rank updates, a scalar all-reduce over the data-parallel and one over the
+  model-parallel group, read by the host.
 Each memory-bound part is priced by the cost model's memory-bound pricing; the host issues its kernels (a
 multi-tensor launch per 36 tensors: apex/TE multi_tensor_apply's depth-4 limit, csrc/multi_tensor_apply.cuh
 depth_to_max_tensors) at the device's host_kernel_issue_s, as in projection/perf/action_time.py.
@@ -21,7 +28,7 @@ import math
 
 from projection.cost.model import CostModel
 from projection.memory.model_states import shard_groups
-from projection.perf.action_time import Item, blocking, run, run_items
+from projection.perf.action_time import Item, blocking, run, run_items, sync
 from projection.perf.placement import world_placement
 from projection.perf.stage_params import stage_params
 from projection.specs.scenario import Scenario
@@ -31,6 +38,10 @@ from projection.workload.stages import split_stages
 
 ADAM_TENSORS_PER_LAUNCH = 36
 L2NORM_TENSORS_PER_LAUNCH = 110
+# Per gradient tensor: count_nonzero (on CUDA a compare and a sum: ATen ReduceOps.cpp count_nonzero_cuda computes
+# (self != 0).sum()), the rsub of numel and the add into the total; tests/oracle/test_op_bytes.py checks the three
+# dispatched ops.
+COUNT_ZEROS_KERNELS = 4
 
 
 def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> list[Item]:
@@ -65,11 +76,17 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     memory("grad_norm", updated * grad_b, 0.0, math.ceil(tensors / L2NORM_TENSORS_PER_LAUNCH))
     world = world_placement(scenario.cluster, plan)
     norm_s = cost_model.collective_seconds("all_reduce", 4, world) if world.n_ranks > 1 else 0.0
-    items.append(blocking("optimizer", norm_s))
+    items += [blocking("optimizer", norm_s), sync()]
+    if training.log_num_zeros_in_grad:
+        memory("count_zeros", updated * grad_b, 0.0, COUNT_ZEROS_KERNELS * tensors)
+        items += [blocking("optimizer", norm_s), sync()]
     memory("adam", on_gpu * (grad_b + master_b + moments_b), on_gpu * (master_b + moments_b),
            math.ceil(tensors / ADAM_TENSORS_PER_LAUNCH))
     if mixed and not (zero == 3 and plan.sharding.fsdp == "torch_fsdp2"):
         memory("copy_main_to_model", updated * master_b, updated * param_b, tensors)
+    if training.log_params_norm:
+        memory("params_norm", updated * master_b, 0.0, math.ceil(tensors / L2NORM_TENSORS_PER_LAUNCH))
+        items += [blocking("optimizer", norm_s), blocking("optimizer", norm_s), sync()]
     return items
 
 

@@ -66,6 +66,10 @@ class TrainingSpec(Spec):
     fp8: Fp8Spec | None = None
     optimizer: OptimizerSpec = OptimizerSpec()
     gradient_accumulation_fusion: bool = True
+    log_params_norm: bool = Field(False, description="Megatron --log-params-norm: the parameters' L2 norm is "
+                                  "computed, all-reduced and read by the host every iteration")
+    log_num_zeros_in_grad: bool = Field(False, description="Megatron --log-num-zeros-in-grad: zeros in the "
+                                        "gradients counted per parameter tensor, all-reduced and read every iteration")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     attention_backend: Literal["flash", "fused", "unfused", "auto"] = "auto"
     fused_loss: bool = False

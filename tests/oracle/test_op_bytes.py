@@ -65,3 +65,19 @@ def test_unfused_softmax_and_dropout_bytes_equal_the_aten_kernels(tmp_path: Path
     for key, (read, written) in expected.items():
         op = ops[key]
         assert (op.bytes_read, op.bytes_written) == (read, written), key
+
+
+def test_count_zeros_per_gradient_tensor_dispatches_three_aten_ops() -> None:
+    """Megatron's --log-num-zeros-in-grad adds `numel - count_nonzero(grad)` into a running total per gradient
+    tensor: PyTorch dispatches count_nonzero, rsub and add for it (seen here); on CUDA count_nonzero runs as a compare
+    and a sum (ATen count_nonzero_cuda), hence projection.perf.optimizer.COUNT_ZEROS_KERNELS = 4 launches."""
+    from projection.perf.optimizer import COUNT_ZEROS_KERNELS
+
+    total = torch.zeros(1)
+    grads = [torch.randn(64, 8), torch.zeros(8), torch.randn(3)]
+    with KernelBytes() as seen:
+        for g in grads:
+            total = (g.numel() - torch.count_nonzero(g)) + total
+    names = [name for name, _, _ in seen.calls]
+    assert names == ["count_nonzero", "rsub", "add"] * len(grads)
+    assert int(total.item()) == 8 and len(names) // len(grads) + 1 == COUNT_ZEROS_KERNELS

@@ -209,6 +209,15 @@ def test_precision_and_optimizer() -> None:
         raw_of(bf16=True, fp16=True)
 
 
+def test_logging_flags_default_off_and_are_located() -> None:
+    """Megatron's --log-params-norm and --log-num-zeros-in-grad are store_true flags (off by default)."""
+    assert not training().log_params_norm and not training().log_num_zeros_in_grad
+    raw = raw_of(log_params_norm=True, log_num_zeros_in_grad=True)
+    t = TrainingSpec.model_validate(raw.data["training"])
+    assert t.log_params_norm and t.log_num_zeros_in_grad
+    assert raw.origins["training.log_params_norm"].key == "log_params_norm"
+
+
 @pytest.mark.parametrize("value", [1, "1", "true", True])
 def test_bools_arrive_as_ints_or_strings(value: Any) -> None:
     assert plan(sequence_parallel=value, tensor_model_parallel_size=2).sp_ is True

@@ -22,7 +22,7 @@ from projection.perf import (
     price_stages,
     project,
 )
-from projection.perf.action_time import blocking, launch, pipelined_exposed_s, run, run_items, wait
+from projection.perf.action_time import blocking, launch, pipelined_exposed_s, run, run_items, sync, wait
 from projection.perf.placement import grid_placement
 from projection.perf.pricing import SPLIT_BACKWARD, stage_components
 from projection.perf.project import build_plan_schedule
@@ -172,7 +172,45 @@ def test_optimizer_shards_with_the_distributed_optimizer() -> None:
     assert optimizer_step_seconds(sharded, cm)[0] < optimizer_step_seconds(plain, cm)[0]
 
 
+def test_logging_flags_add_their_kernels_collectives_and_host_syncs() -> None:
+    """--log-num-zeros-in-grad: COUNT_ZEROS_KERNELS per gradient tensor, a scalar all-reduce and a host read;
+    --log-params-norm: ceil(tensors / 110) multi-tensor norm launches, two scalar all-reduces and a host read."""
+    from projection.perf.optimizer import COUNT_ZEROS_KERNELS, optimizer_items
+
+    base = scenario(hidden=512, nodes=2, device=H100)
+    cm = default_cost_model(base)
+    tensors = sum(stage_params(base.model, base.plan, s).tensors for s in split_stages(base.model, base.plan))
+
+    def with_flags(**flags: bool) -> Scenario:
+        return base.model_copy(update={"training": base.training.model_copy(update=flags)})
+
+    def kernels(sc: Scenario) -> int:
+        return sum(i.kernels for i in optimizer_items(sc, cm, 0))
+
+    zeros, norm = with_flags(log_num_zeros_in_grad=True), with_flags(log_params_norm=True)
+    assert kernels(zeros) - kernels(base) == COUNT_ZEROS_KERNELS * tensors + 1 + 1  # + all-reduce + D2H copy
+    assert kernels(norm) - kernels(base) == math.ceil(tensors / 110) + 2 + 1
+    for sc in (zeros, norm):
+        extra = [i for i in optimizer_items(sc, cm, 0)[len(optimizer_items(base, cm, 0)):] if i.mode == "sync"]
+        assert len(extra) == 1
+        assert optimizer_step_seconds(sc, cm)[0] > optimizer_step_seconds(base, cm)[0]
+
+
 # ---- the action model
+
+def test_a_host_sync_drains_the_gpu_before_the_next_issue() -> None:
+    """GPU-bound: the host runs ahead of a 1 s kernel, so the next kernel costs no issue time; after a sync the
+    host issues it only once the GPU is idle: one host issue time more. Host-bound work pays nothing extra."""
+    ahead = run_items([run("gemm", 1.0), run("gemm", 1e-3)], host_s=0.01)
+    synced = run_items([run("gemm", 1.0), sync(), run("gemm", 1e-3)], host_s=0.01)
+    assert ahead.seconds == pytest.approx(0.01 + 1.0 + 1e-3)
+    assert synced.seconds == pytest.approx(0.01 + 1.0 + 0.01 + 1e-3)
+    assert synced.by_category["overhead"] == pytest.approx(0.02)
+    tiny = [run("memory_bound", 1e-6)] * 10
+    assert run_items([*tiny, sync(), *tiny], host_s=1e-3).seconds == pytest.approx(21e-3 + 1e-6)
+    t = run_items([launch("dp", 2.0, 1), run("gemm", 1.0), sync(), run("gemm", 1.0)])
+    assert t.seconds == 3.0 and t.by_category["dp"] == 1.0  # a sync waits for the communication streams too
+
 
 def test_launch_bound_action_costs_the_host_issue_time() -> None:
     tiny = run_items([run("memory_bound", 1e-6)] * 100, host_s=10e-6)
