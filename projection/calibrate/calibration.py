@@ -160,6 +160,16 @@ class MemoryBoundRow(Spec):
     source: str = ""
 
 
+class HostRow(Spec):
+    """Host (CPU) seconds per kernel launch of eager PyTorch: the framework-overhead constant of projection/perf
+    (a kernel cannot start before the host has issued it). `kernels`: launches the figure averages over."""
+
+    host_s: float = Field(gt=0)
+    kernels: int = Field(ge=1)
+    device: str | None = None
+    source: str = ""
+
+
 class CollectiveRow(Spec):
     """One measured collective (size convention in the module docstring). n_nodes None = not known (a trace).
     algbw / busbw default to the values computed from size, time and the bus factor."""
@@ -201,10 +211,16 @@ class Calibration(Spec):
     attention: tuple[AttentionRow, ...] = ()
     memory_bound: tuple[MemoryBoundRow, ...] = ()
     collective: tuple[CollectiveRow, ...] = ()
+    host: tuple[HostRow, ...] = ()
 
     def row_counts(self) -> dict[str, int]:
         """Rows per table, e.g. {'gemm': 20, 'collective': 64, ...}."""
         return {name: len(getattr(self, name)) for name in TABLES}
+
+    def host_kernel_issue_s(self) -> float | None:
+        """Host seconds per kernel launch over the host rows (weighted by their launches), None without rows."""
+        n = sum(r.kernels for r in self.host)
+        return sum(r.host_s * r.kernels for r in self.host) / n if n else None
 
     def to_json(self) -> str:
         """Indented JSON text (what `save` writes)."""
@@ -219,7 +235,7 @@ class Calibration(Spec):
                                            fix="give a writable path for --out")) from None
 
 
-TABLES = ("gemm", "grouped_gemm", "attention", "memory_bound", "collective")
+TABLES = ("gemm", "grouped_gemm", "attention", "memory_bound", "collective", "host")
 
 
 def load_calibration(path: str | Path) -> Calibration:

@@ -1,9 +1,10 @@
-"""`projection calibrate gemm | attention | collective | memory`: microbenchmarks that write a Calibration JSON.
+"""`projection calibrate gemm | attention | collective | memory | host`: microbenchmarks that write a Calibration JSON.
 
     projection calibrate gemm [--config F] [--shape MxNxK[:LAYOUT[:DTYPE]] ...] [--device auto|cuda|cpu] [--out FILE]
     projection calibrate attention [--config F] [--shape BxHxKVxDxS[xSKV] ...] [--device ...] [--out FILE]
     projection calibrate collective [--config F] [--kinds all_reduce,...] [--sizes 1MiB,...] [--world-size N] ...
     projection calibrate memory [--config F] [--sizes 4096,1MiB,...] [--dtype bf16] [--device ...] [--out FILE]
+    projection calibrate host [--device auto|cuda|cpu] [--out FILE]
 
 By default the shapes are those `projection shapes --config F` lists (largest FLOPs first, --max-shapes of them), else a
 small default sweep. Registered into the `calibrate` group through `register` (projection/cli_calibrate.py hooks).
@@ -20,6 +21,7 @@ from projection.calibrate.bench_attention import AttentionShape, bench_attention
 from projection.calibrate.bench_collective import SUPPORTED, bench_collectives
 from projection.calibrate.bench_common import Progress, pick_device, provenance
 from projection.calibrate.bench_gemm import GemmShape, bench_gemms
+from projection.calibrate.bench_host import bench_host
 from projection.calibrate.bench_memory import (
     DEFAULT_CPU_SIZES,
     DEFAULT_GPU_SIZES,
@@ -37,13 +39,14 @@ _LAYOUTS = ("NN", "NT", "TN", "TT")
 
 
 def register(calibrate_subparsers: Any) -> None:
-    """Add the gemm, attention, collective and memory sub-commands to the `calibrate` group."""
+    """Add the gemm, attention, collective, memory and host sub-commands to the `calibrate` group."""
     for name, helptext, run in (
             ("gemm", "time GEMMs and grouped GEMMs (BLAS m, n, k, layout) with PyTorch", _run_gemm),
             ("attention", "time scaled-dot-product attention forward and backward with PyTorch", _run_attention),
             ("collective", "time collectives over local processes with torch.distributed", _run_collective),
             ("memory", "time an elementwise add over a range of sizes, and the job's norms, activations, loss and "
-             "softmax at its shapes (with --config)", _run_memory)):
+             "softmax at its shapes (with --config)", _run_memory),
+            ("host", "time the host's issue of one eager PyTorch kernel (the framework-overhead constant)", _run_host)):
         p = calibrate_subparsers.add_parser(name, help=helptext, description=helptext)
         p.add_argument("--config", help="benchmark the shapes of this job (any supported config file)")
         p.add_argument("--hardware", help="device of the job's cluster (for --config)")
@@ -66,7 +69,7 @@ def register(calibrate_subparsers: Any) -> None:
             p.add_argument("--kinds", help=f"comma-separated, from {', '.join(SUPPORTED)}")
             p.add_argument("--world-size", type=int, help="processes (default 2 on the CPU, every visible GPU)")
             p.add_argument("--backend", choices=("gloo", "nccl"), help="default gloo on the CPU, nccl on GPUs")
-        else:
+        elif name in ("gemm", "attention"):
             p.add_argument("--shape", action="append", default=[], help="MxNxK[:LAYOUT[:DTYPE]] (gemm) or "
                            "BxHxKVxDxS[xSKV] (attention), repeatable; overrides --config")
             p.add_argument("--dtype", help="benchmark every shape in this dtype (e.g. fp32 on a CPU)")
@@ -210,3 +213,9 @@ def _run_memory(args: argparse.Namespace) -> int:
                         progress=progress)
     rows += bench_kernels(kernels, device, warmup=args.warmup, repeat=args.repeat, progress=progress)
     return _write(Calibration(provenance=(provenance(device, _command(args)),), memory_bound=rows), args)
+
+
+def _run_host(args: argparse.Namespace) -> int:
+    device = pick_device(args.device)
+    row = bench_host(device, warmup=args.warmup, repeat=args.repeat, progress=_progress(args, 1))
+    return _write(Calibration(provenance=(provenance(device, _command(args)),), host=(row,)), args)

@@ -16,6 +16,8 @@ Collectives: an NCCL / RCCL kernel; name, `In/Out msg nelems`, `dtype` and `Grou
 else from the enclosing `record_param_comms` op, else from an enclosing `nccl:<name>` annotation's Input Dims (group
 size then = the trace's world size). size_bytes follows nccl-tests: the output for all_gather, the input otherwise.
 Kernel time in a training step includes waiting for the slowest peer (hardware.md §2 trap).
+
+Host: seconds per kernel launch of the traced program (projection/calibrate/import_host.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from projection.calibrate.calibration import (
     normalize_dtype,
 )
 from projection.calibrate.errors import CalibrationError
+from projection.calibrate.import_host import host_issue
 from projection.cost.collectives import CollectiveKind
 from projection.errors import Problem
 
@@ -227,7 +230,8 @@ def trace_collective_calls(trace: dict[str, Any], links: _Links | None = None) -
 
 
 def import_trace(path: str | Path, data: bytes | None = None) -> Calibration:
-    """GEMM rows (BLAS convention, mean time per shape) and collective rows (mean per kind, size, group) of a trace."""
+    """GEMM rows (BLAS convention, mean time per shape), collective rows (mean per kind, size, group) and the host
+    seconds per kernel launch of a trace."""
     file = str(path)
     trace = load_trace(path, data)
     links = _Links(trace)
@@ -246,10 +250,13 @@ def import_trace(path: str | Path, data: bytes | None = None) -> Calibration:
     collective = [CollectiveRow(kind=kind, n_ranks=n, size_bytes=size, time_s=statistics.fmean(times), dtype=dtype,
                                 device=device, count=len(times), source=f"{file}: {name} (in-training kernel time)")
                   for (kind, n, size, dtype, name), times in groups.items()]
-    if not gemm and not collective:
-        raise CalibrationError(Problem("the trace holds no GEMM with recorded shapes and no collective kernel",
-                                       file=file, fix="profile with record_shapes=True and CUDA/ROCm activities"))
-    return Calibration(provenance=(_provenance(trace, file),), gemm=tuple(gemm), collective=tuple(collective))
+    host = host_issue(trace, file, device)
+    if not gemm and not collective and host is None:
+        raise CalibrationError(Problem("the trace holds no GEMM with recorded shapes, no collective kernel and no "
+                                       "kernel launches", file=file,
+                                       fix="profile with record_shapes=True and CUDA/ROCm activities"))
+    return Calibration(provenance=(_provenance(trace, file),), gemm=tuple(gemm), collective=tuple(collective),
+                       host=(host,) if host is not None else ())
 
 
 def _gemm_shape(op: dict[str, Any]) -> tuple[int, int, int, int, bool, bool, bool] | None:

@@ -126,6 +126,7 @@ class CalibratedCostModel:
         self.memory = CurveTable([r.size_bytes for r in generic], [r.time_s for r in generic], "memory_bound") \
             if generic else None
         self.kernels = self._kernel_tables([r for r in rows if kernel_fn(r.op)])
+        self.host_kernel_issue_s: float | None = calibration.host_kernel_issue_s()
         self._cache: dict[Op, tuple[float, str]] = {}
 
     # ---- the CostModel interface

@@ -39,3 +39,17 @@ def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> C
     if path is None:
         return roofline
     return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name)
+
+
+def host_issue(scenario: Scenario, cost_model: CostModel) -> tuple[float, str]:
+    """Host seconds per kernel launch (the framework-overhead model of projection/perf/action_time.py) and where it
+    comes from: the cost model's calibration when it has host rows (`projection calibrate host`, or a profiler trace
+    imported with `projection calibrate import`), else the device YAML's `host_kernel_issue_s`, else 0 (not
+    modelled)."""
+    measured = getattr(cost_model, "host_kernel_issue_s", None)
+    if measured:
+        return float(measured), f"calibration {getattr(cost_model, 'name', '')}".strip()
+    device = scenario.cluster.device
+    if device.host_kernel_issue_s:
+        return device.host_kernel_issue_s, f"device {device.name}"
+    return 0.0, "not modelled"

@@ -19,7 +19,7 @@ or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.m
   model-parallel group, read by the host.
 Each memory-bound part is priced by the cost model's memory-bound pricing; the host issues its kernels (a
 multi-tensor launch per 36 tensors: apex/TE multi_tensor_apply's depth-4 limit, csrc/multi_tensor_apply.cuh
-depth_to_max_tensors) at the device's host_kernel_issue_s, as in projection/perf/action_time.py.
+depth_to_max_tensors) at the host issue time of projection/perf/costmodel.host_issue, as in action_time.py.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import math
 from projection.cost.model import CostModel
 from projection.memory.model_states import shard_groups
 from projection.perf.action_time import Item, blocking, run, run_items, sync
+from projection.perf.costmodel import host_issue
 from projection.perf.placement import world_placement
 from projection.perf.stage_params import stage_params
 from projection.specs.scenario import Scenario
@@ -92,6 +93,6 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
 
 def optimizer_step_seconds(scenario: Scenario, cost_model: CostModel) -> tuple[float, ...]:
     """Seconds of the optimizer step per pipeline rank (update, gradient norm and its all-reduce, host issue)."""
-    host_s = scenario.cluster.device.host_kernel_issue_s or 0.0
+    host_s = host_issue(scenario, cost_model)[0]
     return tuple(run_items(optimizer_items(scenario, cost_model, r), host_s).seconds
                  for r in range(scenario.plan.pp))

@@ -8,6 +8,9 @@ order) are run as actions by projection/perf/action_time.py with the overlap rul
   just before its backward: Megatron CheckpointFunction) then its input-gradient ops;
 - W: its weight-gradient ops, each followed, when gradient accumulation is not fused into the wgrad GEMM, by the
   add of the gradient into the fp32 main-gradient buffer (Megatron DDP's backward hook `main_grad.add_(grad)`);
+  then the same hook's add for each parameter whose gradient no GEMM writes (norms, biases, the embedding tables:
+  one kernel per tensor per microbatch, `StageParams.hooked`; not with FSDP, zero_stage 3, which reduces
+  gradients per unit instead);
 - B: the I and W ops of each component interleaved as a full backward runs them (so the column-parallel wgrad hides
   the input-gradient reduce-scatter). Schedules with split backward actions (zero-bubble, V, DualPipe) run I and W
   separately and B = I + W; the others run B and W is its weight-gradient part (I = B - W).
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from projection.cost.collectives import GroupPlacement
 from projection.cost.model import CostModel
 from projection.perf.action_time import ActionTime, add_times, run_items
+from projection.perf.costmodel import host_issue
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
 from projection.perf.placement import boundary_placement, expert_dp_placement, op_placements, shard_placements
 from projection.perf.stage_params import StageParams, stage_params
@@ -87,6 +91,7 @@ class PricedStages:
     host_kernel_issue_s: float
     provenance: Mapping[str, float] = field(default_factory=dict)
     """Seconds of one microbatch through every stage, per cost source ('roofline', 'calibrated: ...')."""
+    host_source: str = ""  # where host_kernel_issue_s comes from (projection/perf/costmodel.host_issue)
 
     def action_time(self, stage: int, kind: str) -> ActionTime:
         """Priced action of schedule kind F, B, I or W on model stage `stage`."""
@@ -146,7 +151,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
     """Seconds per virtual stage (F, I, W, B for one microbatch) and per pipeline boundary for the scenario's plan
     and schedule (`plan.schedule`; V schedules place stages in a V)."""
     model, training, plan, cluster = scenario.model, scenario.training, scenario.plan, scenario.cluster
-    host_s = cluster.device.host_kernel_issue_s or 0.0
+    host_s, host_source = host_issue(scenario, cost_model)
     groups = op_placements(cluster, plan)
     compute_memo: dict[Op, float] = {}
     coll_memo: dict[tuple[str, int, str], float] = {}
@@ -180,14 +185,16 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             continue
         comps = stage_components(scenario, slot, layers)
         params = stage_params(model, plan, slot)
+        hooked = {n: (k, e) for n, k, e in params.hooked} if plan.sharding.zero_stage < 3 else {}
         mine: dict[str, float] = {}
         gathers, scatters = fsdp.unit_seconds(params, [name for name, _ in comps])
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
-        for (_, ops), ag, rs in zip(comps, gathers, scatters, strict=True):
+        for (name, ops), ag, rs in zip(comps, gathers, scatters, strict=True):
             fwd = [o for o in ops if o.phase == "F" and not o.recompute]
             rec = [o for o in ops if o.recompute]
-            bwd = mark_async(_with_grad_accumulation([o for o in ops if o.phase != "F"], training))
+            hook = _grad_hooks(name, *hooked.get(name, (0, 0)), training)
+            bwd = mark_async(_with_grad_accumulation([o for o in ops if o.phase != "F"], training) + hook)
             bag = ag if plan.sharding.reshard_after_forward else ()
             fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=ag))
             rec_e = tuple(Entry(o) for o in rec)
@@ -210,7 +217,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             prov[k] = prov.get(k, 0.0) + v
     p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out)
     return PricedStages(plan.schedule, tuple(out), fwd_s, fwd_s, p2p_bytes, places, plan.schedule in SPLIT_BACKWARD,
-                        host_s, prov)
+                        host_s, prov, host_source)
 
 
 def _label(cost_model: CostModel, op: Op) -> str:
@@ -218,6 +225,17 @@ def _label(cost_model: CostModel, op: Op) -> str:
         return cost_model.provenance(op)
     except (KeyError, ValueError):
         return "alpha-beta (analytic)"
+
+
+def _grad_hooks(component: str, tensors: int, elements: int, training: TrainingSpec) -> list[Op]:
+    """The main-gradient adds of the parameters no GEMM writes a gradient for (norms, biases, embedding tables):
+    per tensor, read its gradient (params dtype) and the fp32 buffer, write the buffer."""
+    if tensors <= 0:
+        return []
+    act = DTYPE_BYTES[training.params_dtype]
+    main = DTYPE_BYTES[training.optimizer.main_grads_dtype]
+    return [Op(f"{component}.grad_hooks", "memory_bound", "W", dtype=training.params_dtype,
+               bytes_read=elements * (act + main) / tensors, bytes_written=elements * main / tensors, count=tensors)]
 
 
 def _with_grad_accumulation(bwd: list[Op], training: TrainingSpec) -> list[Op]:

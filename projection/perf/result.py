@@ -105,7 +105,8 @@ class Projection:
                                                 "reserved_bytes": mem.reserved_bytes,
                                                 "capacity_bytes": mem.capacity_bytes,
                                                 "headroom_bytes": mem.headroom_bytes, "peak_rank": mem.peak_rank},
-            "provenance": dict(self.provenance), "notes": list(self.notes),
+            "provenance": dict(self.provenance), "host_kernel_issue_s": self.priced.host_kernel_issue_s,
+            "host_issue_source": self.priced.host_source, "notes": list(self.notes),
         }
 
     def to_table(self) -> str:
@@ -136,6 +137,8 @@ class Projection:
                          f"{m.capacity_bytes / 2**30:.1f} GiB -> {m.verdict.upper()}")
         prov = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(self.provenance.items(), key=lambda kv: -kv[1]))
         lines.append(f"cost sources (share of priced seconds): {prov}")
+        lines.append(f"host issue per kernel: {self.priced.host_kernel_issue_s * 1e6:.1f} us "
+                     f"({self.priced.host_source or 'not modelled'})")
         path = self.critical_path
         shown = " ".join(path) if len(path) <= 10 else " ".join(path[:6]) + " ... " + " ".join(path[-4:])
         lines.append(f"critical path ({len(path)}): {shown}")

@@ -19,12 +19,16 @@ from projection.workload.stages import StageSlot
 @dataclass(frozen=True)
 class StageParams:
     """Parameters (elements) of one virtual stage on one rank. `components` lists (name, dense, expert) in forward
-    order: 'embedding', 'layer<i>', 'mtp<d>', 'output' (the FSDP units); `tensors` counts parameter tensors."""
+    order: 'embedding', 'layer<i>', 'mtp<d>', 'output' (the FSDP units); `tensors` counts parameter tensors.
+    `hooked` lists per component (name, tensors, elements) of the parameters whose gradient no GEMM writes: norms,
+    biases and the embedding tables (their gradients are added into the main-gradient buffer by a hook, one kernel
+    per tensor per microbatch; norm and bias vectors counted as hidden_size elements each, tables exactly)."""
 
     dense: int
     expert: int
     components: tuple[tuple[str, int, int], ...]
     tensors: int
+    hooked: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def total(self) -> int:
@@ -53,29 +57,52 @@ def _layer_tensors(model: ModelSpec, moe_layer: bool, local_experts: int) -> int
     return n
 
 
+def _vector_tensors(model: ModelSpec, moe_layer: bool, local_experts: int) -> int:
+    """The norm and bias tensors of one decoder layer (the rest of _layer_tensors are GEMM weight matrices)."""
+    bias = 1 if model.add_bias_linear else 0
+    n = 2 * _norm_tensors(model) + (2 if model.qk_norm else 0)
+    if model.mla is None:
+        n += 2 if model.add_bias_linear else (1 if model.add_qkv_bias else 0)
+    moe = model.moe
+    if moe_layer and moe is not None:
+        n += 2 * local_experts * bias + (2 * bias if moe.shared_expert_ffn_hidden_size else 0)
+    else:
+        n += 2 * bias
+    return n
+
+
 def stage_params(model: ModelSpec, plan: ParallelPlan, slot: StageSlot) -> StageParams:
     """Dense and expert parameters of virtual stage `slot` on one of its ranks."""
     sh = Sharding(plan.tp, plan.ep, plan.etp_)
     local_experts = model.moe.num_experts // plan.ep if model.moe is not None else 0
     comps: list[tuple[str, int, int]] = []
+    hooked: list[tuple[str, int, int]] = []
     tensors = 0
+    h = model.hidden_size
     if slot.embedding or slot.mtp_layers:
         comps.append(("embedding", embedding_params(model, plan.tp), 0))
-        tensors += 1 + (1 if model.position_embedding == "learned" else 0)
+        tables = 1 + (1 if model.position_embedding == "learned" else 0)
+        tensors += tables
+        hooked.append(("embedding", tables, comps[-1][1]))
     for i in slot.layers:
         p = layer_params(model, i, sh)
         comps.append((f"layer{i}", sum(p.values()) - p["experts"], p["experts"]))
         tensors += _layer_tensors(model, model.is_moe_layer(i), local_experts)
+        vectors = _vector_tensors(model, model.is_moe_layer(i), local_experts)
+        hooked.append((f"layer{i}", vectors, vectors * h))
     last = model.num_layers - 1
     for depth in range(slot.mtp_layers):
         experts = layer_params(model, last, sh)["experts"]
         comps.append((f"mtp{depth}", mtp_params(model, sh) - experts, experts))
         tensors += _layer_tensors(model, model.is_moe_layer(last), local_experts) + 3 * _norm_tensors(model) + 1
+        vectors = _vector_tensors(model, model.is_moe_layer(last), local_experts) + 3 * _norm_tensors(model)
+        hooked.append((f"mtp{depth}", vectors, vectors * h))
     if slot.loss:
         norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
         out = 0 if (model.tie_embeddings and slot.embedding) else output_params(model, plan.tp)
         comps.append(("output", norm + out, 0))
         tensors += _norm_tensors(model) + (1 if out else 0)
+        hooked.append(("output", _norm_tensors(model), norm))
     dense = sum(c[1] for c in comps)
     expert = sum(c[2] for c in comps)
-    return StageParams(dense, expert, tuple(comps), tensors)
+    return StageParams(dense, expert, tuple(comps), tensors, tuple(hooked))

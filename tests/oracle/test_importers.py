@@ -341,7 +341,8 @@ def test_rows_fill_derived_columns() -> None:
     a = Calibration(provenance=(Provenance(device_name="A100-SXM4-40GB"),), collective=(row,))
     b = Calibration(provenance=(Provenance(device_name="NVIDIA A100-SXM4-40GB"),), gemm=(gemm,))
     merged = merge_calibrations([a, b])
-    assert merged.row_counts() == {"gemm": 1, "grouped_gemm": 0, "attention": 0, "memory_bound": 0, "collective": 1}
+    assert merged.row_counts() == {"gemm": 1, "grouped_gemm": 0, "attention": 0, "memory_bound": 0, "collective": 1,
+                                   "host": 0}
 
 
 def test_cli_import_and_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -365,3 +366,21 @@ def test_cli_import_and_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     add_parser(hooked.add_subparsers(dest="command"), hooks=(
         lambda sub: sub.add_parser("gemm").set_defaults(calibrate_run=lambda args: 7),))
     assert run(hooked.parse_args(["calibrate", "gemm"])) == 7
+
+
+@pytest.mark.parametrize(("trace", "device"), [("h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", "h100-sxm"),
+                                               ("mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", "mi300x")])
+def test_trace_host_issue_time(trace: str, device: str) -> None:
+    """The TraceLens Qwen forward traces issue their kernels from one thread without interruption: the host seconds
+    per launch the importer finds equal (last launch - first launch) / (launches - 1) read here from the raw events
+    (within the one interval a mid-trace block removes), and the figure the device YAML states for that trace."""
+    from projection.specs.hardware import load_device
+
+    events = json.loads(gzip.decompress((TRACES / trace).read_bytes()))["traceEvents"]
+    starts = sorted(e["ts"] for e in events if e.get("ph") == "X" and re.fullmatch(
+        r"cuda(LaunchKernel(ExC)?)|cuLaunchKernel|hip(Ext)?(Module)?LaunchKernel", str(e.get("name", ""))))
+    raw = (starts[-1] - starts[0]) / (len(starts) - 1) * 1e-6
+    rows = import_trace(TRACES / trace).host
+    assert len(rows) == 1 and rows[0].kernels >= len(starts) - 2
+    assert rows[0].host_s == pytest.approx(raw, rel=0.01)
+    assert rows[0].host_s == pytest.approx(load_device(device).host_kernel_issue_s, rel=0.01)

@@ -116,3 +116,56 @@ def test_per_rank_gpt_style_tied(tp: int, pp: int) -> None:
     assert sum(model_params(model, vocab_tp=tp).values()) == count(hf)
     ours = [r.params for r in per_rank_params(model, ParallelPlan(tp=tp, pp=pp, dp=1))]
     assert ours == _independent_per_rank(hf, model, tp, pp, 1, 1)
+
+
+VECTOR_CASES = [("Meta-Llama-3.1-8B", 0), ("Qwen2.5-7B-Instruct", 2), ("Mixtral-8x7B-v0.1", 0),
+                ("Qwen3-30B-A3B", 0), ("DeepSeek-V3.config", 0)]
+
+
+@pytest.mark.skipif(not HF_FILES, reason="shared fixtures absent (user clone)")
+@pytest.mark.parametrize(("stem", "fused"), VECTOR_CASES, ids=[c[0] for c in VECTOR_CASES])
+def test_hooked_vector_tensors_equal_the_one_dimensional_parameters(stem: str, fused: int) -> None:
+    """The norm and bias tensors of each decoder layer (whose gradients Megatron's DDP hook adds into the main
+    buffer, perf/stage_params.py `hooked`) = the 1-D parameters transformers builds per layer, less the q/k/v bias
+    tensors Megatron fuses into linear_qkv's one bias (`fused`: 2 for Qwen2's separate q, k, v biases)."""
+    import re
+
+    from projection.perf.stage_params import stage_params
+    from projection.workload.stages import split_stages
+
+    path = next(p for p in HF_FILES if p.stem.startswith(stem.replace(".config", "")))
+    model, hf_cfg = _hf_fixture_model(path)
+    model = model.model_copy(update={"mtp_num_layers": 0})
+    hf: dict[int, int] = {}
+    for name, p in meta_model(hf_cfg).named_parameters():
+        m = re.match(r"model\.layers\.(\d+)\.", name)
+        if m and p.dim() == 1:
+            hf[int(m[1])] = hf.get(int(m[1]), 0) + 1
+    plan = ParallelPlan(tp=1, pp=1, ep=1, dp=1)
+    (slot,) = split_stages(model, plan)
+    ours = {int(name[5:]): k for name, k, _ in stage_params(model, plan, slot).hooked if name.startswith("layer")}
+    assert ours == {i: n - fused for i, n in hf.items()}
+
+
+def test_hooked_vector_tensors_of_a_gpt_layer() -> None:
+    """Megatron's GPT defaults (LayerNorm, biases) against GPT-2 as transformers builds it: 8 one-dimensional
+    parameters per block (two LayerNorms' weight and bias, the biases of c_attn, c_proj, c_fc and the MLP c_proj)."""
+    import re
+
+    from projection.perf.stage_params import stage_params
+    from projection.workload.stages import split_stages
+
+    model = ModelSpec(num_layers=2, hidden_size=256, num_attention_heads=8, ffn_hidden_size=1024, gated_mlp=False,
+                      activation="gelu", vocab_size=50257, vocab_divisible_by=128, tie_embeddings=True,
+                      norm="layernorm", add_bias_linear=True, position_embedding="learned",
+                      max_position_embeddings=1024)
+    hf: dict[int, int] = {}
+    for name, p in meta_model(hf_config_for(model, vocab=model.padded_vocab(1))).named_parameters():
+        m = re.match(r"transformer\.h\.(\d+)\.", name)
+        if m and p.dim() == 1:
+            hf[int(m[1])] = hf.get(int(m[1]), 0) + 1
+    plan = ParallelPlan(tp=1, pp=1, dp=1)
+    (slot,) = split_stages(model, plan)
+    hooked = stage_params(model, plan, slot).hooked
+    assert {int(n[5:]): k for n, k, _ in hooked if n.startswith("layer")} == hf == {0: 8, 1: 8}
+    assert dict((n, k) for n, k, _ in hooked if not n.startswith("layer")) == {"embedding": 2, "output": 2}

@@ -18,8 +18,9 @@ speed a "device" reaches is the one it has while its neighbour works too.
 
 The "device". The scenario's hardware is a device YAML written into tmp_path for this CPU, every number from the
 calibrations of this test (peak fp32 FLOP/s = the fastest GEMM measured, memory bandwidth = the fastest memory-bound
-row, link = the gloo all-reduce rows; host issue = a measured empty-op dispatch) or from the OS (memory size), each
-with its source; fields that mean nothing for one CPU (NIC, link kind) are tagged A.
+row, link = the gloo all-reduce rows) or from the OS (memory size), each with its source; fields that mean nothing
+for one CPU (NIC, link kind) are tagged A. The host issue time per kernel comes from `projection calibrate host`,
+merged into the calibration (the device YAML has none, so the projection must take the calibration's).
 
 Measurement. A shared virtual machine's speed drifts by 10-20 % over tens of seconds (seen here: the same step
 0.69 s one minute, 0.94 s a few minutes later), so calibrating once and then measuring compares two different
@@ -254,7 +255,7 @@ def dp_grad_bytes(config: Path) -> int:
     return max(r.size_bytes for r in rows)
 
 
-def device_yaml(cal: Calibration, host_issue_s: float) -> str:
+def device_yaml(cal: Calibration) -> str:
     """A device YAML for this CPU from the calibration rows (and the OS); every number with its source. Without
     collective rows (the single-process job runs none) the link fields are placeholders, tagged A."""
     gemm = max(cal.gemm, key=lambda r: r.flop_per_s)
@@ -288,7 +289,6 @@ gpus_per_node: 2
 intra_node: {{kind: pcie, topology: switch, links_per_gpu: 1, bandwidth_per_direction_bytes_per_s: {bw:.6e}, \
 latency_s: {lat:.6e}}}
 nic: {{count_per_node: 1, bandwidth_bytes_per_s: {bw:.6e}, latency_s: {lat:.6e}}}
-host_kernel_issue_s: {host_issue_s:.6e}
 sources:
   peak_flop_per_s.fp32: "D: fastest GEMM of `projection calibrate gemm --device cpu` ({gemm.m}x{gemm.n}x{gemm.k} \
 {gemm.layout}, {gemm.flop_per_s / 1e9:.1f} GFLOP/s), {by}"
@@ -302,21 +302,7 @@ sources:
   nic.count_per_node: "A: one node, no scale-out traffic; mirrors the intra-node link"
   nic.bandwidth_bytes_per_s: "A: one node, no scale-out traffic; the intra-node value"
   nic.latency_s: "A: one node, no scale-out traffic; the intra-node value"
-  host_kernel_issue_s: "R: median wall time of an eager torch.add on 1-element tensors, {by}"
 """
-
-
-def host_issue_s() -> float:
-    a, b = torch.ones(1), torch.ones(1)
-    for _ in range(200):
-        torch.add(a, b)
-    samples = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(1000):
-            torch.add(a, b)
-        samples.append((time.perf_counter() - t0) / 1000)
-    return statistics.median(samples)
 
 
 def concurrent(runs: list[list[list[str]]]) -> None:
@@ -348,8 +334,9 @@ class Machine:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.shapes = write_config(tmp / "shapes.yaml", 2, "mi300x")  # any device: the shapes do not depend on it
+        self.host = tmp / "host.json"
         with one_thread():
-            self.host_issue_s = host_issue_s()
+            calibrate("host", "--device", "cpu", "--quiet", "--out", str(self.host))
         self.grad_bytes = dp_grad_bytes(self.shapes)
 
     def compute_argv(self, tag: str) -> list[list[str]]:
@@ -384,13 +371,15 @@ class Machine:
         from projection.perf import default_cost_model, project
 
         cal_path = self.tmp / f"cpu-{world}.json"
-        calibrate("import", *(str(f) for f in files), "--out", str(cal_path))
+        calibrate("import", *(str(f) for f in (*files, self.host)), "--out", str(cal_path))
         hardware = self.tmp / f"cpu-test-{world}.yaml"
-        hardware.write_text(device_yaml(load_calibration(cal_path), self.host_issue_s), encoding="utf-8")
+        hardware.write_text(device_yaml(load_calibration(cal_path)), encoding="utf-8")
         config = write_config(self.tmp / f"job-{world}.yaml", world, str(hardware))
         sc = api.load(config, hardware=str(hardware))
         assert sc.world_size == world and sc.cluster.device.name == "cpu-test"
-        return project(sc, default_cost_model(sc, calibration=cal_path)), hardware
+        proj = project(sc, default_cost_model(sc, calibration=cal_path))
+        assert proj.priced.host_source == f"calibration {cal_path.name}" and proj.priced.host_kernel_issue_s > 0
+        return proj, hardware
 
 
 @pytest.fixture(scope="module")

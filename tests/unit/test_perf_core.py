@@ -196,6 +196,20 @@ def test_logging_flags_add_their_kernels_collectives_and_host_syncs() -> None:
         assert optimizer_step_seconds(sc, cm)[0] > optimizer_step_seconds(base, cm)[0]
 
 
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_w_actions_add_one_hook_kernel_per_hooked_tensor(zero: int) -> None:
+    """Megatron DDP adds the gradient of every norm, bias and embedding table into the main buffer (one kernel per
+    tensor per microbatch); FSDP (zero_stage 3) reduces per unit instead. The other W kernels are the W ops."""
+    sc = scenario(hidden=512, layers=2, pp=2, zero=zero, gpn=4, nodes=1, gbs=16)
+    priced = price_stages(sc, default_cost_model(sc))
+    for slot, price in zip(split_stages(sc.model, sc.plan), priced.stages, strict=True):
+        w_ops = sum(o.count for _, ops in stage_components(sc, slot) for o in ops if o.phase == "W")
+        hooks = sum(k for _, k, _ in stage_params(sc.model, sc.plan, slot).hooked)
+        expected = w_ops + (hooks if zero < 3 else 0)
+        fsdp_launches = len(stage_components(sc, slot)) if zero == 3 else 0  # a reduce-scatter per unit
+        assert price.w.kernels == expected + fsdp_launches, (slot.stage, zero)
+
+
 # ---- the action model
 
 def test_a_host_sync_drains_the_gpu_before_the_next_issue() -> None:
