@@ -59,6 +59,8 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "moe_ffn_hidden_size": ("int", None),
     "moe_shared_expert_intermediate_size": ("int", None),
     "moe_shared_expert_gate": ("bool", False),
+    "moe_expert_capacity_factor": ("float", None),
+    "moe_pad_expert_input_to_capacity": ("bool", False),
     "moe_layer_freq": ("freq", 1),
     # training and precision (§1.3, §1.6)
     "seq_length": ("int", None),

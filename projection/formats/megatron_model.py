@@ -181,6 +181,10 @@ def _moe(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set(f"{moe}.shared_expert_ffn_hidden_size", a.get("moe_shared_expert_intermediate_size"),
                 a.origin("moe_shared_expert_intermediate_size"))
     raw.set(f"{moe}.shared_expert_gate", a.get("moe_shared_expert_gate"), a.origin("moe_shared_expert_gate"))
+    if a.get("moe_expert_capacity_factor") is not None:  # §1.7 token dropping; None = dropless
+        raw.set(f"{moe}.capacity_factor", a.get("moe_expert_capacity_factor"), a.origin("moe_expert_capacity_factor"))
+        raw.set(f"{moe}.pad_to_capacity", a.get("moe_pad_expert_input_to_capacity"),
+                a.origin("moe_pad_expert_input_to_capacity"))
     freq, origin = a.get("moe_layer_freq"), a.origin("moe_layer_freq")
     rule = _as_rule(freq) if isinstance(freq, list) and len(freq) == a.get("num_layers") else None
     if rule is not None:

@@ -111,7 +111,7 @@ def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, floa
     assert moe is not None
     out: dict[str, float] = {"moe.norm_in": D.e * D.T * D.h * D.r, "moe.linear_in": D.e_lin * D.T * D.h * D.r,
                              "moe.router_probs": 4 * D.T * D.r * moe.num_experts}  # fp32 scores
-    n = D.T * moe.top_k * plan.etp_ / D.t
+    n = moe.routed_copies(D.T / D.t) * plan.etp_  # k T/t dropless; capped or padded by the capacity factor
     out["moe.dispatched"] = D.e_lin * n * D.h  # grouped-GEMM fc1 input (permuted token copies)
     out.update(mlp_tensors(model, D, moe.expert_ffn_hidden_size, "moe.experts", tokens=n, shard=plan.etp_,
                            with_norm=False))

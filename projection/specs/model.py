@@ -41,11 +41,30 @@ class MoESpec(Spec):
         "iff (i + 1) % freq == 0")
     layer_pattern: tuple[int, ...] | None = None
     router_bias: bool = Field(False, description="a learned bias on the router linear (rare)")
+    capacity_factor: float | None = Field(None, gt=0, description="Megatron --moe-expert-capacity-factor: an expert "
+                                          "takes at most ceil(k T / E x factor) of the k T token copies a rank routes "
+                                          "(T tokens); None = dropless")
+    pad_to_capacity: bool = Field(False, description="--moe-pad-expert-input-to-capacity: every expert's input is "
+                                  "padded to the capacity (needs capacity_factor)")
+
+    def routed_copies(self, tokens: float) -> float:
+        """Token copies one rank sends to the experts when it routes `tokens` tokens, with balanced routing: k T
+        dropless; with a capacity factor, E times the capacity C = ceil(k T / E x factor) (Megatron
+        moe_utils.get_capacity with num_tokens = T k) when padded, else E min(k T / E, C): balanced routing fills
+        every expert alike, so only what exceeds C is dropped (factor < 1)."""
+        copies = self.top_k * tokens
+        if self.capacity_factor is None:
+            return copies
+        full = self.num_experts * math.ceil(copies / self.num_experts * self.capacity_factor)
+        return full if self.pad_to_capacity else min(copies, full)
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) is larger than num_experts ({self.num_experts})")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise ValueError("pad_to_capacity needs capacity_factor (Megatron: --moe-pad-expert-input-to-capacity "
+                             "with --moe-expert-capacity-factor)")
         if self.layer_pattern is not None and any(v not in (0, 1) for v in self.layer_pattern):
             raise ValueError("layer_pattern entries must be 0 (dense) or 1 (MoE)")
         return self

@@ -10,6 +10,8 @@ then the mirror image (reduce-scatter over ETP, all-to-all combine, unpermute). 
 receives as many token copies as it sends, so the expert GEMMs process rows = top_k * t_l * etp rows in total,
 rows / (E/ep) per local expert. Expert FLOPs depend on the total rows only, so they hold for any routing. Shared
 experts (DeepSeek, Qwen-MoE) are a dense TP-sharded MLP over the same tokens, with an optional sigmoid gate h -> 1.
+With a capacity factor (token dropping) the routed copies are capped at the experts' capacity, or padded to it
+(`MoESpec.routed_copies`): every op after the top-k selection moves and multiplies that many rows.
 """
 
 from __future__ import annotations
@@ -72,13 +74,13 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     moe = model.moe
     assert moe is not None
     tl, h, ab, e = d.tokens_sp, d.h, d.act_bytes, moe.num_experts
-    routed = moe.top_k * tl
+    routed = int(moe.routed_copies(tl))  # k tl dropless; capped or padded by the capacity factor
     rows = routed * d.etp
     local = e // d.ep
     branches = 2 if model.gated_mlp else 1
     fe = moe.expert_ffn_hidden_size // d.etp
     pieces = [linear("moe.router", d, tl, e, h, dtype=d.act, tag="moe"),
-              Piece("moe", (mem("moe.router.topk", "F", tl * e * 4, tl * e * 4 + routed * 8, "fp32", "moe"),),
+              Piece("moe", (mem("moe.router.topk", "F", tl * e * 4, tl * e * 4 + moe.top_k * tl * 8, "fp32", "moe"),),
                     (mem("moe.router.topk.bwd", "I", 2 * tl * e * 4, tl * e * 4, "fp32", "moe"),)),
               Piece("moe", (mem("moe.permute", "F", tl * h * ab + routed * 8, routed * h * ab, d.act, "moe"),),
                     (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),

@@ -13,7 +13,7 @@ from projection.formats.megatron import args_to_raw, load_megatron
 from projection.formats.megatron_args import ArgValueError, eval_list_expression, flag_to_dest
 from projection.formats.tokenizers import tokenizer_vocab_size
 from projection.specs.hardware import load_device
-from projection.specs.model import ModelSpec
+from projection.specs.model import ModelSpec, MoESpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import Origin, build_scenario
 from projection.specs.training import TrainingSpec
@@ -133,6 +133,18 @@ def test_moe_defaults_and_list_expression() -> None:
     every_other = model(num_experts=4, moe_layer_freq=2)
     assert [every_other.is_moe_layer(i) for i in range(4)] == [True, False, True, False]  # layer 0 is MoE
     assert model(num_experts=0).moe is None
+
+
+def test_moe_token_dropping_flags() -> None:
+    """--moe-expert-capacity-factor (None = dropless) and --moe-pad-expert-input-to-capacity; padding without a
+    capacity factor is a located error, as Megatron refuses it."""
+    dropless = model(num_experts=8).moe
+    assert dropless is not None and (dropless.capacity_factor, dropless.pad_to_capacity) == (None, False)
+    capped = model(num_experts=8, moe_expert_capacity_factor=1.25, moe_pad_expert_input_to_capacity=True).moe
+    assert capped is not None and (capped.capacity_factor, capped.pad_to_capacity) == (1.25, True)
+    assert capped.routed_copies(1000) == 8 * 313  # ceil(2 x 1000 / 8 x 1.25) = 313 rows per expert
+    with pytest.raises(ValueError, match="pad_to_capacity needs capacity_factor"):
+        MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=64, pad_to_capacity=True)
 
 
 def test_list_expression_is_evaluated_safely() -> None:

@@ -305,3 +305,54 @@ def test_mla_under_sequence_parallel_gathers_the_latents() -> None:
     assert gathers["attn.kv_latent.ag"] == B * S * (16 + 4) * 2 and gathers["attn.q_up.ag"] == B * S * 24 * 2
     down = next(o for o in ops if o.name == "attn.q_down")
     assert (down.m, down.n, down.k) == (24, B * S // 2, 64)  # replicated weights on the sequence shard
+
+
+@pytest.mark.parametrize(("factor", "pad"), [(None, False), (1.0, False), (0.5, False), (0.75, True), (1.5, True)])
+def test_capacity_factor_expert_rows_equal_a_capacity_routed_moe(factor: float | None, pad: bool) -> None:
+    """Megatron token dropping on a real forward: force-balanced routing (token t to experts (t k + j) mod E), each
+    expert keeps at most C = ceil(k T / E x factor) of its copies (moe_utils.get_capacity) and, padded, runs on
+    exactly C rows. FlopCounterMode's count of the expert MLPs = the grouped-GEMM op FLOPs of the layer."""
+    moe = MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, capacity_factor=factor, pad_to_capacity=pad)
+    m = MOE.model_copy(update={"moe": moe, "num_layers": 1})  # first_k_dense 0: the layer is MoE
+    experts = [Mlp(m, moe.expert_ffn_hidden_size) for _ in range(moe.num_experts)]
+    tokens = B * S
+    x = torch.randn(tokens, m.hidden_size)
+    assigned: list[list[int]] = [[] for _ in range(moe.num_experts)]
+    for t in range(tokens):
+        for j in range(moe.top_k):
+            assigned[(t * moe.top_k + j) % moe.num_experts].append(t)
+    cap = None if factor is None else -(-tokens * moe.top_k * factor // moe.num_experts)
+    with FlopCounterMode(display=False) as counter:
+        for e, rows in enumerate(assigned):
+            kept = rows if cap is None else rows[: int(cap)]
+            inp = x[kept]
+            if pad and cap is not None:
+                inp = torch.cat([inp, inp.new_zeros(int(cap) - len(kept), m.hidden_size)])
+            experts[e](inp)
+    ops = layer_ops(m, TrainingSpec(seq_length=S, micro_batch_size=B), ParallelPlan(dp=1), 0)
+    grouped = sum(o.flop * o.count for o in ops if o.phase == "F" and o.kind == "grouped_gemm")
+    assert grouped == counter.get_total_flops()
+
+
+def test_capacity_scales_every_routed_tensor_alike() -> None:
+    """The op list and the saved-activation inventory take the routed copies from the same rule: padded to a
+    capacity factor of 2 doubles every op after the top-k selection and every saved expert tensor; the router and
+    the shared expert do not move."""
+    from projection.memory.activations import layer_tensors
+
+    training, plan = TrainingSpec(seq_length=S, micro_batch_size=B), ParallelPlan(dp=1)
+    base = MOE.model_copy(update={"num_layers": 1, "moe": MOE.moe.model_copy(update={"first_k_dense": 0})})
+    moe = base.moe
+    assert moe is not None
+    padded = base.model_copy(update={"moe": moe.model_copy(update={"capacity_factor": 2.0, "pad_to_capacity": True})})
+    routed = ("moe.permute", "moe.fc1", "moe.act", "moe.fc2", "moe.unpermute")
+    for a, b in zip(layer_ops(base, training, plan, 0), layer_ops(padded, training, plan, 0), strict=True):
+        scale = 2.0 if a.name.startswith(routed) and not a.name.startswith("moe.permute.bwd") else None
+        if a.name.startswith(("moe.router", "moe.shared", "attn", "mlp.norm", "mlp.residual")):
+            assert (a.flop, a.bytes_written) == (b.flop, b.bytes_written), a.name
+        elif scale and a.kind == "grouped_gemm":
+            assert b.flop == pytest.approx(scale * a.flop), a.name
+    saved_a, saved_b = layer_tensors(base, training, plan, 0), layer_tensors(padded, training, plan, 0)
+    for key in ("moe.dispatched", "moe.expert_out"):
+        assert saved_b[key] == pytest.approx(2.0 * saved_a[key])
+    assert saved_b["moe.router_probs"] == saved_a["moe.router_probs"]
