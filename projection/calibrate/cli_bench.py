@@ -48,12 +48,13 @@ def register(calibrate_subparsers: Any) -> None:
              "softmax at its shapes (with --config)", _run_memory),
             ("host", "time the host's issue of one eager PyTorch kernel (the framework-overhead constant)", _run_host)):
         p = calibrate_subparsers.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("--config", help="benchmark the shapes of this job (any supported config file)")
-        p.add_argument("--hardware", help="device of the job's cluster (for --config)")
-        p.add_argument("--nodes", type=int, help="nodes of the job's cluster (for --config)")
-        p.add_argument("--gpus-per-node", type=int)
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-        p.add_argument("--primus-root")
+        if name != "host":  # the host figure does not depend on a job's shapes
+            p.add_argument("--config", help="benchmark the shapes of this job (any supported config file)")
+            p.add_argument("--hardware", help="device of the job's cluster (for --config)")
+            p.add_argument("--nodes", type=int, help="nodes of the job's cluster (for --config)")
+            p.add_argument("--gpus-per-node", type=int)
+            p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+            p.add_argument("--primus-root")
         p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
         p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
         p.add_argument("--repeat", type=int, default=10, help="timed calls (the median is kept)")

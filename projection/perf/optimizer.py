@@ -5,8 +5,9 @@ Per pipeline rank, over the elements it updates (all its parameters, or its 1/d 
 or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.memory.model_states.shard_groups):
 - zero the gradient buffer (Megatron zero_grad_buffer at the start of the step): write local grads;
 - gradient norm for clipping (Megatron clip_grad_norm_fp32, multi_tensor_l2norm): read the grads; then one scalar
-  all-reduce over every rank (the norm is reduced over the model- and data-parallel groups) that the host reads
-  (`.item()`: a synchronisation, projection/perf/action_time.py);
+  all-reduce over every rank (the norm is reduced over the model- and data-parallel groups) that Megatron's host
+  reads (`.item()`: a synchronisation, projection/perf/action_time.py; TorchTitan's torch clip_grad_norm_ keeps
+  the norm on the device);
 - with `log_num_zeros_in_grad` (Megatron count_zeros_fp32): per gradient tensor `numel - count_nonzero(grad)` added
   to a running total, COUNT_ZEROS_KERNELS kernels each (a Python loop, megatron/core/optimizer/clip_grads.py), read
   of the grads, then a scalar all-reduce the host reads;
@@ -77,7 +78,7 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     memory("grad_norm", updated * grad_b, 0.0, math.ceil(tensors / L2NORM_TENSORS_PER_LAUNCH))
     world = world_placement(scenario.cluster, plan)
     norm_s = cost_model.collective_seconds("all_reduce", 4, world) if world.n_ranks > 1 else 0.0
-    items += [blocking("optimizer", norm_s), sync()]
+    items += [blocking("optimizer", norm_s), *([] if "torchtitan" in scenario.framework else [sync()])]
     if training.log_num_zeros_in_grad:
         memory("count_zeros", updated * grad_b, 0.0, COUNT_ZEROS_KERNELS * tensors)
         items += [blocking("optimizer", norm_s), sync()]

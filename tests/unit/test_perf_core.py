@@ -194,6 +194,10 @@ def test_logging_flags_add_their_kernels_collectives_and_host_syncs() -> None:
         extra = [i for i in optimizer_items(sc, cm, 0)[len(optimizer_items(base, cm, 0)):] if i.mode == "sync"]
         assert len(extra) == 1
         assert optimizer_step_seconds(sc, cm)[0] > optimizer_step_seconds(base, cm)[0]
+    # Megatron reads the gradient norm on the host; TorchTitan's clip_grad_norm_ does not
+    assert [i.mode for i in optimizer_items(base, cm, 0)].count("sync") == 1
+    titan = base.model_copy(update={"framework": "torchtitan"})
+    assert [i.mode for i in optimizer_items(titan, cm, 0)].count("sync") == 0
 
 
 @pytest.mark.parametrize("zero", [0, 1, 3])
