@@ -120,6 +120,14 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
     impl = a.get("transformer_impl")
     raw.set("training.kernels.transformer_impl", "local" if impl == "local" else "transformer_engine",
             a.origin("transformer_impl"))
+    dispatcher = "flex" if a.get("moe_enable_deepep") else a.get("moe_token_dispatcher_type")
+    dispatcher = {"alltoall_seq": "alltoall"}.get(dispatcher, dispatcher)  # §1.7: the older sequence variant
+    if dispatcher not in ("alltoall", "allgather", "flex"):
+        a.problem("moe_token_dispatcher_type", f"unknown MoE token dispatcher {dispatcher!r}",
+                  "use allgather, alltoall or flex")
+    else:
+        raw.set("training.kernels.moe_token_dispatcher", dispatcher,
+                a.origin("moe_enable_deepep" if a.get("moe_enable_deepep") else "moe_token_dispatcher_type"))
     for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("defer_embedding_wgrad_compute",
                                                                   "defer_embedding_wgrad"),
                       ("wgrad_deferral_limit", "wgrad_deferral_limit"),

@@ -60,6 +60,8 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "moe_shared_expert_intermediate_size": ("int", None),
     "moe_shared_expert_gate": ("bool", False),
     "moe_expert_capacity_factor": ("float", None),
+    "moe_token_dispatcher_type": ("str", "allgather"),
+    "moe_enable_deepep": ("bool", False),
     "moe_pad_expert_input_to_capacity": ("bool", False),
     "moe_layer_freq": ("freq", 1),
     # training and precision (§1.3, §1.6)

@@ -69,7 +69,7 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     pg = param_gather_exposed_s(dp, priced, sched, sim)
     tails = [o + g for o, g in zip(_per_schedule_rank(opt, sched), pg, strict=True)]
     step = sim.step_time_s + max(tails, default=0.0)
-    notes: list[str] = []
+    notes = _unmodelled(sc)
     memory = _memory(sc, notes)
     return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes)
 
@@ -99,6 +99,19 @@ def applicable_schedules(scenario: Scenario) -> list[str]:
 
 def _per_schedule_rank(values: Sequence[float], sched: Schedule) -> list[float]:
     return [values[r] if r < len(values) else 0.0 for r in range(sched.n_ranks)]
+
+
+def _unmodelled(sc: Scenario) -> list[str]:
+    """What the configuration runs that the model prices as something else (said in the projection's notes)."""
+    notes = []
+    k, plan = sc.training.kernels, sc.plan
+    if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher != "alltoall":
+        notes.append(f"MoE token dispatcher {k.moe_token_dispatcher!r} projected as the all-to-all dispatcher (the "
+                     "one modelled): its communication volume and group differ")
+    if sc.model.moe is not None and "megatron" in sc.framework and not k.moe_grouped_gemm:
+        notes.append("--moe-grouped-gemm is off: Megatron runs each local expert's linears as GEMMs of their own "
+                     "(SequentialMLP); projected as one grouped GEMM per expert linear (fewer kernel launches)")
+    return notes
 
 
 def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:

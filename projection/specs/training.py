@@ -48,6 +48,9 @@ class KernelSpec(Spec):
 
     transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
     moe_grouped_gemm: bool = False
+    moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
+        "alltoall", description="Megatron --moe-token-dispatcher-type (flex: DeepEP / HybridEP); the performance "
+        "model prices the all-to-all dispatcher and says so in its notes when another one is configured")
     defer_embedding_wgrad: bool = False
     wgrad_deferral_limit: int = Field(0, ge=0)
     cross_entropy_fusion_impl: Literal["native", "te"] = "native"

@@ -147,6 +147,16 @@ def test_moe_token_dropping_flags() -> None:
         MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=64, pad_to_capacity=True)
 
 
+def test_moe_token_dispatcher() -> None:
+    """Megatron's default dispatcher is allgather; alltoall_seq is the older all-to-all; DeepEP selects flex."""
+    assert training().kernels.moe_token_dispatcher == "allgather"
+    assert training(moe_token_dispatcher_type="alltoall_seq").kernels.moe_token_dispatcher == "alltoall"
+    assert training(moe_token_dispatcher_type="alltoall", moe_enable_deepep=True).kernels.moe_token_dispatcher == "flex"
+    with pytest.raises(ConfigError) as err:
+        raw_of(moe_token_dispatcher_type="carrier_pigeon")
+    assert err.value.problems[0].key == "moe_token_dispatcher_type"
+
+
 def test_list_expression_is_evaluated_safely() -> None:
     assert eval_list_expression("([0]*3+[1]*2)") == [0, 0, 0, 1, 1]
     assert eval_list_expression("[1,0]*2") == [1, 0, 1, 0]

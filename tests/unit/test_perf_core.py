@@ -214,6 +214,17 @@ def test_w_actions_add_one_hook_kernel_per_hooked_tensor(zero: int) -> None:
         assert price.w.kernels == expected + fsdp_launches, (slot.stage, zero)
 
 
+def test_notes_say_what_is_projected_as_something_else() -> None:
+    moe = scenario(hidden=256, layers=2, moe=True, gbs=16)
+    assert project(moe).notes == ()  # native: the all-to-all dispatcher, no framework flag
+    kernels = moe.training.kernels.model_copy(update={"moe_token_dispatcher": "allgather"})
+    other = moe.model_copy(update={"training": moe.training.model_copy(update={"kernels": kernels}),
+                                   "framework": "megatron"})
+    notes = project(other).notes
+    assert any("'allgather' projected as the all-to-all" in n for n in notes)
+    assert any("--moe-grouped-gemm is off" in n for n in notes)
+
+
 # ---- the action model
 
 def test_a_host_sync_drains_the_gpu_before_the_next_issue() -> None:
