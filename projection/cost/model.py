@@ -20,7 +20,7 @@ from projection.specs.plan import ParallelPlan
 from projection.workload.ops import Op
 
 DENSE_AXES = ("tp", "cp", "dp", "pp")
-EXPERT_AXES = {"ep": "ep", "etp": "tp"}  # op group axis -> axis of the expert grid (etp innermost, like tp)
+EXPERT_AXES = {"ep": "ep", "etp": "tp", "etp_ep": "tp-ep"}  # op group axis -> axes of the expert grid (etp innermost)
 
 
 class CostModel(Protocol):

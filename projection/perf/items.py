@@ -12,7 +12,8 @@ Rules, after Megatron-LM / Transformer Engine:
 - CP ring attention (TE): each of the cp - 1 K/V exchanges overlaps one 1/cp chunk of the attention kernel, so the
   exposed time is (cp - 1) x max(0, step - attention / cp).
 - EP all-to-all: waited for, unless `overlap.ep_comm` (Megatron's combined 1F1B all-to-all overlap): then launched
-  and hidden behind the rest of the action's compute. Expert-TP collectives are waited for (booked as ep).
+  and hidden behind the rest of the action's compute. Expert-TP collectives and the allgather dispatcher's
+  collectives over the tensor-and-expert group are waited for (booked as ep).
 - FSDP (zero_stage 3): one all-gather per unit (embedding, decoder layer, MTP depth, output) prefetched one unit
   ahead (FSDP2's implicit prefetch), again in the backward when resharded after forward, and one reduce-scatter per
   unit after its backward on its own stream; dense units over the dp x cp shard group, experts over expert-dp.
@@ -134,7 +135,7 @@ class ItemBuilder:
             elif group == "ep" and self.plan.overlap.ep_comm:
                 out.append(launch("ep", full, self._next(), op.count))
             else:
-                out.append(blocking("ep" if group == "etp" else group, full, full, op.count))
+                out.append(blocking("ep" if group in ("etp", "etp_ep") else group, full, full, op.count))
         if after_next or before:
             out.append(wait(*after_next, *before.values()))
         return out

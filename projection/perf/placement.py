@@ -91,11 +91,12 @@ def expert_sizes(plan: ParallelPlan) -> tuple[int, int, int, int, int]:
 
 def op_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, GroupPlacement]:
     """Placement of every group axis an op names (projection.cost.model.group_placements, fast): tp, cp, dp, pp on
-    the dense grid; ep and etp on the expert grid."""
+    the dense grid; ep, etp and etp_ep (the tensor-and-expert group) on the expert grid."""
     dense, expert = dense_sizes(plan), expert_sizes(plan)
     out = {axis: grid_placement(cluster, dense, axis) for axis in ("tp", "cp", "dp", "pp")}
     out["ep"] = grid_placement(cluster, expert, "ep")
     out["etp"] = grid_placement(cluster, expert, "tp")
+    out["etp_ep"] = grid_placement(cluster, expert, "tp-ep")
     return out
 
 

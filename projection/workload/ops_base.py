@@ -39,7 +39,9 @@ def kernel_fn(key: str) -> str:
     return fn if fn in KERNEL_FNS else ""
 Phase = Literal["F", "I", "W"]
 CollKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
-GroupAxis = Literal["tp", "cp", "ep", "etp", "dp", "pp"]
+GroupAxis = Literal["tp", "cp", "ep", "etp", "etp_ep", "dp", "pp"]
+"""etp_ep: Megatron's tensor-and-expert-parallel group (etp x ep innermost ranks of the expert grid), over which the
+allgather MoE token dispatcher gathers and reduce-scatters."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class Dims:
     dropout: bool
     norm: str = "rmsnorm"
     act_fn: str = "silu"
+    allgather_dispatch: bool = False  # Megatron's allgather MoE token dispatcher (else all-to-all)
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -136,7 +139,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
                 flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
-                act_fn=f"{model.activation}_glu" if model.gated_mlp else model.activation)
+                act_fn=f"{model.activation}_glu" if model.gated_mlp else model.activation,
+                allgather_dispatch=training.kernels.moe_token_dispatcher == "allgather")
 
 
 def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes: float, *, layout: str,

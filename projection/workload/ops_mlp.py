@@ -10,6 +10,8 @@ then the mirror image (reduce-scatter over ETP, all-to-all combine, unpermute). 
 receives as many token copies as it sends, so the expert GEMMs process rows = top_k * t_l * etp rows in total,
 rows / (E/ep) per local expert. Expert FLOPs depend on the total rows only, so they hold for any routing. Shared
 experts (DeepSeek, Qwen-MoE) are a dense TP-sharded MLP over the same tokens, with an optional sigmoid gate h -> 1.
+With Megatron's allgather dispatcher (its default) the tokens of the tensor-and-expert group are all-gathered
+instead of exchanged all-to-all, and reduce-scattered back (`_allgather_dispatch`); the experts' rows are the same.
 With a capacity factor (token dropping) the routed copies are capped at the experts' capacity, or padded to it
 (`MoESpec.routed_copies`): every op after the top-k selection moves and multiplies that many rows.
 """
@@ -79,23 +81,52 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     local = e // d.ep
     branches = 2 if model.gated_mlp else 1
     fe = moe.expert_ffn_hidden_size // d.etp
-    pieces = [linear("moe.router", d, tl, e, h, dtype=d.act, tag="moe"),
+    router = [linear("moe.router", d, tl, e, h, dtype=d.act, tag="moe"),
               Piece("moe", (mem("moe.router.topk", "F", tl * e * 4, tl * e * 4 + moe.top_k * tl * 8, "fp32", "moe"),),
-                    (mem("moe.router.topk.bwd", "I", 2 * tl * e * 4, tl * e * 4, "fp32", "moe"),)),
-              Piece("moe", (mem("moe.permute", "F", tl * h * ab + routed * 8, routed * h * ab, d.act, "moe"),),
-                    (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),
-              _exchange("moe.dispatch", d, routed * h * ab, rows * h * ab),
-              grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
-              pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act", fn=d.act_fn, width=fe),
-              grouped_linear("moe.fc2", d, local, rows, h, fe, "moe"),
-              _exchange("moe.combine", d, routed * h * ab, rows * h * ab, combine=True),
-              Piece("moe", (mem("moe.unpermute", "F", routed * (h * ab + 4), tl * h * ab, d.act, "moe"),),
-                    (mem("moe.unpermute.bwd", "I", tl * h * ab + routed * 4, routed * h * ab, d.act, "moe"),))]
+                    (mem("moe.router.topk.bwd", "I", 2 * tl * e * 4, tl * e * 4, "fp32", "moe"),))]
+    experts = [grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
+               pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act", fn=d.act_fn, width=fe),
+               grouped_linear("moe.fc2", d, local, rows, h, fe, "moe")]
+    if d.allgather_dispatch and d.ep * d.etp > 1:
+        pieces = router + _allgather_dispatch(d, e, rows, experts)
+    else:
+        pieces = [*router,
+                  Piece("moe", (mem("moe.permute", "F", tl * h * ab + routed * 8, routed * h * ab, d.act, "moe"),),
+                        (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),
+                  _exchange("moe.dispatch", d, routed * h * ab, rows * h * ab),
+                  *experts,
+                  _exchange("moe.combine", d, routed * h * ab, rows * h * ab, combine=True),
+                  Piece("moe", (mem("moe.unpermute", "F", routed * (h * ab + 4), tl * h * ab, d.act, "moe"),),
+                        (mem("moe.unpermute.bwd", "I", tl * h * ab + routed * 4, routed * h * ab, d.act, "moe"),))]
     if moe.shared_expert_ffn_hidden_size:
         pieces.append(dense_mlp(model, d, moe.shared_expert_ffn_hidden_size, "moe.shared", "shared_experts"))
         if moe.shared_expert_gate:
             pieces.append(linear("moe.shared.gate", d, d.tokens, 1, h, dtype=d.act, tag="shared_experts"))
     return pieces
+
+
+def _allgather_dispatch(d: Dims, e: int, rows: int, experts: list[Piece]) -> list[Piece]:
+    """Megatron's MoEAllGatherTokenDispatcher: all-gather of the routing map (1 byte per token and expert, no
+    gradient), the routing probabilities and the hidden states over the tensor-and-expert group (etp x ep ranks,
+    T_g = t_l etp ep tokens); the local experts' rows selected from the gathered tokens (permute), the experts,
+    their outputs scattered back into T_g rows (unpermute), and a reduce-scatter over the same group. Backward: the
+    conjugate collectives (probabilities and hidden-state gradients reduce-scattered, output gradient gathered).
+    Probabilities are counted in the activation dtype (Megatron's router dtype default)."""
+    ab, h = d.act_bytes, d.h
+    tg = d.tokens_sp * d.etp * d.ep
+    gather = Piece("moe", (coll("moe.dispatch.map", "F", "all_gather", tg * e, "etp_ep", tag="moe"),
+                           coll("moe.dispatch.probs", "F", "all_gather", tg * e * ab, "etp_ep", tag="moe"),
+                           coll("moe.dispatch.tokens", "F", "all_gather", tg * h * ab, "etp_ep", tag="moe")),
+                   (coll("moe.dispatch.tokens.bwd", "I", "reduce_scatter", tg * h * ab, "etp_ep", tag="moe"),
+                    coll("moe.dispatch.probs.bwd", "I", "reduce_scatter", tg * e * ab, "etp_ep", tag="moe")))
+    local = e // d.ep
+    permute = Piece("moe", (mem("moe.permute", "F", tg * local + rows * h * ab, rows * h * ab, d.act, "moe"),),
+                    (mem("moe.permute.bwd", "I", rows * h * ab, tg * h * ab, d.act, "moe"),))
+    unpermute = Piece("moe", (mem("moe.unpermute", "F", rows * (h + 1) * ab, tg * h * ab, d.act, "moe"),),
+                      (mem("moe.unpermute.bwd", "I", tg * h * ab, rows * (h + 1) * ab, d.act, "moe"),))
+    combine = Piece("moe", (coll("moe.combine.tokens", "F", "reduce_scatter", tg * h * ab, "etp_ep", tag="moe"),),
+                    (coll("moe.combine.tokens.bwd", "I", "all_gather", tg * h * ab, "etp_ep", tag="moe"),))
+    return [gather, permute, *experts, unpermute, combine]
 
 
 def _exchange(name: str, d: Dims, a2a_bytes: float, etp_bytes: float, combine: bool = False) -> Piece:

@@ -356,3 +356,25 @@ def test_capacity_scales_every_routed_tensor_alike() -> None:
     for key in ("moe.dispatched", "moe.expert_out"):
         assert saved_b[key] == pytest.approx(2.0 * saved_a[key])
     assert saved_b["moe.router_probs"] == saved_a["moe.router_probs"]
+
+
+def test_allgather_dispatcher_gathers_the_tensor_and_expert_group() -> None:
+    """Megatron's allgather dispatcher (its default): the hidden states of the etp x ep ranks are all-gathered (and
+    the routing map, 1 byte per token and expert, and the probabilities), then reduce-scattered back; the expert GEMMs
+    are those of the all-to-all dispatcher, and no all-to-all or expert-TP collective runs."""
+    from projection.specs.training import KernelSpec
+
+    m = MOE.model_copy(update={"num_layers": 1, "moe": MOE.moe.model_copy(update={"first_k_dense": 0})})
+    plan = ParallelPlan(tp=2, sp=True, ep=2, dp=2)
+    a2a = TrainingSpec(seq_length=S, micro_batch_size=B, kernels=KernelSpec(moe_token_dispatcher="alltoall"))
+    ag = a2a.model_copy(update={"kernels": KernelSpec(moe_token_dispatcher="allgather")})
+    ops_a2a, ops_ag = layer_ops(m, a2a, plan, 0), layer_ops(m, ag, plan, 0)
+    group = B * S // 2 * 2 * 2  # tokens of the tensor-and-expert group: b s / tp (SP shard) x etp (= tp) x ep
+    colls = {o.name: (o.coll, o.group, o.coll_bytes) for o in ops_ag if o.kind == "collective" and "moe" in o.name}
+    assert colls["moe.dispatch.tokens"] == ("all_gather", "etp_ep", group * m.hidden_size * 2)
+    assert colls["moe.dispatch.map"] == ("all_gather", "etp_ep", group * 4)  # 4 experts, 1 byte each
+    assert colls["moe.combine.tokens"] == ("reduce_scatter", "etp_ep", group * m.hidden_size * 2)
+    assert not [o for o in ops_ag if o.coll == "all_to_all" or o.group == "etp"]
+    assert [o for o in ops_a2a if o.coll == "all_to_all"]
+    gemms = [(o.name, o.flop, o.m, o.n, o.k) for o in ops_ag if o.kind == "grouped_gemm"]
+    assert gemms == [(o.name, o.flop, o.m, o.n, o.k) for o in ops_a2a if o.kind == "grouped_gemm"]

@@ -166,6 +166,19 @@ def test_placements_equal_the_generic_rank_walk() -> None:
             assert grid_placement(cluster, sizes, axis) == group_placement(cluster, *sizes, axis), (sizes, axis)
 
 
+def test_tensor_and_expert_group_placement() -> None:
+    """The allgather dispatcher's group: etp x ep innermost ranks of the expert grid; the fast placement equals the
+    generic rank walk (projection.cost.model.group_placements)."""
+    from projection.cost.model import group_placements
+    from projection.perf.placement import op_placements
+
+    for tp, ep, etp, nodes in [(2, 4, None, 2), (4, 4, 1, 2), (8, 8, None, 8), (1, 8, None, 1)]:
+        plan = ParallelPlan(tp=tp, ep=ep, etp=etp, dp=nodes * 8 // tp, sp=tp > 1)
+        cluster = ClusterSpec(device=QUIET, nodes=nodes, gpus_per_node=8)
+        fast, generic = op_placements(cluster, plan)["etp_ep"], group_placements(cluster, plan)["etp_ep"]
+        assert fast == generic and fast.n_ranks == plan.etp_ * ep, (tp, ep, etp)
+
+
 def test_optimizer_shards_with_the_distributed_optimizer() -> None:
     plain, sharded = scenario(hidden=2048), scenario(hidden=2048, zero=1)
     cm = default_cost_model(plain)
@@ -217,11 +230,11 @@ def test_w_actions_add_one_hook_kernel_per_hooked_tensor(zero: int) -> None:
 def test_notes_say_what_is_projected_as_something_else() -> None:
     moe = scenario(hidden=256, layers=2, moe=True, gbs=16)
     assert project(moe).notes == ()  # native: the all-to-all dispatcher, no framework flag
-    kernels = moe.training.kernels.model_copy(update={"moe_token_dispatcher": "allgather"})
+    kernels = moe.training.kernels.model_copy(update={"moe_token_dispatcher": "flex"})
     other = moe.model_copy(update={"training": moe.training.model_copy(update={"kernels": kernels}),
                                    "framework": "megatron"})
     notes = project(other).notes
-    assert any("'allgather' projected as the all-to-all" in n for n in notes)
+    assert any("'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all" in n for n in notes)
     assert any("--moe-grouped-gemm is off" in n for n in notes)
 
 
