@@ -108,9 +108,6 @@ def _unmodelled(sc: Scenario) -> list[str]:
     if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher == "flex":
         notes.append("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
                      "dispatcher: the same bytes, not the same kernels")
-    if sc.model.moe is not None and "megatron" in sc.framework and not k.moe_grouped_gemm:
-        notes.append("--moe-grouped-gemm is off: Megatron runs each local expert's linears as GEMMs of their own "
-                     "(SequentialMLP); projected as one grouped GEMM per expert linear (fewer kernel launches)")
     return notes
 
 

@@ -47,7 +47,10 @@ class KernelSpec(Spec):
     cross-entropy implementation, and the GEMM library workspace (CUBLAS_WORKSPACE_CONFIG; None = library default)."""
 
     transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
-    moe_grouped_gemm: bool = False
+    moe_grouped_gemm: bool | None = Field(
+        None, description="Megatron --moe-grouped-gemm: True = one grouped GEMM per expert linear (TE GroupedLinear), "
+        "False = Megatron's SequentialMLP, each local expert's linears as GEMMs of their own; None = not a Megatron "
+        "setting (TorchTitan's grouped_mm, HF, native scenarios): grouped")
     moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
         "alltoall", description="Megatron --moe-token-dispatcher-type (flex: DeepEP / HybridEP); the performance "
         "model prices the all-to-all dispatcher and says so in its notes when another one is configured")

@@ -127,6 +127,7 @@ class Dims:
     norm: str = "rmsnorm"
     act_fn: str = "silu"
     allgather_dispatch: bool = False  # Megatron's allgather MoE token dispatcher (else all-to-all)
+    sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -140,7 +141,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 fused_wgrad=training.gradient_accumulation_fusion,
                 flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
                 act_fn=f"{model.activation}_glu" if model.gated_mlp else model.activation,
-                allgather_dispatch=training.kernels.moe_token_dispatcher == "allgather")
+                allgather_dispatch=training.kernels.moe_token_dispatcher == "allgather",
+                sequential_experts=training.kernels.moe_grouped_gemm is False)
 
 
 def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes: float, *, layout: str,

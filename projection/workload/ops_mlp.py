@@ -18,6 +18,8 @@ With a capacity factor (token dropping) the routed copies are capped at the expe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from projection.specs.model import ModelSpec
 from projection.specs.training import DTYPE_BYTES
 from projection.workload.ops_base import (
@@ -87,6 +89,8 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     experts = [grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
                pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act", fn=d.act_fn, width=fe),
                grouped_linear("moe.fc2", d, local, rows, h, fe, "moe")]
+    if d.sequential_experts:
+        experts = [_per_expert(p, local) for p in experts]
     if d.allgather_dispatch and d.ep * d.etp > 1:
         pieces = router + _allgather_dispatch(d, e, rows, experts)
     else:
@@ -103,6 +107,16 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
         if moe.shared_expert_gate:
             pieces.append(linear("moe.shared.gate", d, d.tokens, 1, h, dtype=d.act, tag="shared_experts"))
     return pieces
+
+
+def _per_expert(piece: Piece, groups: int) -> Piece:
+    """Megatron's SequentialMLP (no --moe-grouped-gemm): a Python loop over the local experts, so every expert op
+    runs `groups` times on its own rows (a GEMM or an elementwise kernel each); totals unchanged."""
+    def split(op: Op) -> Op:
+        return replace(op, kind="gemm" if op.kind == "grouped_gemm" else op.kind, batch=1, count=op.count * groups,
+                       flop=op.flop / groups, bytes_read=op.bytes_read / groups,
+                       bytes_written=op.bytes_written / groups, m=op.m if op.kind == "grouped_gemm" else op.m // groups)
+    return Piece(piece.tag, tuple(split(o) for o in piece.fwd), tuple(split(o) for o in piece.bwd))
 
 
 def _allgather_dispatch(d: Dims, e: int, rows: int, experts: list[Piece]) -> list[Piece]:

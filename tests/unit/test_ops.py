@@ -378,3 +378,39 @@ def test_allgather_dispatcher_gathers_the_tensor_and_expert_group() -> None:
     assert [o for o in ops_a2a if o.coll == "all_to_all"]
     gemms = [(o.name, o.flop, o.m, o.n, o.k) for o in ops_ag if o.kind == "grouped_gemm"]
     assert gemms == [(o.name, o.flop, o.m, o.n, o.k) for o in ops_a2a if o.kind == "grouped_gemm"]
+
+
+def test_sequential_experts_launch_one_gemm_per_expert_linear() -> None:
+    """Megatron without --moe-grouped-gemm (SequentialMLP) loops over the local experts: the forward of the reference
+    MoE above (an nn.Module per expert, as SequentialMLP has) dispatches one addmm per expert linear; the op list
+    then holds that many expert GEMM launches with the grouped list's FLOPs, and no grouped GEMM."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from projection.specs.training import KernelSpec
+
+    class Calls(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gemms = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.gemms += func.__name__.split(".")[0] in ("mm", "addmm")
+            return func(*args, **(kwargs or {}))
+
+    moe = MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32)
+    m = MOE.model_copy(update={"moe": moe, "num_layers": 1})
+    layer = MoE(m)
+    layer.router.requires_grad_(False)
+    x = torch.randn(B, S, m.hidden_size)
+    with Calls() as calls:
+        layer(x)
+    router_calls = 1
+    seq = TrainingSpec(seq_length=S, micro_batch_size=B, kernels=KernelSpec(moe_grouped_gemm=False))
+    grouped = seq.model_copy(update={"kernels": KernelSpec(moe_grouped_gemm=True)})
+    ops_seq = [o for o in layer_ops(m, seq, ParallelPlan(dp=1), 0) if o.name.startswith(("moe.fc1", "moe.fc2"))]
+    ops_grp = [o for o in layer_ops(m, grouped, ParallelPlan(dp=1), 0) if o.name.startswith(("moe.fc1", "moe.fc2"))]
+    fwd = [o for o in ops_seq if o.phase == "F"]
+    assert {o.kind for o in ops_seq} == {"gemm"} and {o.kind for o in ops_grp} == {"grouped_gemm"}
+    assert sum(o.count for o in fwd) == calls.gemms - router_calls == 2 * moe.num_experts
+    for a, b in zip(ops_seq, ops_grp, strict=True):
+        assert a.flop * a.count == pytest.approx(b.flop * b.count) and (a.m, a.n, a.k) == (b.m, b.n, b.k)
