@@ -119,7 +119,7 @@ def runtime_for(sc: Scenario) -> Runtime:
     ws = k.gemm_workspace_bytes
     return Runtime(
         megatron=megatron, te=te,
-        te_grouped_gemm=te and k.moe_grouped_gemm and sc.model.moe is not None,
+        te_grouped_gemm=te and bool(k.moe_grouped_gemm) and sc.model.moe is not None,
         cublas_workspace_bytes=ws if ws is not None else default_cublas_workspace(dev),
         te_workspace_bytes=default_te_workspace(dev),
         defer_embedding_wgrad=megatron and k.defer_embedding_wgrad,
