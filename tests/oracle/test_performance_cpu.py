@@ -51,87 +51,25 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
 
 from projection import api, cli  # noqa: E402
 from projection.calibrate.calibration import Calibration, load_calibration  # noqa: E402
+from tests.oracle.gpt_job import GPT, Job, config_text, contiguous_grads  # noqa: E402
 from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
 
 pytestmark = pytest.mark.slow
 T = TypeVar("T")
 
-H, HEADS, FFN, LAYERS, VOCAB, SEQ, MBS = 512, 8, 2048, 2, 4096, 512, 2
+H, HEADS, LAYERS, VOCAB, SEQ, MBS = 512, 8, 2, 4096, 512, 2
 WARMUP_STEPS, STEPS_PER_ROUND, ROUNDS = 2, 2, 4
 SINGLE_LIMIT, DP_LIMIT = 0.15, 0.20  # issue 6
 BUSY_LIMIT_CORES = 0.25
 ATTEMPTS = 2
 
-CONFIG = f"""\
-# GPT-style model of tests/oracle/test_performance_cpu.py on {{world}} CPU process(es)
-model:
-  name: cpu-gpt
-  num_layers: {LAYERS}
-  hidden_size: {H}
-  num_attention_heads: {HEADS}
-  ffn_hidden_size: {FFN}
-  gated_mlp: false
-  activation: gelu
-  norm: layernorm
-  add_bias_linear: true
-  add_qkv_bias: true
-  position_embedding: learned
-  max_position_embeddings: {SEQ}
-  tie_embeddings: true
-  vocab_size: {VOCAB}
-training:
-  seq_length: {SEQ}
-  micro_batch_size: {MBS}
-  global_batch_size: {{gbs}}
-  params_dtype: fp32
-  attention_backend: flash
-  gradient_accumulation_fusion: false
-plan:
-  tp: 1
-  pp: 1
-  sharding: {{{{zero_stage: 0}}}}
-cluster:
-  hardware: {{hardware}}
-  nodes: 1
-  gpus_per_node: {{world}}
-"""
+JOB = Job(h=H, heads=HEADS, layers=LAYERS, vocab=VOCAB, seq=SEQ, mbs=MBS)
 
 
 # ------------------------------------------------------------------------------------------------ the job in torch
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(H), nn.Linear(H, 3 * H), nn.Linear(H, H)
-        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(H), nn.Linear(H, FFN), nn.Linear(FFN, H)
-
-    def forward(self, x: Any) -> Any:
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, h // HEADS).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, H), nn.Embedding(SEQ, H)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(H)
-
-    def forward(self, ids: Any, targets: Any) -> Any:
-        x = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied output layer
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
-
-
 def _train(rank: int, world: int, port: int, out: str) -> None:
     """One data-parallel rank: WARMUP_STEPS + STEPS_PER_ROUND steps; rank 0 writes the per-step max over ranks."""
     torch.set_num_threads(1)
@@ -139,14 +77,9 @@ def _train(rank: int, world: int, port: int, out: str) -> None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = GPT()
-    params = list(model.parameters())
-    grads = torch.zeros(sum(p.numel() for p in params))
-    offset = 0
-    for p in params:  # Megatron-style contiguous gradient buffer: autograd accumulates into these views
-        p.grad = grads[offset: offset + p.numel()].view_as(p)
-        offset += p.numel()
-    opt = torch.optim.Adam(params, lr=1e-4, fused=True)
+    model = GPT(JOB)
+    grads = contiguous_grads(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
     gen = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, VOCAB, (MBS, SEQ), generator=gen)
     targets = torch.randint(0, VOCAB, (MBS, SEQ), generator=gen)
@@ -243,7 +176,7 @@ def calibrate(*argv: str) -> None:
 
 
 def write_config(path: Path, world: int, hardware: str) -> Path:
-    path.write_text(CONFIG.format(world=world, gbs=MBS * world, hardware=hardware), encoding="utf-8")
+    path.write_text(config_text(JOB, hardware, world, name="cpu-gpt"), encoding="utf-8")
     return path
 
 
