@@ -110,7 +110,8 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set(f"{opt}.main_grads_dtype", grads, a.origin(why))
     raw.set("training.gradient_accumulation_fusion", a.get("gradient_accumulation_fusion"),
             a.origin("gradient_accumulation_fusion"))
-    for dest in ("log_params_norm", "log_num_zeros_in_grad"):  # per-iteration logging work (perf/optimizer.py)
+    for dest in ("log_params_norm", "log_num_zeros_in_grad",  # per-iteration logging work (perf/optimizer.py)
+                 "check_for_nan_in_loss_and_grad"):  # host reads of loss and bucket checks (perf/pricing.py)
         raw.set(f"training.{dest}", a.get(dest), a.origin(dest))
     hidden, attn = a.get("hidden_dropout"), a.get("attention_dropout")
     raw.set("training.dropout", max(hidden, attn),

@@ -89,6 +89,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "gradient_accumulation_fusion": ("bool", True),
     "log_params_norm": ("bool", False),
     "log_num_zeros_in_grad": ("bool", False),
+    "check_for_nan_in_loss_and_grad": ("bool", True),
     "hidden_dropout": ("float", 0.1),
     "attention_dropout": ("float", 0.1),
     "attention_backend": ("str", "auto"),

@@ -71,6 +71,17 @@ def bucket_elements(scenario: Scenario) -> int:
     return max(40_000_000, 1_000_000 * plan.dp_() * plan.cp)
 
 
+def is_bucketed(scenario: Scenario, pp_rank: int, chunk: int) -> bool:
+    """Megatron cuts a gradient buffer into buckets only with --overlap-grad-reduce, on the first pipeline rank's
+    first model chunk (module docstring); elsewhere the buffer is one bucket."""
+    return scenario.plan.overlap.grad_reduce and pp_rank == 0 and chunk == 0
+
+
+def buckets(scenario: Scenario, params: int, bucketed: bool) -> list[int]:
+    """Bucket sizes (elements, backprop order) of a gradient buffer of `params` elements."""
+    return _split(params, bucket_elements(scenario) if bucketed else None)
+
+
 def _split(params: int, size: int | None) -> list[int]:
     """Bucket sizes in backprop order: full buckets, the remainder last (it holds the first layers)."""
     if params <= 0:
@@ -90,7 +101,6 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
     param_b = DTYPE_BYTES[training.params_dtype]
     overlap = plan.overlap.grad_reduce
-    size = bucket_elements(scenario)
     kind: CollectiveKind = "all_reduce" if zero == 0 else "reduce_scatter"
     places: list[GroupPlacement] = [dense_place] + ([expert_place] if expert_place else [])
     grads: list[Bucket] = []
@@ -106,12 +116,12 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
         end_tasks: list[float] = []
         for s in schedule.stages_of(r):
             sp = priced.stages[schedule.model_stage(s)]
-            bucketed = overlap and sp.pp_rank == 0 and sp.chunk == 0 and s == schedule.model_stage(s)
+            bucketed = is_bucketed(scenario, sp.pp_rank, sp.chunk) and s == schedule.model_stage(s)
             mine: list[Bucket] = []
             for group, n, place in (("dp", sp.params.dense, dense_place), ("edp", sp.params.expert, expert_place)):
                 if place is None or zero == 3:
                     continue
-                for order, elems in enumerate(_split(n, size if bucketed else None)):
+                for order, elems in enumerate(buckets(scenario, n, bucketed)):
                     mine.append(Bucket(r, s, kind, group, elems, elems * grad_b, sec(kind, elems * grad_b, place),
                                        order))
                     if zero in (1, 2):

@@ -3,6 +3,8 @@ all-reduce, and the kernels the host issues for it.
 
 Per pipeline rank, over the elements it updates (all its parameters, or its 1/d shard with the distributed optimizer
 or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.memory.model_states.shard_groups):
+- with `check_for_nan_in_loss_and_grad` (Megatron's default), each gradient bucket's norm and its isnan/isinf host
+  reads before the data-parallel reduction (projection/perf/checks.py; booked here, at the end of the backward);
 - zero the gradient buffer (Megatron zero_grad_buffer at the start of the step): write local grads;
 - gradient norm for clipping (Megatron clip_grad_norm_fp32, multi_tensor_l2norm): read the grads; then one scalar
   all-reduce over every rank (the norm is reduced over the model- and data-parallel groups) that Megatron's host
@@ -18,6 +20,9 @@ or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.m
 - with `log_params_norm` (Megatron calc_params_l2_norm, every iteration when set): multi_tensor_l2norm over the
   (fp32 master) parameters the rank updates, a scalar all-reduce over the data-parallel and one over the
   model-parallel group, read by the host.
+With Megatron's distributed optimizer (ZeRO 1/2) every loop above runs over the rank's shard: the optimizer's
+param_groups hold only the fp32 shards of the parameters that overlap the rank's slice of each bucket
+(distrib_optimizer.py _build_model_and_main_param_groups), so `shard_tensors` of them, not all of the stage's.
 Each memory-bound part is priced by the cost model's memory-bound pricing; the host issues its kernels (a
 multi-tensor launch per 36 tensors: apex/TE multi_tensor_apply's depth-4 limit, csrc/multi_tensor_apply.cuh
 depth_to_max_tensors) at the host issue time of projection/perf/costmodel.host_issue, as in action_time.py.
@@ -30,7 +35,9 @@ import math
 from projection.cost.model import CostModel
 from projection.memory.model_states import shard_groups
 from projection.perf.action_time import Item, blocking, run, run_items, sync
+from projection.perf.checks import grad_check_items
 from projection.perf.costmodel import host_issue
+from projection.perf.dp import buckets, is_bucketed
 from projection.perf.placement import world_placement
 from projection.perf.stage_params import stage_params
 from projection.specs.scenario import Scenario
@@ -40,6 +47,7 @@ from projection.workload.stages import split_stages
 
 ADAM_TENSORS_PER_LAUNCH = 36
 L2NORM_TENSORS_PER_LAUNCH = 110
+COPY_TENSORS_PER_LAUNCH = 64
 # Per gradient tensor: count_nonzero (on CUDA a compare and a sum: ATen ReduceOps.cpp count_nonzero_cuda computes
 # (self != 0).sum()), the rsub of numel and the add into the total; tests/oracle/test_op_bytes.py checks the three
 # dispatched ops.
@@ -55,9 +63,16 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     params = [stage_params(model, plan, s) for s in slots]
     dense = sum(p.dense for p in params)
     expert = sum(p.expert for p in params)
-    tensors = max(1, sum(p.tensors for p in params))
     g_dense, g_expert = shard_groups(plan)
     zero = plan.sharding.zero_stage
+    # gradient buckets (elements) of each stage's dense and expert buffers
+    layout = [(p, buckets(scenario, p.dense, b), buckets(scenario, p.expert, b))
+              for s, p in zip(slots, params, strict=True) for b in [is_bucketed(scenario, s.pp_rank, s.chunk)]]
+    if zero in (1, 2):
+        tensors = max(1, round(sum(shard_tensors(p.tensors - p.expert_tensors, len(db), g_dense)
+                                   + shard_tensors(p.expert_tensors, len(eb), g_expert) for p, db, eb in layout)))
+    else:
+        tensors = max(1, sum(p.tensors for p in params))
     updated = dense / g_dense + expert / g_expert if zero >= 1 else float(dense + expert)
     local_grads = updated if zero >= 2 else float(dense + expert)
     grad_b = DTYPE_BYTES[opt.main_grads_dtype]
@@ -68,6 +83,9 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     cpu = plan.offload.optimizer_fraction if plan.offload.optimizer else 0.0
     on_gpu = updated * (1.0 - cpu)
     items: list[Item] = []
+    if training.check_for_nan_in_loss_and_grad and zero < 3:  # Megatron DDP's bucket checks (perf/checks.py)
+        sizes = [n * grad_b for _, db, eb in layout for n in db + eb]
+        items += grad_check_items(sizes, cost_model.op_seconds, "optimizer")
 
     def memory(name: str, read: float, written: float, kernels: int) -> None:
         k = max(1, kernels)
@@ -85,11 +103,23 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     memory("adam", on_gpu * (grad_b + master_b + moments_b), on_gpu * (master_b + moments_b),
            math.ceil(tensors / ADAM_TENSORS_PER_LAUNCH))
     if mixed and not (zero == 3 and plan.sharding.fsdp == "torch_fsdp2"):
-        memory("copy_main_to_model", updated * master_b, updated * param_b, tensors)
+        looped = training.params_dtype == "bf16" or zero in (1, 2)
+        memory("copy_main_to_model", updated * master_b, updated * param_b,
+               tensors if looped else math.ceil(tensors / COPY_TENSORS_PER_LAUNCH))
     if training.log_params_norm:
         memory("params_norm", updated * master_b, 0.0, math.ceil(tensors / L2NORM_TENSORS_PER_LAUNCH))
         items += [blocking("optimizer", norm_s), blocking("optimizer", norm_s), sync()]
     return items
+
+
+def shard_tensors(tensors: int, n_buckets: int, d: int) -> float:
+    """Mean number of a buffer's `tensors` that overlap one of the `d` equal slices each of its `n_buckets` buckets
+    is cut into (Megatron DistributedOptimizer). Summed over the d ranks, a tensor counts once plus once per slice
+    boundary inside it; each bucket has d - 1 boundaries, which fall inside a tensor unless one lands exactly on a
+    tensor edge or in the bucket's end padding: (tensors + n_buckets (d - 1)) / d, at most `tensors`."""
+    if tensors <= 0 or n_buckets <= 0:
+        return 0.0
+    return min(float(tensors), (tensors + n_buckets * (d - 1)) / d)
 
 
 def optimizer_step_seconds(scenario: Scenario, cost_model: CostModel) -> tuple[float, ...]:

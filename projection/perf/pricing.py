@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from projection.cost.collectives import GroupPlacement
 from projection.cost.model import CostModel
 from projection.perf.action_time import ActionTime, add_times, run_items
+from projection.perf.checks import scalar_check_items
 from projection.perf.costmodel import host_issue
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
 from projection.perf.placement import boundary_placement, expert_dp_placement, op_placements, shard_placements
@@ -206,7 +207,8 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             for o in ops:
                 label = _label(cost_model, o)
                 mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
-        f = run_items(builder.items(fwd_units, False), host_s)
+        checks = scalar_check_items("loss", compute_s) if slot.loss and training.check_for_nan_in_loss_and_grad else []
+        f = run_items(builder.items(fwd_units, False) + checks, host_s)
         i = run_items(builder.items(i_units[::-1], True), host_s)
         w = run_items(builder.items(w_units[::-1], True), host_s)
         split = plan.schedule in SPLIT_BACKWARD

@@ -22,13 +22,15 @@ class StageParams:
     order: 'embedding', 'layer<i>', 'mtp<d>', 'output' (the FSDP units); `tensors` counts parameter tensors.
     `hooked` lists per component (name, tensors, elements) of the parameters whose gradient no GEMM writes: norms,
     biases and the embedding tables (their gradients are added into the main-gradient buffer by a hook, one kernel
-    per tensor per microbatch; norm and bias vectors counted as hidden_size elements each, tables exactly)."""
+    per tensor per microbatch; norm and bias vectors counted as hidden_size elements each, tables exactly).
+    `expert_tensors`: how many of `tensors` are expert parameters (they live in the expert gradient buffer)."""
 
     dense: int
     expert: int
     components: tuple[tuple[str, int, int], ...]
     tensors: int
     hooked: tuple[tuple[str, int, int], ...] = ()
+    expert_tensors: int = 0
 
     @property
     def total(self) -> int:
@@ -57,6 +59,12 @@ def _layer_tensors(model: ModelSpec, moe_layer: bool, local_experts: int) -> int
     return n
 
 
+def _expert_tensors(model: ModelSpec, moe_layer: bool, local_experts: int) -> int:
+    """The routed-expert tensors of one decoder layer (fc1 and fc2 per local expert, with their biases)."""
+    bias = 1 if model.add_bias_linear else 0
+    return 2 * local_experts * (1 + bias) if moe_layer and model.moe is not None else 0
+
+
 def _vector_tensors(model: ModelSpec, moe_layer: bool, local_experts: int) -> int:
     """The norm and bias tensors of one decoder layer (the rest of _layer_tensors are GEMM weight matrices)."""
     bias = 1 if model.add_bias_linear else 0
@@ -78,6 +86,7 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, slot: StageSlot) -> Stage
     comps: list[tuple[str, int, int]] = []
     hooked: list[tuple[str, int, int]] = []
     tensors = 0
+    expert_tensors = 0
     h = model.hidden_size
     if slot.embedding or slot.mtp_layers:
         comps.append(("embedding", embedding_params(model, plan.tp), 0))
@@ -88,6 +97,7 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, slot: StageSlot) -> Stage
         p = layer_params(model, i, sh)
         comps.append((f"layer{i}", sum(p.values()) - p["experts"], p["experts"]))
         tensors += _layer_tensors(model, model.is_moe_layer(i), local_experts)
+        expert_tensors += _expert_tensors(model, model.is_moe_layer(i), local_experts)
         vectors = _vector_tensors(model, model.is_moe_layer(i), local_experts)
         hooked.append((f"layer{i}", vectors, vectors * h))
     last = model.num_layers - 1
@@ -95,6 +105,7 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, slot: StageSlot) -> Stage
         experts = layer_params(model, last, sh)["experts"]
         comps.append((f"mtp{depth}", mtp_params(model, sh) - experts, experts))
         tensors += _layer_tensors(model, model.is_moe_layer(last), local_experts) + 3 * _norm_tensors(model) + 1
+        expert_tensors += _expert_tensors(model, model.is_moe_layer(last), local_experts)
         vectors = _vector_tensors(model, model.is_moe_layer(last), local_experts) + 3 * _norm_tensors(model)
         hooked.append((f"mtp{depth}", vectors, vectors * h))
     if slot.loss:
@@ -105,4 +116,4 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, slot: StageSlot) -> Stage
         hooked.append(("output", _norm_tensors(model), norm))
     dense = sum(c[1] for c in comps)
     expert = sum(c[2] for c in comps)
-    return StageParams(dense, expert, tuple(comps), tensors, tuple(hooked))
+    return StageParams(dense, expert, tuple(comps), tensors, tuple(hooked), expert_tensors)

@@ -76,6 +76,9 @@ class TrainingSpec(Spec):
                                   "computed, all-reduced and read by the host every iteration")
     log_num_zeros_in_grad: bool = Field(False, description="Megatron --log-num-zeros-in-grad: zeros in the "
                                         "gradients counted per parameter tensor, all-reduced and read every iteration")
+    check_for_nan_in_loss_and_grad: bool = Field(
+        False, description="Megatron's NaN/Inf checks (on by default there; the Megatron and Primus loaders set it): "
+        "the host reads isnan/isinf of each microbatch's loss and of each gradient bucket's norm before its reduction")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     attention_backend: Literal["flash", "fused", "unfused", "auto"] = "auto"
     fused_loss: bool = False

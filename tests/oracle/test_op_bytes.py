@@ -81,3 +81,26 @@ def test_count_zeros_per_gradient_tensor_dispatches_three_aten_ops() -> None:
     names = [name for name, _, _ in seen.calls]
     assert names == ["count_nonzero", "rsub", "add"] * len(grads)
     assert int(total.item()) == 8 and len(names) // len(grads) + 1 == COUNT_ZEROS_KERNELS
+
+
+def test_nan_check_is_one_kernel_and_a_host_read() -> None:
+    """Megatron's validate_result evaluates `if torch.isnan(loss)` (and isinf): one element-wise op, then the Python
+    bool of the tensor, which reads it on the host (_local_scalar_dense: on CUDA a device-to-host copy and a wait);
+    a bucket check first takes `grad_data.norm(p=2)`, one reduction. projection/perf/checks.py prices exactly these."""
+    from projection.perf.action_time import run_items
+    from projection.perf.checks import grad_check_items, scalar_check_items
+
+    loss, bucket = torch.tensor(2.5), torch.randn(1000)
+    with KernelBytes() as seen:
+        norm = bucket.norm(p=2)
+        for value in (loss, norm):
+            for check in (torch.isnan, torch.isinf):
+                assert not bool(check(value))
+    names = [name for name, _, _ in seen.calls]
+    assert names == ["linalg_vector_norm"] + ["isnan", "_local_scalar_dense", "isinf", "_local_scalar_dense"] * 2
+    items = grad_check_items([4000.0], lambda op: 1e-6, "optimizer") + scalar_check_items("loss", lambda op: 1e-6)
+    runs = [i for i in items if i.mode == "run"]
+    reads = [i for i in items if i.mode == "sync"]
+    assert len(runs) == names.count("linalg_vector_norm") + names.count("isnan") + names.count("isinf")
+    assert len(reads) == names.count("_local_scalar_dense")
+    assert run_items(items).kernels == len(runs) + len(reads)  # each host read issues its device-to-host copy

@@ -240,6 +240,16 @@ def test_logging_flags_default_off_and_are_located() -> None:
     assert raw.origins["training.log_params_norm"].key == "log_params_norm"
 
 
+def test_nan_checks_default_on_and_store_false() -> None:
+    """--check-for-nan-in-loss-and-grad defaults to True in Megatron; --no-check-for-nan-in-loss-and-grad clears it."""
+    from projection.formats.megatron_args import flag_to_dest
+
+    assert training().check_for_nan_in_loss_and_grad
+    assert not training(check_for_nan_in_loss_and_grad=False).check_for_nan_in_loss_and_grad
+    assert flag_to_dest("--no-check-for-nan-in-loss-and-grad") == ("check_for_nan_in_loss_and_grad", True)
+    assert not TrainingSpec(seq_length=8).check_for_nan_in_loss_and_grad  # framework-neutral spec default: off
+
+
 @pytest.mark.parametrize("value", [1, "1", "true", True])
 def test_bools_arrive_as_ints_or_strings(value: Any) -> None:
     assert plan(sequence_parallel=value, tensor_model_parallel_size=2).sp_ is True

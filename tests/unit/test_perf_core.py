@@ -185,6 +185,51 @@ def test_optimizer_shards_with_the_distributed_optimizer() -> None:
     assert optimizer_step_seconds(sharded, cm)[0] < optimizer_step_seconds(plain, cm)[0]
 
 
+def test_distributed_optimizer_loops_over_the_rank_shard_tensors() -> None:
+    """With the distributed optimizer the count-zeros loop runs over the tensors of the rank's shard
+    (projection.perf.optimizer.shard_tensors; one bucket per buffer without overlap_grad_reduce)."""
+    from projection.perf.optimizer import COUNT_ZEROS_KERNELS, optimizer_items, shard_tensors
+
+    def zeros_kernels(sc: Scenario) -> int:
+        cm = default_cost_model(sc)
+        flagged = sc.model_copy(update={"training": sc.training.model_copy(update={"log_num_zeros_in_grad": True})})
+        return (sum(i.kernels for i in optimizer_items(flagged, cm, 0))
+                - sum(i.kernels for i in optimizer_items(sc, cm, 0)))
+
+    for nodes in (1, 2, 4):
+        sc = scenario(hidden=512, nodes=nodes, zero=1, device=H100)
+        tensors = sum(stage_params(sc.model, sc.plan, s).tensors for s in split_stages(sc.model, sc.plan))
+        shard = round(shard_tensors(tensors, 1, sc.plan.dp_()))
+        assert shard < tensors
+        assert zeros_kernels(sc) == COUNT_ZEROS_KERNELS * shard + 1 + 1  # + all-reduce + D2H copy
+
+
+def test_nan_checks_add_host_reads_to_the_loss_stage_and_per_gradient_bucket() -> None:
+    """check_for_nan_in_loss_and_grad: the loss stage's forward gains isnan + isinf with a host read each (4 kernel
+    issues); nothing else changes in the pipeline; the optimizer step gains per gradient bucket a norm and the two
+    checks (5 issues): one bucket per buffer without overlap_grad_reduce, ceil(params / bucket size) with it."""
+    from projection.perf.dp import bucket_elements
+    from projection.perf.optimizer import optimizer_items
+
+    for overlap in ({}, {"grad_reduce": True}):
+        base = scenario(hidden=2048, pp=2, nodes=2, device=H100, overlap=overlap)  # first stage: 317 M parameters
+        on = base.model_copy(update={"training": base.training.model_copy(
+            update={"check_for_nan_in_loss_and_grad": True})})
+        cm = default_cost_model(base)
+        before, after = price_stages(base, cm), price_stages(on, cm)
+        for s0, s1 in zip(before.stages, after.stages, strict=True):
+            loss = s0.stage == len(before.stages) - 1
+            assert s1.f.kernels - s0.f.kernels == (4 if loss else 0)
+            assert (s1.f.seconds > s0.f.seconds) == loss
+            assert s1.b == s0.b
+        first = stage_params(base.model, base.plan, split_stages(base.model, base.plan)[0])
+        n_buckets = math.ceil(first.dense / bucket_elements(base)) if overlap else 1
+        assert n_buckets == (8 if overlap else 1)
+        added = (sum(i.kernels for i in optimizer_items(on, cm, 0))
+                 - sum(i.kernels for i in optimizer_items(base, cm, 0)))
+        assert added == 5 * n_buckets
+
+
 def test_logging_flags_add_their_kernels_collectives_and_host_syncs() -> None:
     """--log-num-zeros-in-grad: COUNT_ZEROS_KERNELS per gradient tensor, a scalar all-reduce and a host read;
     --log-params-norm: ceil(tensors / 110) multi-tensor norm launches, two scalar all-reduces and a host read."""
