@@ -149,27 +149,40 @@ def offload_split(sc: Scenario, i: int, full: bool = False, chunk_head: bool = T
     return total - off, off
 
 
+def layer_offload_splits(sc: Scenario, slot: StageSlot,
+                         memo: dict[tuple[object, ...], tuple[float, float]] | None = None
+                         ) -> list[tuple[int, float, float]]:
+    """(layer, resident, offloaded) bytes per in-flight microbatch for each decoder layer of virtual stage `slot`
+    (offload_split; the chunk's last layer keeps everything when the loss follows it, module docstring)."""
+    memo = {} if memo is None else memo
+    m, p = sc.model, sc.plan
+    every = [int(mod[6:]) for mod in p.recompute.modules if mod.startswith("layer:")]
+    full = recomputed_layers(p, slot.layers)
+    chunk = max(1, p.recompute.num_layers or 1) if p.recompute.method == "uniform" else 1
+    keep_last = slot.loss and not slot.mtp_layers  # backwarded right after its forward: not offloaded
+    out = []
+    for n, i in enumerate(slot.layers):
+        key = (m.is_moe_layer(i), i in full, n % chunk == 0, tuple(k > 0 and i % k == 0 for k in every))
+        if key not in memo:
+            memo[key] = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
+        resident, off = memo[key]
+        if keep_last and n == len(slot.layers) - 1:
+            resident, off = resident + off, 0.0
+        out.append((i, resident, off))
+    return out
+
+
 def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = None,
                            memo: dict[tuple[object, ...], tuple[float, float]] | None = None
                            ) -> tuple[float, dict[str, float]]:
     """Bytes one in-flight microbatch keeps on virtual stage `slot`, and the named terms. `memo` caches per-layer
     results across calls of one estimate (layers of the same kind and recompute treatment keep the same bytes)."""
     memo = {} if memo is None else memo
-    every = [int(mod[6:]) for mod in sc.plan.recompute.modules if mod.startswith("layer:")]
     rt = rt or runtime_for(sc)
     m, t, p = sc.model, sc.training, sc.plan
     terms: dict[str, float] = {}
-    full = recomputed_layers(p, slot.layers)
-    chunk = max(1, p.recompute.num_layers or 1) if p.recompute.method == "uniform" else 1
-    keep_last = slot.loss  # its last layer is backwarded right after its forward: not offloaded
-    for n, i in enumerate(slot.layers):
+    for i, resident, _ in layer_offload_splits(sc, slot, memo):
         kind = "moe_layer" if m.is_moe_layer(i) else "dense_layer"
-        key = (m.is_moe_layer(i), i in full, n % chunk == 0, tuple(k > 0 and i % k == 0 for k in every))
-        if key not in memo:
-            memo[key] = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
-        resident, off = memo[key]
-        if keep_last and n == len(slot.layers) - 1 and not slot.mtp_layers:
-            resident += off
         terms[f"activations.{kind}s"] = terms.get(f"activations.{kind}s", 0.0) + resident
     if slot.embedding:
         terms["activations.embedding"] = sum(embedding_tensors(m, t, p).values())

@@ -41,11 +41,15 @@ class Entry:
 
 @dataclass(frozen=True)
 class Unit:
-    """One FSDP unit in an action: its all-gather / reduce-scatter seconds (dense + expert groups) and its ops."""
+    """One FSDP unit (a component: embedding, layer, MTP depth, output) in an action: its all-gather /
+    reduce-scatter seconds (dense + expert groups), its activation offload copy (forward, device to host) or reload
+    (backward, host to device) seconds, and its ops."""
 
     entries: tuple[Entry, ...]
     gather_s: tuple[float, ...] = ()
     scatter_s: tuple[float, ...] = ()
+    offload_s: float = 0.0
+    reload_s: float = 0.0
 
 
 def mark_async(bwd: Sequence[Op]) -> tuple[Entry, ...]:
@@ -79,19 +83,23 @@ class ItemBuilder:
         return self.token
 
     def items(self, units: Sequence[Unit], backward: bool) -> list[Item]:
-        """Items of an action made of `units` in execution order (FSDP gathers prefetched one unit ahead)."""
+        """Items of an action made of `units` in execution order. FSDP gathers and activation reloads are prefetched
+        one unit ahead and waited for before their unit; reduce-scatters and activation offload copies are launched
+        after their unit on their own streams (a reload and an offload copy use the two directions of the host
+        link, `h2d` and `d2h`)."""
         out: list[Item] = []
-        gathers = [self._launch_all("dp", u.gather_s, "fsdp_ag") for u in units]
-        if gathers and gathers[0][1]:
-            out += gathers[0][0]
+        ahead = [(self._launch_all("dp", u.gather_s, "fsdp_ag"), self._launch_all("offload", (u.reload_s,), "h2d"))
+                 for u in units]
         for j, unit in enumerate(units):
-            if gathers[j][1]:
-                out.append(wait(*gathers[j][1]))
+            if j == 0:
+                out += ahead[0][0][0] + ahead[0][1][0]
+            if ahead[j][0][1] or ahead[j][1][1]:
+                out.append(wait(*ahead[j][0][1], *ahead[j][1][1]))
             if j + 1 < len(units):
-                out += gathers[j + 1][0]
+                out += ahead[j + 1][0][0] + ahead[j + 1][1][0]
             out += self._entries(unit.entries, backward)
-            launched, _ = self._launch_all("dp", unit.scatter_s, "fsdp_rs")
-            out += launched
+            out += self._launch_all("dp", unit.scatter_s, "fsdp_rs")[0]
+            out += self._launch_all("offload", (unit.offload_s,), "d2h")[0]
         return out
 
     def _launch_all(self, group: str, seconds: Sequence[float], stream: str) -> tuple[list[Item], tuple[int, ...]]:

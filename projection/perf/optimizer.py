@@ -17,6 +17,9 @@ or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.m
   and each moment; then copy the master parameters into the model parameters (params dtype, one copy kernel per
   parameter tensor, as DistributedOptimizer._copy_main_params_to_model_params loops over them). SGD, Lion and Muon
   use their number of moments (OptimizerSpec.num_moments); Muon's Newton-Schulz GEMMs are not modelled;
+- with the optimizer offloaded (Megatron --optimizer-cpu-offload, HybridDeviceOptimizer), the offloaded fraction's
+  gradients cross the host link (DeviceSpec.host_link_bytes_per_s) to the host and its updated parameters come back,
+  one after the other; the host's Adam over that fraction is not priced (the projection notes say so);
 - with `log_params_norm` (Megatron calc_params_l2_norm, every iteration when set): multi_tensor_l2norm over the
   (fp32 master) parameters the rank updates, a scalar all-reduce over the data-parallel and one over the
   model-parallel group, read by the host.
@@ -100,6 +103,10 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     if training.log_num_zeros_in_grad:
         memory("count_zeros", updated * grad_b, 0.0, COUNT_ZEROS_KERNELS * tensors)
         items += [blocking("optimizer", norm_s), sync()]
+    link = scenario.cluster.device.host_link_bytes_per_s
+    if cpu > 0.0 and link:  # the CPU share's gradients to the host, its updated parameters back (not its CPU Adam)
+        items += [blocking("optimizer", updated * cpu * grad_b / link),
+                  blocking("optimizer", updated * cpu * master_b / link)]
     memory("adam", on_gpu * (grad_b + master_b + moments_b), on_gpu * (master_b + moments_b),
            math.ceil(tensors / ADAM_TENSORS_PER_LAUNCH))
     if mixed and not (zero == 3 and plan.sharding.fsdp == "torch_fsdp2"):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from projection.cost.collectives import GroupPlacement
 from projection.cost.model import CostModel
+from projection.memory.estimate import layer_offload_splits
 from projection.perf.action_time import ActionTime, add_times, run_items
 from projection.perf.checks import scalar_check_items
 from projection.perf.costmodel import host_issue
@@ -189,6 +190,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         hooked = {n: (k, e) for n, k, e in params.hooked} if plan.sharding.zero_stage < 3 else {}
         mine: dict[str, float] = {}
         gathers, scatters = fsdp.unit_seconds(params, [name for name, _ in comps])
+        copy_s = _offload_seconds(scenario, slot)
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
         for (name, ops), ag, rs in zip(comps, gathers, scatters, strict=True):
@@ -197,11 +199,12 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             hook = _grad_hooks(name, *hooked.get(name, (0, 0)), training)
             bwd = mark_async(_with_grad_accumulation([o for o in ops if o.phase != "F"], training) + hook)
             bag = ag if plan.sharding.reshard_after_forward else ()
-            fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=ag))
+            copy = copy_s.get(name, 0.0)
+            fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=ag, offload_s=copy))
             rec_e = tuple(Entry(o) for o in rec)
-            i_units.append(Unit(rec_e + tuple(e for e in bwd if e.op.phase == "I"), gather_s=bag))
+            i_units.append(Unit(rec_e + tuple(e for e in bwd if e.op.phase == "I"), gather_s=bag, reload_s=copy))
             w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W"), scatter_s=rs))
-            b_units.append(Unit(rec_e + bwd, gather_s=bag, scatter_s=rs))
+            b_units.append(Unit(rec_e + bwd, gather_s=bag, scatter_s=rs, reload_s=copy))
             mflop += sum(o.total_flop for o in ops if not o.recompute)
             rflop += sum(o.total_flop * (2.0 if o.kind == "attention" and o.causal else 1.0) for o in rec)
             for o in ops:
@@ -220,6 +223,17 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
     p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out)
     return PricedStages(plan.schedule, tuple(out), fwd_s, fwd_s, p2p_bytes, places, plan.schedule in SPLIT_BACKWARD,
                         host_s, prov, host_source)
+
+
+def _offload_seconds(scenario: Scenario, slot: StageSlot) -> dict[str, float]:
+    """Seconds to copy each decoder layer's offloaded activations (Megatron fine-grained activation offloading,
+    projection.memory.estimate.layer_offload_splits: the same bytes the memory estimate moves off the GPU) over the
+    device's host link, one direction: device to host after the layer's forward, back before its backward. Without
+    a host link in the device YAML the copies are not priced (projection notes)."""
+    bw = scenario.cluster.device.host_link_bytes_per_s
+    if not scenario.plan.offload.activation_modules or not bw:
+        return {}
+    return {f"layer{i}": off / bw for i, _, off in layer_offload_splits(scenario, slot) if off > 0}
 
 
 def _label(cost_model: CostModel, op: Op) -> str:

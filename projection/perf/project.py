@@ -108,6 +108,12 @@ def _unmodelled(sc: Scenario) -> list[str]:
     if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher == "flex":
         notes.append("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
                      "dispatcher: the same bytes, not the same kernels")
+    off = plan.offload
+    if off.optimizer and off.optimizer_fraction > 0:
+        notes.append(f"optimizer offload: the host's optimizer step over {off.optimizer_fraction:.0%} of the state is "
+                     "not priced, only its gradient and parameter copies over the host link")
+    if (off.activation_modules or off.optimizer) and not sc.cluster.device.host_link_bytes_per_s:
+        notes.append(f"offload copies not priced: device '{sc.cluster.device.name}' has no host_link_bytes_per_s")
     return notes
 
 
@@ -166,7 +172,7 @@ def _breakdown(priced: PricedStages, dp: DPComm, sched: Schedule, sim: SimResult
     """Per-category seconds of `rank`'s simulated step (compute stream, exposed p2p and comm tasks, bubble) and
     its full communication time per group."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    comm = dict.fromkeys(COMM_GROUPS, 0.0)
+    comm = dict.fromkeys((*COMM_GROUPS, "offload"), 0.0)
     for a in sched.actions[rank]:
         if a.kind not in ("F", "B", "I", "W"):
             continue

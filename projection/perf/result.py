@@ -16,7 +16,8 @@ Conventions, stated once:
 - breakdown_s: one pipeline rank's step (the busiest; `breakdown_rank`), summing to step_time_s: compute by op class
   (compute.gemm, compute.grouped_gemm, compute.attention, compute.memory_bound), recompute, exposed communication by
   group (comm.tp, comm.cp, comm.ep incl. expert-TP, comm.pp, comm.dp incl. FSDP and the parameter all-gather),
-  bubble (idle, including waiting for slower ranks), optimizer and overhead (GPU idle while the host issues kernels).
+  offload (exposed host-link copies of offloaded activations), bubble (idle, including waiting for slower ranks),
+  optimizer and overhead (GPU idle while the host issues kernels).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from projection.sim.result import SimResult
 from projection.specs.scenario import Scenario
 
 BREAKDOWN_KEYS = ("compute.gemm", "compute.grouped_gemm", "compute.attention", "compute.memory_bound", "recompute",
-                  "comm.tp", "comm.cp", "comm.ep", "comm.pp", "comm.dp", "bubble", "optimizer", "overhead")
+                  "comm.tp", "comm.cp", "comm.ep", "comm.pp", "comm.dp", "offload", "bubble", "optimizer", "overhead")
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp")
 _CATEGORY = {"gemm": "compute.gemm", "grouped_gemm": "compute.grouped_gemm", "attention": "compute.attention",
              "memory_bound": "compute.memory_bound", "recompute": "recompute", "overhead": "overhead",
+             "offload": "offload",
              **{g: f"comm.{g}" for g in COMM_GROUPS}}
 
 

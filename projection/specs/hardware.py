@@ -126,6 +126,9 @@ class DeviceSpec(Spec):
     host_kernel_issue_s: Seconds | None = None
     """Host seconds to issue one kernel from eager PyTorch training code on this device's typical node (Python,
     dispatcher and launch call), for the framework-overhead model of projection/perf; None = not modelled."""
+    host_link_bytes_per_s: BytesPerS | None = None
+    """The GPU's host interface (PCIe), bytes/s per direction: offloaded activations and optimizer state cross it
+    (projection/perf); None = those copies are not priced (the projection says so)."""
     sources: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
     """Field path ('peak_flop_per_s.bf16', 'nic.latency_s') -> citation, starting with a tag R / R2 / D / A."""
     efficiency: EfficiencySpec | None = None
@@ -202,7 +205,8 @@ _EXAMPLES = {  # leaf key -> an example value for the fix line; unit strings or 
     "peak_flop_per_s": "{bf16: 1307.4 TFLOP/s}", "hbm_bytes": "192GB or 1.92e+11", "tdp_w": "750",
     "hbm_bandwidth_bytes_per_s": "5.3TB/s or 5.3e+12", "bandwidth_per_direction_bytes_per_s": "448GB/s or 4.48e+11",
     "bandwidth_bytes_per_s": "400Gbps or 5.0e+10", "latency_s": "2us or 2.0e-6", "gpus_per_node": "8",
-    "links_per_gpu": "7", "count_per_node": "8"}
+    "links_per_gpu": "7", "count_per_node": "8",
+    "host_link_bytes_per_s": "63GB/s or 6.3e+10"}
 
 
 def list_devices(search_dir: Path = HARDWARE_DIR) -> list[str]:

@@ -1,0 +1,95 @@
+"""Offload traffic in the performance projection: Megatron fine-grained activation offloading copies each layer's
+offloaded activations over the device's host link after its forward and back before its backward; an offloaded
+optimizer moves its share's gradients and parameters over the same link. The host link is a spec-sheet number
+(PCIe), checked here against the PCI-SIG arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from projection.memory.estimate import layer_offload_splits
+from projection.perf import default_cost_model, optimizer_step_seconds, price_stages, project
+from projection.specs.hardware import ClusterSpec, list_devices, load_device
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import Scenario
+from projection.specs.training import TrainingSpec
+from projection.workload.stages import split_stages
+
+H100 = load_device("h100-sxm")
+MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+
+
+def pcie_bytes_per_s(gen: int) -> float:
+    """x16 link, one direction: transfer rate x lanes x 128b/130b encoding / 8 bits (PCIe 3.0 onwards)."""
+    return {4: 16e9, 5: 32e9}[gen] * 16 * 128 / 130 / 8
+
+
+@pytest.mark.parametrize("name", list_devices())
+def test_host_link_is_the_pcie_x16_line_rate_of_its_generation(name: str) -> None:
+    device = load_device(name)
+    source = device.sources["host_link_bytes_per_s"]
+    gen = 4 if "PCIe 4.0" in source else 5
+    assert f"PCIe {gen}.0 x16" in source
+    assert device.host_link_bytes_per_s == pytest.approx(pcie_bytes_per_s(gen), rel=1e-3)
+
+
+def scenario(*, modules: tuple[str, ...] = MODULES, device: object = H100, optimizer: float = 0.0) -> Scenario:
+    model = ModelSpec(num_layers=4, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=8192, vocab_size=32000)
+    training = TrainingSpec(seq_length=4096, micro_batch_size=2, global_batch_size=16)
+    offload = {"activation_modules": modules, "optimizer": optimizer > 0, "optimizer_fraction": optimizer or 1.0}
+    plan = ParallelPlan(tp=1, pp=2, dp=4, sharding={"zero_stage": 1}, offload=offload)
+    return Scenario(model=model, training=training, plan=plan, framework="megatron",
+                    cluster=ClusterSpec(device=device, nodes=1, gpus_per_node=8))
+
+
+def test_activation_copies_cost_the_memory_estimate_bytes_over_the_host_link() -> None:
+    quiet = H100.model_copy(update={"host_kernel_issue_s": None})  # no host issue: the bounds below are exact
+    plain, off = scenario(modules=(), device=quiet), scenario(device=quiet)
+    cm = default_cost_model(plain)
+    before, after = price_stages(plain, cm), price_stages(off, cm)
+    link = H100.host_link_bytes_per_s
+    assert link is not None
+    for slot, s0, s1 in zip(split_stages(off.model, off.plan), before.stages, after.stages, strict=True):
+        moved = sum(o for _, _, o in layer_offload_splits(off, slot))
+        assert moved > 0 or slot.loss  # the loss stage's last layer keeps its activations
+        copy_s = moved / link
+        # each copy runs on its own direction of the link and overlaps the compute after it; the action ends
+        # when the last copy is done, so it takes at least the copies and at most compute + copies
+        for a0, a1 in ((s0.f, s1.f), (s0.b, s1.b)):
+            assert max(a0.seconds, copy_s) - 1e-12 <= a1.seconds <= a0.seconds + copy_s + 1e-6
+            assert a1.comm_s.get("offload", 0.0) == pytest.approx(copy_s)
+    p = project(off, cm)
+    assert p.breakdown_s["offload"] > 0 and p.comm_total_s["offload"] > 0
+    assert sum(p.breakdown_s.values()) == pytest.approx(p.step_time_s, rel=1e-6)
+    assert p.step_time_s > project(plain, cm).step_time_s
+
+
+def test_without_a_host_link_the_copies_are_not_priced_and_the_notes_say_so() -> None:
+    bare = H100.model_copy(update={"host_link_bytes_per_s": None,
+                                   "sources": {k: v for k, v in H100.sources.items() if k != "host_link_bytes_per_s"}})
+    sc = scenario(device=bare)
+    p = project(sc, default_cost_model(sc))
+    assert p.breakdown_s["offload"] == 0.0
+    assert any("host_link_bytes_per_s" in n for n in p.notes)
+
+
+def test_optimizer_offload_moves_its_share_over_the_host_link() -> None:
+    """The offloaded half of the rank's shard: its fp32 gradients go to the host and its fp32 parameters come back,
+    one after the other, exactly bytes / link seconds on top of the GPU's half (no host issue time here)."""
+    from projection.perf.stage_params import stage_params
+
+    quiet = H100.model_copy(update={"host_kernel_issue_s": None})
+    bare = quiet.model_copy(update={"host_link_bytes_per_s": None, "sources": {
+        k: v for k, v in quiet.sources.items() if k not in ("host_link_bytes_per_s", "host_kernel_issue_s")}})
+    half, unlinked = scenario(modules=(), optimizer=0.5, device=quiet), scenario(modules=(), optimizer=0.5,
+                                                                                   device=bare)
+    cm = default_cost_model(half)
+    assert any("optimizer offload" in n for n in project(half, cm).notes)
+    slots = [s for s in split_stages(half.model, half.plan) if s.pp_rank == 0]
+    shard = sum(stage_params(half.model, half.plan, s).total for s in slots) / half.plan.dp_()
+    link = quiet.host_link_bytes_per_s
+    assert link is not None
+    copies_s = 0.5 * shard * (4 + 4) / link
+    extra = optimizer_step_seconds(half, cm)[0] - optimizer_step_seconds(unlinked, default_cost_model(unlinked))[0]
+    assert extra == pytest.approx(copies_s, rel=1e-9)
