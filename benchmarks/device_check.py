@@ -12,7 +12,8 @@ contiguous fp32 gradient buffer, the clipping norm, fused Adam), sized for a GPU
 calibrate host`, `gemm`, `attention` and `memory` on the job's shapes (fp32), merged by `projection calibrate import`
 into OUT/calibration.json; then WARMUP + STEPS timed steps (device synchronised around each); then the projection with
 that calibration on the `--hardware` device YAML. OUT/device_check.json records measured and projected seconds, the
-error, the device and the library versions; keep it in the repo with its provenance when the run is real.
+error, the device and the library versions, and the achieved pinned host<->device copy rates beside the device YAML's
+host link line rate; keep it in the repo with its provenance when the run is real.
 """
 
 from __future__ import annotations
@@ -60,6 +61,25 @@ def measure(job: Job, device: torch.device) -> list[float]:
     return times[WARMUP:]
 
 
+def host_link(device: torch.device, nbytes: int = 1 << 28, repeat: int = 10) -> dict[str, float]:
+    """Achieved bytes/s of pinned host-to-device and device-to-host copies (the offload copies of projection/perf
+    run at DeviceSpec.host_link_bytes_per_s, the PCIe line rate); empty on the CPU."""
+    if device.type != "cuda":
+        return {}
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    out = {}
+    for name, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        out[f"{name}_bytes_per_s"] = nbytes * repeat / (time.perf_counter() - t0)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="Calibrate a device, time a real step, compare with the projection.")
     ap.add_argument("--out", required=True, type=Path)
@@ -96,7 +116,8 @@ def main() -> int:
     error = proj.step_time_s / measured - 1.0
     record = {"measured_steps_s": steps, "measured_median_s": measured, "projected_s": proj.step_time_s,
               "error": error, "breakdown_s": dict(proj.breakdown_s), "job": vars(job), "hardware": args.hardware,
-              "device": args.device, "torch": torch.__version__,
+              "device": args.device, "torch": torch.__version__, "host_link": host_link(torch.device(args.device)),
+              "host_link_yaml_bytes_per_s": sc.cluster.device.host_link_bytes_per_s,
               "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
     (out / "device_check.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     print(f"measured {measured:.4f} s (median of {len(steps)}), projected {proj.step_time_s:.4f} s, "
