@@ -19,7 +19,8 @@ or ZeRO, d = dp x cp for dense and expert-dp for expert parameters, projection.m
   use their number of moments (OptimizerSpec.num_moments); Muon's Newton-Schulz GEMMs are not modelled;
 - with the optimizer offloaded (Megatron --optimizer-cpu-offload, HybridDeviceOptimizer), the offloaded fraction's
   gradients cross the host link (DeviceSpec.host_link_bytes_per_s) to the host and its updated parameters come back,
-  one after the other; the host's Adam over that fraction is not priced (the projection notes say so);
+  one after the other; the host's Adam over that fraction is not priced (the projection notes say so); with FSDP2
+  CPU offload the host runs the whole update (its copies ride on the FSDP collectives, perf/pricing.py);
 - with `log_params_norm` (Megatron calc_params_l2_norm, every iteration when set): multi_tensor_l2norm over the
   (fp32 master) parameters the rank updates, a scalar all-reduce over the data-parallel and one over the
   model-parallel group, read by the host.
@@ -83,7 +84,8 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     mixed = training.params_dtype != "fp32"
     master_b = DTYPE_BYTES[opt.main_params_dtype] if mixed else param_b
     moments_b = sum(DTYPE_BYTES[d] for d in (opt.exp_avg_dtype, opt.exp_avg_sq_dtype)[: opt.num_moments])
-    cpu = plan.offload.optimizer_fraction if plan.offload.optimizer else 0.0
+    # the share of the update the host runs: an offloaded optimizer's fraction, all of it with FSDP2 CPU offload
+    cpu = 1.0 if plan.offload.fsdp_params else plan.offload.optimizer_fraction if plan.offload.optimizer else 0.0
     on_gpu = updated * (1.0 - cpu)
     items: list[Item] = []
     if training.check_for_nan_in_loss_and_grad and zero < 3:  # Megatron DDP's bucket checks (perf/checks.py)
@@ -104,7 +106,7 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
         memory("count_zeros", updated * grad_b, 0.0, COUNT_ZEROS_KERNELS * tensors)
         items += [blocking("optimizer", norm_s), sync()]
     link = scenario.cluster.device.host_link_bytes_per_s
-    if cpu > 0.0 and link:  # the CPU share's gradients to the host, its updated parameters back (not its CPU Adam)
+    if plan.offload.optimizer and cpu > 0.0 and link:  # the CPU share's gradients out, its parameters back
         items += [blocking("optimizer", updated * cpu * grad_b / link),
                   blocking("optimizer", updated * cpu * master_b / link)]
     memory("adam", on_gpu * (grad_b + master_b + moments_b), on_gpu * (master_b + moments_b),

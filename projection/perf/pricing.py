@@ -273,7 +273,10 @@ def _with_grad_accumulation(bwd: list[Op], training: TrainingSpec) -> list[Op]:
 
 
 class _FsdpSizes:
-    """Seconds of the FSDP all-gather and reduce-scatter of each unit (zero_stage 3), else nothing."""
+    """Seconds of the FSDP all-gather and reduce-scatter of each unit (zero_stage 3), else nothing. With TorchTitan's
+    CPU offload (FSDP2 CPUOffloadPolicy, `offload.fsdp_params`) the sharded parameters live on the host: each
+    all-gather first copies the rank's shard (the fp32 master with mixed precision) to the device, and each
+    reduce-scatter's output shard is copied back, on the same stream over the host link."""
 
     def __init__(self, scenario: Scenario, cost_model: CostModel) -> None:
         plan, training = scenario.plan, scenario.training
@@ -284,6 +287,9 @@ class _FsdpSizes:
             self.expert = expert_dp_placement(scenario.cluster, plan) if scenario.model.moe is not None else None
         self.param_b = DTYPE_BYTES[training.params_dtype]
         self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
+        self.link = scenario.cluster.device.host_link_bytes_per_s if plan.offload.fsdp_params else None
+        mixed = training.params_dtype != "fp32"
+        self.shard_b = DTYPE_BYTES[training.optimizer.main_params_dtype] if mixed else self.param_b
 
     def unit_seconds(self, params: StageParams, names: Sequence[str]
                      ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
@@ -296,14 +302,23 @@ class _FsdpSizes:
             per[0] = (d0 + sum(d for d, _ in sizes.values()), e0 + sum(e for _, e in sizes.values()))
         gathers, scatters = [], []
         for dense, expert in per:
-            g = [self._s("all_gather", dense * self.param_b, self.dense)]
-            r = [self._s("reduce_scatter", dense * self.grad_b, self.dense)]
+            g, r = [self._gather(dense, self.dense)], [self._scatter(dense, self.dense)]
             if expert and self.expert is not None:
-                g.append(self._s("all_gather", expert * self.param_b, self.expert))
-                r.append(self._s("reduce_scatter", expert * self.grad_b, self.expert))
+                g.append(self._gather(expert, self.expert))
+                r.append(self._scatter(expert, self.expert))
             gathers.append(tuple(g))
             scatters.append(tuple(r))
         return gathers, scatters
+
+    def _gather(self, elements: float, group: GroupPlacement) -> float:
+        return self._s("all_gather", elements * self.param_b, group) + self._copy(elements, self.shard_b, group)
+
+    def _scatter(self, elements: float, group: GroupPlacement) -> float:
+        return self._s("reduce_scatter", elements * self.grad_b, group) + self._copy(elements, self.grad_b, group)
+
+    def _copy(self, elements: float, nbytes: int, group: GroupPlacement) -> float:
+        """Host-link seconds of the rank's shard of a unit (CPU offload only)."""
+        return elements / max(1, group.n_ranks) * nbytes / self.link if self.link else 0.0
 
     def _s(self, kind: str, size: float, group: GroupPlacement) -> float:
         return self.cost_model.collective_seconds(kind, size, group)  # type: ignore[arg-type]

@@ -112,7 +112,10 @@ def _unmodelled(sc: Scenario) -> list[str]:
     if off.optimizer and off.optimizer_fraction > 0:
         notes.append(f"optimizer offload: the host's optimizer step over {off.optimizer_fraction:.0%} of the state is "
                      "not priced, only its gradient and parameter copies over the host link")
-    if (off.activation_modules or off.optimizer) and not sc.cluster.device.host_link_bytes_per_s:
+    if off.fsdp_params:
+        notes.append("FSDP CPU offload: the host's optimizer step is not priced, only the shards' copies over the "
+                     "host link beside each all-gather and reduce-scatter")
+    if (off.activation_modules or off.optimizer or off.fsdp_params) and not sc.cluster.device.host_link_bytes_per_s:
         notes.append(f"offload copies not priced: device '{sc.cluster.device.name}' has no host_link_bytes_per_s")
     return notes
 

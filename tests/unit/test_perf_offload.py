@@ -93,3 +93,35 @@ def test_optimizer_offload_moves_its_share_over_the_host_link() -> None:
     copies_s = 0.5 * shard * (4 + 4) / link
     extra = optimizer_step_seconds(half, cm)[0] - optimizer_step_seconds(unlinked, default_cost_model(unlinked))[0]
     assert extra == pytest.approx(copies_s, rel=1e-9)
+
+
+def test_fsdp_cpu_offload_copies_each_shard_beside_its_collectives() -> None:
+    """TorchTitan enable_cpu_offload (FSDP2 CPUOffloadPolicy): each unit's all-gather first brings the rank's fp32
+    shard to the device, each reduce-scatter sends the fp32 gradient shard back; the host runs the optimizer (a note
+    says it is not priced) and the GPU's optimizer step has no update work left."""
+    from projection.perf.pricing import _FsdpSizes
+    from projection.perf.stage_params import stage_params
+
+    def fsdp(cpu: bool) -> Scenario:
+        sc = scenario(modules=())
+        plan = sc.plan.model_copy(update={"pp": 1, "dp": 8, "sharding": sc.plan.sharding.model_copy(
+            update={"zero_stage": 3, "fsdp": "torch_fsdp2"}), "offload": sc.plan.offload.model_copy(
+            update={"fsdp_params": cpu})})
+        return sc.model_copy(update={"plan": plan, "framework": "torchtitan"})
+
+    off, on_gpu = fsdp(True), fsdp(False)
+    cm = default_cost_model(off)
+    slot = split_stages(off.model, off.plan)[0]
+    params = stage_params(off.model, off.plan, slot)
+    names = [n for n, _, _ in params.components]
+    (g1, r1), (g0, r0) = _FsdpSizes(off, cm).unit_seconds(params, names), _FsdpSizes(on_gpu, cm).unit_seconds(
+        params, names)
+    link = H100.host_link_bytes_per_s
+    assert link is not None
+    for (name, dense, _), a1, a0, s1, s0 in zip(params.components, g1, g0, r1, r0, strict=True):
+        shard_s = dense / 8 * 4 / link  # fp32 master shard / fp32 gradient shard over one direction of the link
+        assert a1[0] - a0[0] == pytest.approx(shard_s, rel=1e-9), name
+        assert s1[0] - s0[0] == pytest.approx(shard_s, rel=1e-9), name
+    p = project(off, cm)
+    assert any("FSDP CPU offload" in n for n in p.notes)
+    assert optimizer_step_seconds(off, cm)[0] < optimizer_step_seconds(on_gpu, cm)[0]
