@@ -17,6 +17,9 @@ Rules, after Megatron-LM / Transformer Engine:
 - FSDP (zero_stage 3): one all-gather per unit (embedding, decoder layer, MTP depth, output) prefetched one unit
   ahead (FSDP2's implicit prefetch), again in the backward when resharded after forward, and one reduce-scatter per
   unit after its backward on its own stream; dense units over the dp x cp shard group, experts over expert-dp.
+- Offloaded activations (Megatron fine-grained activation offloading): each layer's copy to the host is launched
+  after the layer's forward on the `d2h` stream; its reload is prefetched one layer ahead on the `h2d` stream and
+  waited for before the layer's backward (category `offload`; projection/perf/pricing.py prices the copies).
 """
 
 from __future__ import annotations
