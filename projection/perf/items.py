@@ -91,19 +91,24 @@ class ItemBuilder:
         after their unit on their own streams (a reload and an offload copy use the two directions of the host
         link, `h2d` and `d2h`)."""
         out: list[Item] = []
-        ahead = [(self._launch_all("dp", u.gather_s, "fsdp_ag"), self._launch_all("offload", (u.reload_s,), "h2d"))
-                 for u in units]
+        ahead = [self._prefetch(u) for u in units]  # (launches, their tokens) per unit
         for j, unit in enumerate(units):
             if j == 0:
-                out += ahead[0][0][0] + ahead[0][1][0]
-            if ahead[j][0][1] or ahead[j][1][1]:
-                out.append(wait(*ahead[j][0][1], *ahead[j][1][1]))
+                out += ahead[0][0]
+            if ahead[j][1]:
+                out.append(wait(*ahead[j][1]))
             if j + 1 < len(units):
-                out += ahead[j + 1][0][0] + ahead[j + 1][1][0]
+                out += ahead[j + 1][0]
             out += self._entries(unit.entries, backward)
             out += self._launch_all("dp", unit.scatter_s, "fsdp_rs")[0]
             out += self._launch_all("offload", (unit.offload_s,), "d2h")[0]
         return out
+
+    def _prefetch(self, unit: Unit) -> tuple[list[Item], tuple[int, ...]]:
+        """What a unit waits for before its ops: its FSDP all-gathers and its activation reload."""
+        gathers, g_tokens = self._launch_all("dp", unit.gather_s, "fsdp_ag")
+        reload, r_tokens = self._launch_all("offload", (unit.reload_s,), "h2d")
+        return gathers + reload, g_tokens + r_tokens
 
     def _launch_all(self, group: str, seconds: Sequence[float], stream: str) -> tuple[list[Item], tuple[int, ...]]:
         items = [launch(group, s, self._next(), stream=stream) for s in seconds if s > 0.0]

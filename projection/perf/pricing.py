@@ -175,6 +175,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
     prov: dict[str, float] = {}
     out = []
     layers: dict[tuple[bool, int], tuple[Op, ...]] = {}
+    offload_memo: dict[tuple[object, ...], tuple[float, float]] = {}  # per-layer offload bytes, across stages
     priced: dict[tuple[object, ...], tuple[StagePrice, dict[str, float]]] = {}
     for slot in split_stages(model, plan):
         key = (slot.embedding, slot.loss, slot.mtp_layers, *(layer_signature(scenario, i) for i in slot.layers))
@@ -190,7 +191,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         hooked = {n: (k, e) for n, k, e in params.hooked} if plan.sharding.zero_stage < 3 else {}
         mine: dict[str, float] = {}
         gathers, scatters = fsdp.unit_seconds(params, [name for name, _ in comps])
-        copy_s = _offload_seconds(scenario, slot)
+        copy_s = _offload_seconds(scenario, slot, offload_memo)
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
         for (name, ops), ag, rs in zip(comps, gathers, scatters, strict=True):
@@ -225,7 +226,8 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
                         host_s, prov, host_source)
 
 
-def _offload_seconds(scenario: Scenario, slot: StageSlot) -> dict[str, float]:
+def _offload_seconds(scenario: Scenario, slot: StageSlot,
+                     memo: dict[tuple[object, ...], tuple[float, float]]) -> dict[str, float]:
     """Seconds to copy each decoder layer's offloaded activations (Megatron fine-grained activation offloading,
     projection.memory.estimate.layer_offload_splits: the same bytes the memory estimate moves off the GPU) over the
     device's host link, one direction: device to host after the layer's forward, back before its backward. Without
@@ -233,7 +235,7 @@ def _offload_seconds(scenario: Scenario, slot: StageSlot) -> dict[str, float]:
     bw = scenario.cluster.device.host_link_bytes_per_s
     if not scenario.plan.offload.activation_modules or not bw:
         return {}
-    return {f"layer{i}": off / bw for i, _, off in layer_offload_splits(scenario, slot) if off > 0}
+    return {f"layer{i}": off / bw for i, _, off in layer_offload_splits(scenario, slot, memo) if off > 0}
 
 
 def _label(cost_model: CostModel, op: Op) -> str:
