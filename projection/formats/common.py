@@ -42,18 +42,28 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, i
                                   fix="fix the YAML syntax at that line (indentation, quotes, ':' after keys)")) \
             from None
     lines: dict[KeyPath, int] = {}
+    duplicates: list[Problem] = []
     if node is not None:
-        _walk(node, (), lines)
+        _walk(node, (), lines, duplicates, str(path))
+    if duplicates:  # yaml.safe_load keeps the last one silently; the user meant one of them
+        raise ConfigError(duplicates)
     return data, lines
 
 
-def _walk(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int]) -> None:
+def _walk(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int], duplicates: list[Problem], file: str) -> None:
     if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode):
                 path = (*prefix, str(k.value))
-                lines[path] = k.start_mark.line + 1
-                _walk(v, path, lines)
+                line = k.start_mark.line + 1
+                if path[-1] in seen:
+                    duplicates.append(Problem(f"duplicate key (first set at line {seen[path[-1]]}); YAML would keep "
+                                              "only the last one", key=".".join(path), file=file, line=line,
+                                              fix="keep one of the two entries (merge their contents)"))
+                seen.setdefault(path[-1], line)
+                lines[path] = line
+                _walk(v, path, lines, duplicates, file)
 
 
 def load_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], dict[KeyPath, int]]:
@@ -131,3 +141,21 @@ def set_nested(data: dict[str, Any], dotted: str, value: Any) -> None:
             node[p] = child
         node = child
     node[parts[-1]] = value
+
+
+def one_slip(a: str, b: str) -> bool:
+    """True when a and b differ by one inserted or deleted character, or by one swap of neighbouring characters
+    (the typos a reader makes; a substituted character is not counted: real flags differ that way, fp4/fp8)."""
+    if a == b:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+    if abs(len(a) - len(b)) != 1:
+        return False
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    i = 0
+    while i < len(short) and short[i] == long_[i]:
+        i += 1
+    return short[i:] == long_[i + 1:]
+

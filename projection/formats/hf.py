@@ -119,6 +119,10 @@ def load_hf(path: Path, overrides: dict[str, Any] | None = None) -> RawScenario:
     """Read an HF config.json into a RawScenario holding the model; training and plan come from `overrides`
     (canonical dotted keys such as `plan.tp` or `training.seq_length`) or take defaults."""
     data, lines = load_json(path)
+    if isinstance(data, dict) and ("model_type" in data or "architectures" in data) and not is_hf_config(data):
+        raise ConfigError(Problem("required key is missing (a HuggingFace config.json needs the model's hidden size)",
+                                  key="hidden_size", file=str(path), line=None,
+                                  fix="add hidden_size (or pass the model's complete config.json)"))
     if not is_hf_config(data):
         raise ConfigError(Problem("not a HuggingFace config.json (no model_type / hidden_size)", file=str(path),
                                   fix="pass a model's config.json, or a scenario YAML"))
@@ -142,6 +146,30 @@ def apply_canonical_overrides(raw: RawScenario, overrides: dict[str, Any]) -> No
     bad = [k for k in overrides if k.split(".")[0] not in ("model", "training", "plan", "cluster")]
     if bad:
         raise ConfigError([Problem("--set key must start with model., training., plan. or cluster.", key=k,
-                                   file="<command line>", fix=f"e.g. --set plan.{k}=...") for k in bad])
+                                   file="<command line>", fix=_canonical_hint(k)) for k in bad])
     for k, v in overrides.items():
         raw.set(k, v, Origin("--set", None, k))
+
+
+# Megatron / Primus names a user may type out of habit, and their canonical keys (config-formats.md §1)
+_MEGATRON_NAMES = {"tensor_model_parallel_size": "plan.tp", "pipeline_model_parallel_size": "plan.pp",
+                   "context_parallel_size": "plan.cp", "expert_model_parallel_size": "plan.ep",
+                   "expert_tensor_parallel_size": "plan.etp", "sequence_parallel": "plan.sp",
+                   "virtual_pipeline_model_parallel_size": "plan.vpp"}
+
+
+def _canonical_hint(key: str) -> str:
+    """The canonical key the user most likely meant by `key` (a Megatron name, or a bare field of one section)."""
+    from projection.specs.model import ModelSpec
+    from projection.specs.plan import ParallelPlan
+    from projection.specs.training import TrainingSpec
+
+    if not key:
+        return "give a key before '=', e.g. --set plan.tp=8"
+    if key in _MEGATRON_NAMES:
+        return f"this file takes canonical keys: --set {_MEGATRON_NAMES[key]}=..."
+    for section, spec in (("model", ModelSpec), ("training", TrainingSpec), ("plan", ParallelPlan)):
+        if key.split(".")[0] in spec.model_fields:
+            return f"--set {section}.{key}=..."
+    return "prefix the key with its section, e.g. --set plan.tp=8 or --set training.seq_length=8192"
+

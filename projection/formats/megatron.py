@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
-from projection.formats.common import load_yaml, read_text
+from projection.formats.common import load_yaml, one_slip, read_text
 from projection.formats.megatron_args import (
     DESTS,
     NAME_ONLY_DESTS,
@@ -58,6 +58,10 @@ def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, sourc
     they were derived from; defaults: Origin('default (Megatron-LM argparse)', key=<flag>)). Raises ConfigError
     listing every problem (bad value types, missing model shape, unknown vocabulary, impossible pipeline split)."""
     a = MegatronArgs(args, origins, source=source, flags=framework == "megatron")
+    for dest in args:  # a misspelt flag would be inert (Megatron's argparse rejects it; Primus passes it on)
+        meant = [d for d in DESTS if one_slip(dest, d)]
+        if dest not in DESTS and meant:
+            a.problem(dest, f"unknown argument {a.key(dest)}", f"did you mean {a.key(meant[0])}?")
     raw = RawScenario(source=source, framework=framework)
     eod = framework.startswith("primus") if null_tokenizer_adds_eod is None else null_tokenizer_adds_eod
     model_section(a, raw, null_tokenizer_adds_eod=eod)
@@ -388,6 +392,10 @@ def _yaml_hits(path: Path, text: str, env: Mapping[str, str]) -> list[FlagHit]:
     if isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict):
         prefix, variables = ("MODEL_ARGS",), {**_env_vars(data.get("ENV_VARS")), **env}
         data = data["MODEL_ARGS"]
+    elif isinstance(data, dict) and "MODEL_ARGS" in data:
+        raise ConfigError(Problem("MODEL_ARGS must be a mapping of Megatron flags", key="MODEL_ARGS", file=str(path),
+                                  line=lines.get(("MODEL_ARGS",)),
+                                  fix="write one indented `--flag: value` line per argument under MODEL_ARGS:"))
     else:
         variables = dict(env)
     if not isinstance(data, dict):

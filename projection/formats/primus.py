@@ -254,6 +254,11 @@ def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *
     """Merge a Primus experiment into the trainer config Primus would build (module docstring, steps 1-3).
     `overrides` are `--set` values: already typed, dotted keys nest (a leading `modules.<trainer>.` is optional)."""
     env = env or {}
+    if primus_root is not None and not Path(primus_root).is_dir():
+        what = "is not a directory" if Path(primus_root).exists() else "does not exist"
+        raise ConfigError(Problem(f"Primus root {primus_root} {what}", key="--primus-root", file=str(path),
+                                  fix="give the root of a Primus checkout (the folder that holds primus/configs), or "
+                                  "drop --primus-root to use the built-in Primus defaults"))
     exp = load_primus_yaml(Path(path), env)
     name = _pick_trainer(exp, str(path))
     at: KeyPath = ("modules", name)

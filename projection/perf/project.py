@@ -69,7 +69,7 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     pg = param_gather_exposed_s(dp, priced, sched, sim)
     tails = [o + g for o, g in zip(_per_schedule_rank(opt, sched), pg, strict=True)]
     step = sim.step_time_s + max(tails, default=0.0)
-    notes = _unmodelled(sc)
+    notes = _unmodelled(sc) + _foreign_calibration(sc, cm)
     memory = _memory(sc, notes)
     return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes)
 
@@ -118,6 +118,25 @@ def _unmodelled(sc: Scenario) -> list[str]:
     if (off.activation_modules or off.optimizer or off.fsdp_params) and not sc.cluster.device.host_link_bytes_per_s:
         notes.append(f"offload copies not priced: device '{sc.cluster.device.name}' has no host_link_bytes_per_s")
     return notes
+
+
+def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
+    """A note when the cost model's calibration was measured on another device than the scenario's (its seconds are
+    used as they are: a mismatched --calibration is most often a mistake)."""
+    cal = getattr(cm, "calibration", None)
+    measured = sorted({p.device_name for p in getattr(cal, "provenance", ()) if p.device_name})
+    dev = sc.cluster.device
+    names = {_squash(n) for n in (dev.name, dev.marketing_name, *dev.aliases) if n}
+    names = {n for n in names if len(n) >= 3}
+    foreign = [m for m in measured if not any(n in _squash(m) or _squash(m) in n for n in names)]
+    if not foreign:
+        return []
+    return [f"calibration {getattr(cm, 'name', '')} was measured on {', '.join(foreign)}, not on {dev.name}: its "
+            "seconds are used as they are (calibrate on this device, or pass --hardware for the measured one)"]
+
+
+def _squash(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum())
 
 
 def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:

@@ -75,6 +75,11 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
     if plan.cp > 1 and training.seq_length % (2 * plan.cp):
         bad("training.seq_length", f"seq_length {training.seq_length} is not divisible by 2 * cp = {2 * plan.cp}",
             "use a sequence length divisible by 2*cp (load-balanced causal context parallelism)")
+    if plan.sp_ and training.seq_length % (plan.cp * tp):
+        # Megatron's scatter_to_sequence_parallel_region splits each CP rank's seq_length / cp tokens over tp ranks
+        bad("training.seq_length", f"seq_length {training.seq_length} is not divisible by cp * tp = {plan.cp} * {tp} "
+            "(sequence parallelism splits each context-parallel rank's tokens over the tp ranks)",
+            f"use a sequence length divisible by {plan.cp * tp}, or turn sequence parallelism off")
     if plan.dp is not None:
         per_step = training.micro_batch_size * plan.dp
         gbs = training.resolved_global_batch(plan.dp)

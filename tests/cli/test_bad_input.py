@@ -136,3 +136,61 @@ def test_unresolved_variable(tmp_path: Path) -> None:
     p = write(tmp_path, text)
     res = run("inspect", "--config", str(p), "--primus-root", str(FIXTURES / "primus"))
     assert_user_error(res, str(p), "MY_MBS", "micro_batch_size")
+
+
+def test_sequence_parallel_needs_seq_divisible_by_tp(tmp_path: Path) -> None:
+    text = GOOD.replace("seq_length: 4096", "seq_length: 4095").replace("  tp: 2\n", "  tp: 2\n  sp: true\n")
+    assert_user_error(run("memory", "--config", str(write(tmp_path, text))), "training.seq_length",
+                      "not divisible by cp * tp = 1 * 2", "exp.yaml:9")
+
+
+def test_duplicate_yaml_key(tmp_path: Path) -> None:
+    """YAML would silently keep the last `plan:`; both places are named."""
+    p = write(tmp_path, GOOD + "plan:\n  tp: 4\n")
+    assert_user_error(run("inspect", "--config", str(p)), "key 'plan'", "duplicate key (first set at line 12)",
+                      "exp.yaml:18")
+
+
+def test_boolean_where_a_number_goes(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("  tp: 2", "  tp: true"))
+    assert_user_error(run("inspect", "--config", str(p)), "exp.yaml:13", "plan.tp", "expected a number")
+
+
+def test_misspelt_megatron_flag(tmp_path: Path) -> None:
+    """Megatron's argparse would reject the flag; projection must not read the job as pp 1."""
+    p = write(tmp_path, "torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4 \\\n"
+              "  --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8 \\\n"
+              "  --vocab-size 1000 --pipeline-model-paralel-size 4\n", name="train.sh")
+    assert_user_error(run("inspect", "--config", str(p)), "train.sh:3", "--pipeline-model-paralel-size",
+                      "did you mean --pipeline-model-parallel-size?")
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures absent (user clone)")
+def test_misspelt_primus_override(tmp_path: Path) -> None:
+    cfg = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3_8B-BF16-pretrain.yaml"
+    assert_user_error(run("memory", "--config", str(cfg), "--set", "tensor_model_paralel_size=2"),
+                      "tensor_model_paralel_size", "did you mean", "tensor_model_parallel_size")
+
+
+def test_set_hint_names_the_canonical_key(tmp_path: Path) -> None:
+    res = run("memory", "--config", str(write(tmp_path, GOOD)), "--set", "tensor_model_parallel_size=8")
+    assert_user_error(res, "tensor_model_parallel_size", "--set plan.tp=")
+    assert_user_error(run("memory", "--config", str(write(tmp_path, GOOD)), "--set", "=4"), "give a key before '='")
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures absent (user clone)")
+def test_missing_primus_root(tmp_path: Path) -> None:
+    cfg = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3_8B-BF16-pretrain.yaml"
+    assert_user_error(run("memory", "--config", str(cfg), "--primus-root", str(tmp_path / "nope")),
+                      "--primus-root", "does not exist", str(cfg))
+
+
+def test_hf_config_without_hidden_size(tmp_path: Path) -> None:
+    p = write(tmp_path, '{"model_type": "llama", "num_hidden_layers": 2}', name="config.json")
+    assert_user_error(run("inspect", "--config", str(p)), str(p), "key 'hidden_size'", "required key is missing")
+
+
+def test_model_args_not_a_mapping(tmp_path: Path) -> None:
+    p = write(tmp_path, "ENV_VARS: {}\nMODEL_ARGS: 5\n", name="model_config.yaml")
+    assert_user_error(run("inspect", "--config", str(p)), "model_config.yaml:2", "key 'MODEL_ARGS'",
+                      "must be a mapping")

@@ -38,7 +38,9 @@ def test_cases_table_found() -> None:
     "host syncs (gradient norm, NaN/Inf checks of loss and gradient buckets), DDP gradient hooks, "
     "--log-params-norm and --log-num-zeros-in-grad work over the distributed optimizer's shard, Megatron's "
     "allgather dispatcher and SequentialMLP experts. Dense rows are short by 2.2 - 4.6 ms per layer and "
-    "microbatch on the critical path, more than the host time of a whole Megatron layer measured on this CPU. "
+    "microbatch on the critical path, more than the host time of a whole Megatron layer measured on this CPU; "
+    "Megatron's golden values on DGX A100 (1.15-1.6x the H100 time) and GB200 (1.2-1.75x, Grace host) show "
+    "these rows are host-bound (docs/performance.md). "
     "Not modelled: the Python time of Megatron / TE modules beyond one issue per kernel (TE PR #1191: 140 us per "
     "TEColumnParallelLinear forward), sinkhorn router host loop, TensorBoard writes; the offloading row's host "
     "copies are priced at the PCIe line rate (-59 %)"))

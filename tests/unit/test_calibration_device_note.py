@@ -1,0 +1,30 @@
+"""A calibration measured on another device than the scenario's is used as it is, and the projection says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.perf import default_cost_model, project
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "llama3_8b_inline.yaml"
+
+
+def _calibration_notes(hardware: str, calibration: Path | None = None) -> list[str]:
+    sc = api.load(EXAMPLE, hardware=hardware)
+    proj = project(sc, default_cost_model(sc, calibration=calibration))
+    return [n for n in proj.notes if n.startswith("calibration ")]
+
+
+@pytest.mark.parametrize("hardware", ["mi300x", "mi325x", "mi355x", "h100-sxm", "h200"])
+def test_shipped_calibration_matches_its_device(hardware: str) -> None:
+    assert _calibration_notes(hardware) == []
+
+
+def test_foreign_calibration_is_named() -> None:
+    notes = _calibration_notes("mi300x", REPO / "calibrations" / "h100-sxm.json")
+    assert len(notes) == 1
+    assert "measured on NVIDIA H100 80GB HBM3, not on mi300x" in notes[0]
