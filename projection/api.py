@@ -48,7 +48,12 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw.set("cluster.nodes", 1, Origin("default (1 node; --nodes to change)"))
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
-    device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
+    origin = raw.origins.get("cluster.hardware")  # an unknown name is reported where it was written
+    if origin is None or origin.file.startswith("default"):
+        device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
+    else:
+        device = load_device(str(raw.get("cluster.hardware")), hardware_dir, key=origin.key or "cluster.hardware",
+                             file="<command line>" if origin.file == "command line" else origin.file, line=origin.line)
     return build_scenario(raw, device)
 
 

@@ -1,8 +1,15 @@
-"""Arguments shared by the sub-commands that load one scenario (inspect, memory, shapes)."""
+"""Arguments shared by the sub-commands that load one scenario (inspect, memory, shapes), and the output-file
+handling of the sub-commands that write files (schedule, performance): check every path first, leave nothing
+half-written."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from projection.errors import ConfigError, Problem
 
 
 def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json")) -> None:
@@ -15,3 +22,80 @@ def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("t
                    help="override a value, in the config file's own key space (repeatable)")
     p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
     p.add_argument("--format", choices=formats, default=formats[0])
+
+
+# ---- output files: checked before anything is written, and removed again when a later one fails
+
+COMMAND_LINE = "<command line>"  # the file label of problems with command-line flags (as projection/formats uses)
+
+
+def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence[tuple[str, str | None]] = ()
+                    ) -> list[Problem]:
+    """What stops writing each (flag, path) of `files` (a file; its folder must exist) or `dirs` (a folder, created
+    with its parents), checked before any work is done. A None or empty path is skipped."""
+    out = []
+    for flag, path in files:
+        if not path:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            out.append(Problem("is a directory", key=flag, file=path, fix="give a file name"))
+        elif not p.parent.is_dir():
+            what = "is not a directory" if p.parent.exists() else "does not exist"
+            out.append(Problem(f"folder {p.parent} {what}", key=flag, file=path,
+                               fix="create the folder first, or choose another path"))
+        elif not os.access(p if p.exists() else p.parent, os.W_OK):
+            out.append(Problem("not writable", key=flag, file=path, fix="choose a writable path"))
+    for flag, path in dirs:
+        if not path:
+            continue
+        top = Path(path)
+        while not top.exists() and top.parent != top:
+            top = top.parent
+        if not top.is_dir():
+            out.append(Problem(f"{top} is not a directory", key=flag, file=path,
+                               fix="give a folder (it is created if missing)"))
+        elif not os.access(top, os.W_OK):
+            out.append(Problem(f"folder {top} is not writable", key=flag, file=path, fix="choose a writable folder"))
+    return out
+
+
+def _entries(path: Path) -> set[Path]:
+    """What exists of `path`, the folders above it and everything under it: where a writer may create things."""
+    seen = {path, *path.parents}
+    if path.is_dir():
+        seen.update(path.rglob("*"))
+    return {p for p in seen if p.exists() or p.is_symlink()}
+
+
+def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list[str]:
+    """Run each (flag, path, writer) in order; returns the written paths. If one fails, everything the earlier ones
+    and the failing one created is removed (files that existed before are left as they are) and ConfigError names
+    the flag and the path: nothing half-written stays behind."""
+    before: dict[Path, set[Path]] = {}
+    written = []
+    try:
+        for flag, path, fn in jobs:
+            before.setdefault(Path(path), _entries(Path(path)))
+            try:
+                written.append(str(fn()))
+            except OSError as e:
+                raise ConfigError(Problem(f"cannot write output: {e.strerror or e}", key=flag,
+                                          file=str(getattr(e, "filename", None) or path),
+                                          fix="choose a writable path")) from e
+    except BaseException:  # a user error, or anything else: the run wrote nothing
+        for out, old in before.items():
+            _remove(sorted(_entries(out) - old, key=lambda p: len(p.parts), reverse=True))
+        raise
+    return written
+
+
+def _remove(paths: Sequence[Path]) -> None:
+    for p in paths:  # deepest first, so folders are empty when their turn comes
+        try:
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()
+            else:
+                p.unlink()
+        except OSError:
+            pass

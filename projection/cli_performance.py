@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from projection import api
-from projection.errors import ConfigError, Problem, ProjectionError
+from projection.cli_args import COMMAND_LINE, output_problems, write_outputs
+from projection.errors import ConfigError, PlanError, Problem, ProjectionError
 
 if TYPE_CHECKING:
     from projection.perf.result import Projection
@@ -78,47 +79,48 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
-    from projection.perf import compare_schedules, default_cost_model, extrapolate, project, scaling_table
+    from projection.perf import default_cost_model, extrapolate, project
+    from projection.perf.scaling import node_count_problems
 
-    _check_args(args)
+    counts = _check_args(args)
     scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes,
                         gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
                         primus_root=getattr(args, "primus_root", None), env=env)
     if args.target_nodes is not None:
-        scenario = extrapolate(scenario, args.target_nodes)
+        scenario = extrapolate(scenario, args.target_nodes, flag="--target-nodes")
     calibration = Path(args.calibration) if args.calibration else None
     if calibration is not None and not calibration.is_file():
         raise ConfigError(Problem("calibration file not found", file=str(calibration), key="--calibration",
                                   fix="give a Calibration JSON written by `projection calibrate ...`"))
-    if args.scaling:
-        counts = _node_counts(args.scaling)
-        if calibration is None:  # the shipped default of each extrapolated scenario
-            rows = scaling_table(scenario, counts, engine=args.engine)
-        else:  # one cost model per node count: its collectives are priced on that count's placements
-            rows = []
-            for n in counts:
-                sc = extrapolate(scenario, n)
-                rows.append(project(sc, default_cost_model(sc, calibration=calibration), engine=args.engine))
-        written = []
-        if args.png:
-            from projection.report.scaling_plot import write_scaling_png
-
-            written.append(str(_write(lambda: write_scaling_png(rows, args.png, title=_title(scenario)), args.png)))
-        if args.trace:
-            written.append(str(_trace(rows[-1], args.trace)))
+    schedule = None if args.schedule == "all" else args.schedule
+    if counts:  # every count and the schedule at every count checked before anything is projected
+        problems = [p for n in counts for p in node_count_problems(scenario, n, flag="--scaling")]
+        if problems:
+            raise PlanError(problems)
+        scaled = [extrapolate(scenario, n, flag="--scaling") for n in counts]
+        _check_schedule(scaled, schedule, each_count=True)
+        # one cost model per node count: its collectives are priced on that count's placements
+        rows = [project(sc, default_cost_model(sc, calibration=calibration), schedule=schedule, engine=args.engine)
+                for sc in scaled]
+        jobs = [] if not args.png else [("--png", args.png, lambda: _scaling_png(rows, args.png, scenario))]
+        written = _write_all(jobs, rows[-1], args.trace)
         if args.format == "json":
             return json.dumps({"scaling": [_scaling_row(p) for p in rows], "projections": [p.to_dict() for p in rows],
                                "wrote": written}, indent=2)
         return "\n".join([_scaling_table(rows, scenario), *[f"wrote {w}" for w in written]])
+    _check_schedule([scenario], schedule)
     cost_model = default_cost_model(scenario, calibration=calibration)
     if args.schedule == "all":
+        from projection.perf import compare_schedules
+
         projs = compare_schedules(scenario, cost_model, engine=args.engine)
-        written = [str(_trace(min(projs, key=lambda p: p.step_time_s), args.trace))] if args.trace and projs else []
+        fastest = min(projs, key=lambda p: p.step_time_s) if projs else None
+        written = _write_all([], fastest, args.trace)
         if args.format == "json":
             return json.dumps({"schedules": [p.to_dict() for p in projs], "wrote": written}, indent=2)
         return "\n".join([_schedules_table(projs, scenario), *[f"wrote {w}" for w in written]])
-    proj = project(scenario, cost_model, schedule=args.schedule, engine=args.engine)
-    written = [str(_trace(proj, args.trace))] if args.trace else []
+    proj = project(scenario, cost_model, schedule=schedule, engine=args.engine)
+    written = _write_all([], proj, args.trace)
     if args.format == "json":
         doc = proj.to_dict()
         doc["wrote"] = written
@@ -126,51 +128,86 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     return "\n".join([proj.to_table(), *[f"wrote {w}" for w in written]])
 
 
-def _check_args(args: argparse.Namespace) -> None:
+def _check_args(args: argparse.Namespace) -> list[int]:
+    """Problems with the flags alone (before the config is read): all at once. Returns the --scaling counts."""
     problems = []
     for flag in ("nodes", "target_nodes", "gpus_per_node"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             problems.append(Problem(f"must be a positive integer (got {value})", key="--" + flag.replace("_", "-"),
-                                    fix="give a whole number of at least 1"))
+                                    file=COMMAND_LINE, fix="give a whole number of at least 1"))
     if args.png and not args.scaling:
-        problems.append(Problem("--png plots a scaling table", key="--png", fix="add --scaling 1,2,4,... (or drop "
-                                "--png; `projection schedule --png` draws a timeline)"))
+        problems.append(Problem("--png plots a scaling table", key="--png", file=COMMAND_LINE, fix="add --scaling "
+                                "1,2,4,... (or drop --png; `projection schedule --png` draws a timeline)"))
     if args.scaling and args.schedule == "all":
         problems.append(Problem("--scaling and --schedule all cannot be combined", key="--schedule",
-                                fix="compare schedules at one node count, or scale one schedule"))
+                                file=COMMAND_LINE, fix="compare schedules at one node count, or scale one schedule"))
+    counts = _node_counts(args.scaling) if args.scaling else []
+    if args.scaling and not counts:
+        problems.append(Problem(f"cannot read node counts {args.scaling!r}", key="--scaling", file=COMMAND_LINE,
+                                fix="give positive integers separated by commas, e.g. 1,2,4,8"))
+    problems += output_problems([("--png", args.png if args.scaling else None), ("--trace", args.trace)])
+    if problems:
+        raise ConfigError(problems)
+    return counts
+
+
+def _node_counts(text: str) -> list[int]:
+    """The sorted distinct counts of '1,2,4'; [] when the text is not positive integers separated by commas."""
+    try:
+        counts = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        return []
+    return [] if any(c < 1 for c in counts) else sorted(set(counts))
+
+
+def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_count: bool = False) -> None:
+    """ConfigError when the schedule (--schedule's, else the plan's) does not apply to a scenario's pp, vpp and
+    microbatches: located at the config file, key '--schedule' (or 'plan.schedule'), the applicable ones in the fix."""
+    from projection.perf import applicable_schedules
+    from projection.schedule.registry import SCHEDULE_NAMES, build_schedule
+
+    problems = []
+    for sc in scenarios:
+        plan = sc.plan
+        chosen = name or plan.schedule
+        m = sc.training.num_microbatches(plan.dp_())
+        try:
+            if chosen not in SCHEDULE_NAMES:
+                raise ValueError(f"unknown schedule {chosen!r}")
+            build_schedule(chosen, plan.pp, m, plan.vpp_, microbatch_group_size=plan.microbatch_group_size)
+        except ValueError as e:
+            at = f"at {sc.cluster.nodes} nodes ({m} microbatches): " if each_count else ""
+            ok = applicable_schedules(sc)
+            fix = (f"use one that applies to pp {plan.pp}, vpp {plan.vpp_} and {m} microbatches: {', '.join(ok)}"
+                   if ok else f"no schedule applies to pp {plan.pp}, vpp {plan.vpp_} and {m} microbatches")
+            problems.append(Problem(at + str(e), key="--schedule" if name else "plan.schedule", file=sc.source,
+                                    fix=fix + ("; or --schedule all to compare them" if ok and not each_count else "")))
     if problems:
         raise ConfigError(problems)
 
 
-def _node_counts(text: str) -> list[int]:
-    try:
-        counts = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        counts = []
-    if not counts or any(c < 1 for c in counts):
-        raise ConfigError(Problem(f"cannot read node counts {text!r}", key="--scaling",
-                                  fix="give positive integers separated by commas, e.g. 1,2,4,8"))
-    return sorted(set(counts))
+def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Projection | None,
+               trace: str | None) -> list[str]:
+    """The outputs asked for (and the Chrome trace of `proj`), all or none of them."""
+    if trace and proj is not None:
+        from projection.report.trace import write_chrome_trace
+
+        sim = proj.sim
+        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace))]
+    return write_outputs(jobs)
+
+
+def _scaling_png(rows: Sequence[Projection], path: str, scenario: Scenario) -> Path:
+    from projection.report.scaling_plot import write_scaling_png
+
+    return write_scaling_png(rows, path, title=_title(scenario))
 
 
 def _title(scenario: Scenario) -> str:
     plan = scenario.plan
     return (f"{scenario.model.name} on {scenario.cluster.device.name}: tp {plan.tp} pp {plan.pp} cp {plan.cp} "
             f"ep {plan.ep}, global batch {scenario.training.resolved_global_batch(plan.dp_())}")
-
-
-def _write(fn: Callable[[], Path], path: str) -> Path:
-    try:
-        return Path(fn())
-    except OSError as e:
-        raise ConfigError(Problem(f"cannot write output: {e}", file=path, fix="choose a writable path")) from e
-
-
-def _trace(proj: Projection, path: str) -> Path:
-    from projection.report.trace import write_chrome_trace
-
-    return _write(lambda: write_chrome_trace(proj.sim, path), path)
 
 
 def _verdict(proj: Projection) -> str:

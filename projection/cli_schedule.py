@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from projection.cli_args import COMMAND_LINE, output_problems, write_outputs
 from projection.errors import ConfigError, Problem, ProjectionError
 from projection.schedule.action import Schedule
 from projection.schedule.checks import check_schedule
@@ -61,7 +63,7 @@ def _seconds(value: str | None, flag: str) -> float | None:
     try:
         return parse_duration(value)
     except ValueError as e:
-        raise ConfigError(Problem(str(e), key=flag, fix="give seconds, e.g. 0.06 or 60ms")) from e
+        raise ConfigError(Problem(str(e), key=flag, file=COMMAND_LINE, fix="give seconds, e.g. 0.06 or 60ms")) from e
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
@@ -79,14 +81,14 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     missing = [f for f, v in (("--schedule", args.schedule), ("--pp", args.pp), ("--microbatches",
                                                                                   args.microbatches)) if v is None]
     if missing:
-        raise ConfigError(Problem(f"missing {', '.join(missing)}", key=missing[0],
+        raise ConfigError(Problem(f"missing {', '.join(missing)}", key=missing[0], file=COMMAND_LINE,
                                   fix="give --schedule NAME --pp P --microbatches M (or --csv FILE)"))
     try:
         return build_schedule(args.schedule, args.pp, args.microbatches, args.vpp,
                               microbatch_group_size=args.microbatch_group_size)
     except ValueError as e:
-        raise ConfigError(Problem(str(e), key="--schedule", fix="pick --pp, --vpp and --microbatches that the "
-                                  "schedule accepts")) from e
+        raise ConfigError(Problem(str(e), key="--schedule", file=COMMAND_LINE, fix="pick --pp, --vpp and "
+                                  "--microbatches that the schedule accepts")) from e
 
 
 def _closed_form(args: argparse.Namespace, sched: Schedule, f: float, b: float, w: float | None,
@@ -127,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         w, lat = _seconds(args.w_s, "--w-s"), _seconds(args.p2p_s, "--p2p-s")
         assert f is not None and b is not None and lat is not None
         sched = _schedule(args)
+        problems = output_problems([("--trace", args.trace), ("--png", args.png)],
+                                   [("--pp-vis", args.pp_vis)])
+        if problems:  # before any work, and before anything is written
+            raise ConfigError(problems)
         res = simulate(sched, rank_costs(sched, f, b, w, lat), engine=args.engine, links=args.links)
         cf = _closed_form(args, sched, f, b, w, lat)
         written = _write_outputs(args, res)
@@ -144,21 +150,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_outputs(args: argparse.Namespace, res: SimResult) -> list[str]:
-    written = []
-    try:
-        if args.trace:
-            from projection.report.trace import write_chrome_trace
+    """Every output asked for, or none of them (write_outputs removes what it wrote when a later one fails)."""
+    jobs: list[tuple[str, str, Callable[[], object]]] = []
+    if args.trace:
+        from projection.report.trace import write_chrome_trace
 
-            written.append(str(write_chrome_trace(res, args.trace)))
-        if args.png:
-            from projection.report.timeline_png import write_timeline_png
+        jobs.append(("--trace", args.trace, lambda: write_chrome_trace(res, args.trace)))
+    if args.png:
+        from projection.report.timeline_png import write_timeline_png
 
-            written.append(str(write_timeline_png(res, args.png)))
-        if args.pp_vis:
-            from projection.report.ppvis import write_pp_vis
+        jobs.append(("--png", args.png, lambda: write_timeline_png(res, args.png)))
+    if args.pp_vis:
+        from projection.report.ppvis import write_pp_vis
 
-            written.append(str(write_pp_vis(res, Path(args.pp_vis))))
-    except OSError as e:
-        raise ConfigError(Problem(f"cannot write output: {e}", file=getattr(e, "filename", None),
-                                  fix="choose a writable path")) from e
-    return written
+        jobs.append(("--pp-vis", str(Path(args.pp_vis) / res.schedule.name), lambda: write_pp_vis(res, args.pp_vis)))
+    return write_outputs(jobs)

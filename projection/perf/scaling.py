@@ -15,39 +15,89 @@ from projection.cost.model import CostModel
 from projection.errors import PlanError, Problem
 from projection.perf.project import Engine, project
 from projection.perf.result import Projection
+from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import RawScenario, Scenario
+from projection.specs.training import TrainingSpec
 from projection.specs.validate import layout_problems
 
 
-def extrapolate(scenario: Scenario, nodes: int) -> Scenario:
-    """The scenario on `nodes` nodes at the same global batch. PlanError when the world is not a multiple of
-    tp x cp x pp, or the global batch is not a multiple of micro batch x the new dp (or any other layout rule of
-    projection.specs.validate breaks)."""
-    if nodes < 1:
-        raise PlanError(Problem(f"nodes = {nodes}", key="cluster.nodes", fix="give at least one node"))
+def _n(nodes: int) -> str:
+    return f"{nodes} node" + ("" if nodes == 1 else "s")
+
+
+def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan | None, TrainingSpec]:
+    """The plan (None when no dp fits) and training at `nodes` nodes, and what breaks there (canonical keys)."""
     plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
-    gbs = training.resolved_global_batch(plan.dp_())
+    new_training = training.model_copy(update={"global_batch_size": training.resolved_global_batch(plan.dp_())})
+    if nodes < 1:
+        return [Problem(f"{_n(nodes)}: give at least one", key="cluster.nodes")], None, new_training
     world = nodes * cluster.gpus_per_node
     mp = plan.tp * plan.cp * plan.pp
     if world % mp:
-        raise PlanError(Problem(f"{nodes} nodes x {cluster.gpus_per_node} GPUs = {world} is not a multiple of tp * cp "
-                                f"* pp = {mp}", key="cluster.nodes", fix="choose a node count whose GPUs tp*cp*pp "
-                                "divides"))
-    dp = world // mp
-    new_plan = plan.model_copy(update={"dp": dp})
-    new_training = training.model_copy(update={"global_batch_size": gbs})
+        return [Problem(f"{_n(nodes)} x {cluster.gpus_per_node} GPUs = {world} is not a multiple of tp * cp * pp = "
+                        f"{plan.tp} * {plan.cp} * {plan.pp} = {mp}", key="cluster.nodes")], None, new_training
+    new_plan = plan.model_copy(update={"dp": world // mp})
     problems = layout_problems(RawScenario(scenario.source, scenario.framework), scenario.model, new_training,
                                new_plan, world)
+    return problems, new_plan, new_training
+
+
+def nearest_node_counts(scenario: Scenario, nodes: int, window: int = 1024) -> list[int]:
+    """The closest node count below `nodes` and the two closest above it that the plan and the global batch admit
+    (searched within `window` of `nodes`; fewer when none is found), ascending."""
+    below = [n for n in range(nodes - 1, max(0, nodes - window), -1) if not _layout(scenario, n)[0]][:1]
+    above: list[int] = []
+    for n in range(max(nodes, 0) + 1, max(nodes, 0) + window + 1):
+        if len(above) == 2:
+            break
+        if not _layout(scenario, n)[0]:
+            above.append(n)
+    return below + above
+
+
+def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") -> list[Problem]:
+    """Why the scenario cannot run on `nodes` nodes at its global batch ([] when it can). Each problem is located at
+    the scenario's file with `flag` (the argument or command-line flag that gave the count) as its key; the message
+    names the count and the canonical key at fault, the fix the nearest node counts that work."""
+    problems, plan, _ = _layout(scenario, nodes)
+    if not problems:
+        return []
+    near = nearest_node_counts(scenario, nodes)
+    counts = ", ".join(str(n) for n in near[:-1]) + (" or " if len(near) > 1 else "") + (str(near[-1]) if near else "")
+    hint = (f"use {counts} nodes (the nearest counts that this plan and global batch admit)" if near else
+            "no node count nearby fits this plan: change tp, cp, pp or the global batch")
+    out = []
+    for p in problems:
+        if p.key == "cluster.nodes":  # the message starts with the count
+            out.append(Problem(p.message, key=flag, file=scenario.source, fix=hint))
+        else:
+            where = f"at {_n(nodes)}" + (f" (dp {plan.dp})" if plan is not None else "")
+            out.append(Problem(f"{where}: {p.message} [{p.key}]", key=flag, file=scenario.source,
+                               fix=f"{hint}; or {p.fix} ({p.key})" if p.fix else hint))
+    return out
+
+
+def extrapolate(scenario: Scenario, nodes: int, *, flag: str = "nodes") -> Scenario:
+    """The scenario on `nodes` nodes at the same global batch. PlanError when the world is not a multiple of
+    tp x cp x pp, or the global batch is not a multiple of micro batch x the new dp (or any other layout rule of
+    projection.specs.validate breaks); the error is located at the scenario's file with key `flag` (the CLI passes
+    '--target-nodes' or '--scaling') and suggests the nearest node counts that work."""
+    problems = node_count_problems(scenario, nodes, flag=flag)
     if problems:
-        raise PlanError([Problem(f"at {nodes} nodes (dp {dp}): {p.message}", key=p.key, file=p.file, fix=p.fix)
-                         for p in problems])
-    new_cluster = cluster.model_copy(update={"nodes": nodes})
+        raise PlanError(problems)
+    _, new_plan, new_training = _layout(scenario, nodes)
+    new_cluster = scenario.cluster.model_copy(update={"nodes": nodes})
     return scenario.model_copy(update={"plan": new_plan, "training": new_training, "cluster": new_cluster})
 
 
 def scaling_table(scenario: Scenario, node_counts: Iterable[int], cost_model: CostModel | None = None, *,
-                  engine: Engine = "des") -> list[Projection]:
+                  engine: Engine = "des", flag: str = "node_counts") -> list[Projection]:
     """A projection per node count (weak scaling at fixed global batch), in the order given. cost_model: prices
     compute ops and collectives (its fabric must suit the cluster's nodes: same GPUs per node); default: the shipped
-    calibration of each extrapolated scenario."""
-    return [project(extrapolate(scenario, n), cost_model, engine=engine) for n in node_counts]
+    calibration of each extrapolated scenario. PlanError listing every count that does not fit (key `flag`) before
+    anything is projected."""
+    counts = list(node_counts)
+    problems = [p for n in counts for p in node_count_problems(scenario, n, flag=flag)]
+    if problems:
+        raise PlanError(problems)
+    return [project(extrapolate(scenario, n, flag=flag), cost_model, engine=engine) for n in counts]

@@ -216,12 +216,15 @@ def list_devices(search_dir: Path = HARDWARE_DIR) -> list[str]:
     return sorted(p.stem for p in search_dir.glob("*.yaml") if p.is_file())
 
 
-def load_device(name_or_path: str | Path, search_dir: Path = HARDWARE_DIR) -> DeviceSpec:
+def load_device(name_or_path: str | Path, search_dir: Path = HARDWARE_DIR, *, key: str = "device",
+                file: str | None = None, line: int | None = None) -> DeviceSpec:
     """Load a DeviceSpec from a bundled name ('mi300x', 'MI300X', 'h100', 'a100' ...) or a path to a YAML file.
 
     Raises ConfigError naming the file, the line, the key and the fix for a missing or malformed file, an unknown or
-    mistyped key, a number without a source, or an unknown device name (the error lists the available ones)."""
-    path = _resolve(name_or_path, search_dir)
+    mistyped key, a number without a source, or an unknown device name (the error lists the available ones).
+    key / file / line: where the name was given, for an unknown or ambiguous name (e.g. key '--hardware' in file
+    '<command line>', or key 'cluster.hardware' at a scenario file's line); default: key 'device' in `search_dir`."""
+    path = _resolve(name_or_path, search_dir, key=key, file=file, line=line)
     data, lines = _read_yaml(path)
     try:
         return DeviceSpec.model_validate(data)
@@ -233,7 +236,8 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def _resolve(name_or_path: str | Path, search_dir: Path) -> Path:
+def _resolve(name_or_path: str | Path, search_dir: Path, *, key: str = "device", file: str | None = None,
+             line: int | None = None) -> Path:
     text = str(name_or_path)
     if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text:
         return Path(text).expanduser()
@@ -255,10 +259,12 @@ def _resolve(name_or_path: str | Path, search_dir: Path) -> Path:
     if len(matches) == 1:
         return search_dir / f"{matches[0]}.yaml"
     available = ", ".join(stems) or f"(no device YAML files in {search_dir})"
+    where = file or str(search_dir)
     if matches:
-        raise ConfigError(Problem(f"device name {text!r} is ambiguous: aliases of {', '.join(matches)}", key="device",
-                                  file=str(search_dir), fix=f"use the exact name, one of: {available}"))
-    raise ConfigError(Problem(f"unknown device {text!r}", key="device", file=str(search_dir),
+        raise ConfigError(Problem(f"device name {text!r} is ambiguous: aliases of {', '.join(matches)}", key=key,
+                                  file=where, line=line, fix=f"use the exact name, one of: {available}"))
+    unknown = f"unknown device {text!r}" + (f" (not among the devices in {search_dir})" if file else "")
+    raise ConfigError(Problem(unknown, key=key, file=where, line=line,
                               fix=f"use one of: {available}; or give the path to a device YAML file"))
 
 

@@ -1,0 +1,152 @@
+"""Bad command-line flags of `projection schedule` / `performance` / `memory`: exit code 2 without a traceback, the
+message names the flag and the file (the config file, or '<command line>'), and no output file is left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection.cli import main
+from projection.errors import ConfigError, PlanError
+
+REPO = Path(__file__).resolve().parents[2]
+L70 = str(REPO / "examples" / "llama3.1_70B-mi300x.yaml")  # tp 8, pp 4, vpp 5, 4 nodes x 8 GPUs, gbs 128
+E8 = str(REPO / "examples" / "llama3_8b_inline.yaml")  # tp 2, pp 2 on 1 node x 8 GPUs, gbs 64
+SCHED = ["schedule", "--schedule", "1f1b", "--pp", "4", "--microbatches", "8"]
+
+
+def fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run the CLI; assert a user error (exit 2, message on stderr, no traceback); return stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert err.startswith("error:") and "Traceback" not in err and "<input>" not in err, err
+    return err
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(path.rglob("*"))
+
+
+# ---- 1. nothing half-written
+
+
+def test_schedule_png_in_a_missing_folder_writes_no_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    err = fails(capsys, *SCHED, "--trace", str(tmp_path / "s_ok.json"), "--png", str(tmp_path / "nodir" / "x.png"))
+    assert "--png" in err and str(tmp_path / "nodir" / "x.png") in err
+    assert files_under(tmp_path) == []
+
+
+def test_schedule_pp_vis_on_a_file_writes_no_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    exist = tmp_path / "exist.json"
+    exist.write_text("{}")
+    err = fails(capsys, *SCHED, "--png", str(tmp_path / "ok.png"), "--pp-vis", str(exist))
+    assert "--pp-vis" in err and str(exist) in err and "not a directory" in err
+    assert files_under(tmp_path) == [exist] and exist.read_text() == "{}"
+
+
+def test_schedule_removes_what_it_wrote_when_a_later_write_fails(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import projection.report.ppvis as ppvis
+
+    real = ppvis.write_pp_vis
+
+    def disk_full(res: object, out_dir: str | Path, *a: object, **k: object) -> Path:
+        target = real(res, out_dir)  # type: ignore[arg-type]
+        raise OSError(28, "No space left on device", str(target / "config.json"))
+
+    monkeypatch.setattr(ppvis, "write_pp_vis", disk_full)
+    old = tmp_path / "keep.txt"
+    old.write_text("mine")
+    err = fails(capsys, *SCHED, "--trace", str(tmp_path / "t.json"), "--pp-vis", str(tmp_path / "new" / "deep"))
+    assert "--pp-vis" in err and "No space left" in err
+    assert files_under(tmp_path) == [old] and old.read_text() == "mine"
+
+
+def test_performance_checks_every_output_before_projecting(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    err = fails(capsys, "performance", "--config", E8, "--scaling", "1", "--png", str(tmp_path / "ok.png"),
+                "--trace", str(tmp_path / "nodir" / "t.json"))
+    assert "--trace" in err and str(tmp_path / "nodir" / "t.json") in err
+    assert files_under(tmp_path) == []
+
+
+# ---- 2. flags named as flags, located at the config file (or '<command line>')
+
+
+def test_target_nodes_that_tp_cp_pp_do_not_divide(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(capsys, "performance", "--config", L70, "--target-nodes", "2")
+    assert f"{L70}: key '--target-nodes'" in err
+    assert "tp * cp * pp = 8 * 1 * 4 = 32" in err and "use 4 or 8 nodes" in err
+
+
+def test_scaling_names_every_count_that_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(capsys, "performance", "--config", L70, "--scaling", "1,2,4")
+    assert err.count(f"{L70}: key '--scaling'") == 2
+    assert "1 node x 8 GPUs" in err and "2 nodes x 8 GPUs" in err and "4 nodes" not in err.split("fix")[0]
+
+
+def test_scaling_count_whose_dp_does_not_divide_the_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(capsys, "performance", "--config", L70, "--scaling", "4,12")
+    assert f"{L70}: key '--scaling': at 12 nodes (dp 3)" in err and "training.global_batch_size" in err
+
+
+@pytest.mark.parametrize("name", ["foo", "zbv", "dualpipe"])
+def test_schedule_flag_that_does_not_apply(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    err = fails(capsys, "performance", "--config", L70, "--schedule", name)
+    assert f"{L70}: key '--schedule'" in err and "plan.schedule" not in err
+    assert "interleaved_1f1b" in err.split("fix:")[1]
+
+
+def test_flag_only_problems_say_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(capsys, "performance", "--config", E8, "--png", "x.png", "--target-nodes", "0")
+    assert "<command line>: key '--png'" in err and "<command line>: key '--target-nodes'" in err
+    err = fails(capsys, "performance", "--config", E8, "--scaling", "1,two")
+    assert "<command line>: key '--scaling'" in err
+    err = fails(capsys, "schedule", "--schedule", "zbv", "--pp", "4", "--microbatches", "8")
+    assert "<command line>: key '--schedule'" in err
+
+
+def test_extrapolate_api_names_its_argument() -> None:
+    from projection import api
+    from projection.perf import extrapolate
+
+    sc = api.load(L70)
+    with pytest.raises(PlanError) as info:
+        extrapolate(sc, 2)
+    (p,) = info.value.problems
+    assert p.key == "nodes" and p.file == sc.source and "use 4 or 8 nodes" in (p.fix or "")
+    with pytest.raises(PlanError) as info:
+        extrapolate(sc, 12, flag="--target-nodes")
+    assert info.value.problems[0].key == "--target-nodes" and "at 12 nodes" in info.value.problems[0].message
+    assert extrapolate(sc, 8).plan.dp == 2
+
+
+# ---- 3. unknown hardware names
+
+
+def test_unknown_device_at_the_given_origin() -> None:
+    from projection.specs.hardware import load_device
+
+    with pytest.raises(ConfigError) as info:
+        load_device("mi999x", key="--hardware", file="<command line>")
+    text = info.value.render()
+    assert text.startswith("<command line>: key '--hardware': unknown device 'mi999x'") and "mi300x" in text
+    with pytest.raises(ConfigError) as info:
+        load_device("mi999x", key="cluster.hardware", file="exp.yaml", line=5)
+    assert info.value.render().startswith("exp.yaml:5: key 'cluster.hardware'")
+    with pytest.raises(ConfigError) as info:
+        load_device("mi999x")  # no origin given: the device folder, key 'device' (as before)
+    assert "key 'device'" in info.value.render()
+
+
+def test_unknown_hardware_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(capsys, "memory", "--config", E8, "--hardware", "mi999x")
+    assert "<command line>: key '--hardware'" in err and "mi300x" in err
+
+
+def test_unknown_hardware_in_the_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(Path(E8).read_text().replace("hardware: mi300x", "hardware: mi999x"))
+    err = fails(capsys, "memory", "--config", str(cfg))
+    assert f"{cfg}:" in err and "key 'cluster.hardware'" in err and "mi300x" in err
