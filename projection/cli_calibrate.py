@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from projection.calibrate.calibration import load_calibration
+from projection.calibrate.cli_checks import out_problems, raise_all
 from projection.calibrate.errors import CalibrationError
 from projection.calibrate.fit import fit_calibration
 from projection.calibrate.importers import import_files
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_import(args: argparse.Namespace) -> int:
+    raise_all(out_problems(args.out))
     cal = import_files(args.files, allow_mixed_devices=args.allow_mixed_devices)
     cal.save(args.out)
     counts = ", ".join(f"{n} {name}" for name, n in cal.row_counts().items() if n)
@@ -82,7 +84,8 @@ def _run_import(args: argparse.Namespace) -> int:
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    fitted = fit_calibration(load_calibration(args.calibration))
+    raise_all(out_problems(args.out))
+    fitted = fit_calibration(load_calibration(args.calibration), file=args.calibration)
     if args.out:
         try:
             Path(args.out).write_text(fitted.model_dump_json(indent=2) + "\n", encoding="utf-8")

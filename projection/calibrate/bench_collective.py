@@ -10,6 +10,7 @@ size / n per rank, all_to_all sends size / n to every rank, send_recv sends size
 
 from __future__ import annotations
 
+import re
 import socket
 import statistics
 import time
@@ -22,6 +23,7 @@ import torch.multiprocessing as mp
 
 from projection.calibrate.bench_common import Progress, device_name
 from projection.calibrate.calibration import CollectiveRow
+from projection.calibrate.cli_checks import backend_problems
 from projection.calibrate.errors import CalibrationError
 from projection.cost.collectives import COLLECTIVE_KINDS, CollectiveKind
 from projection.errors import Problem
@@ -106,12 +108,23 @@ def bench_collectives(kinds: Sequence[str], sizes: Sequence[int], device: torch.
     if device.type == "cuda" and world_size > torch.cuda.device_count():
         raise CalibrationError(Problem(f"--world-size {world_size} but {torch.cuda.device_count()} GPUs are visible",
                                        key="--world-size", fix="use at most one rank per GPU"))
+    unavailable = backend_problems(backend, device.type)
+    if unavailable:
+        raise CalibrationError(unavailable)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     cases = [(k, int(s)) for k in kinds for s in sizes]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(world_size, free_port(), backend, device.type, cases, warmup, repeat, queue),
-                       nprocs=world_size, join=True, start_method="spawn")
+    try:
+        mp.start_processes(_worker, args=(world_size, free_port(), backend, device.type, cases, warmup, repeat,
+                                          queue), nprocs=world_size, join=True, start_method="spawn")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:  # a rank failed: its last line only
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        last = next((line for line in reversed(lines) if re.match(r"[\w.]+(Error|Exception): ", line)),
+                    lines[-1] if lines else "")
+        raise CalibrationError(Problem(f"rank {err.error_index} of the {backend} benchmark failed: {last.strip()}",
+                                       key="--backend", fix="use --backend gloo with --device cpu (nccl on GPUs), "
+                                       "fewer --world-size ranks or smaller --sizes")) from None
     times = queue.get()
     where = f"{world_size} x {device_name(device)}, {backend}"
     rows = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -279,17 +279,27 @@ def _problem(err: Any, file: str) -> Problem:
                    fix="correct the value (units are SI: seconds, bytes, bytes/s, FLOP/s)")
 
 
-def merge_calibrations(calibrations: Iterable[Calibration], *, allow_mixed_devices: bool = False) -> Calibration:
+def merge_calibrations(calibrations: Iterable[Calibration], *, allow_mixed_devices: bool = False,
+                       files: Sequence[str] | None = None) -> Calibration:
     """One calibration holding every row and provenance of `calibrations` (in order; exact duplicates once).
 
     Rows of different devices must not be mixed (a fit would blend their curves): CalibrationError unless
-    allow_mixed_devices."""
+    allow_mixed_devices, naming `files` (the file each calibration was read from, when given) and the device each
+    holds, else the sources recorded in their provenance."""
     cals = list(calibrations)
     devices = _distinct_devices(p.device_name for c in cals for p in c.provenance if p.device_name)
     if len(devices) > 1 and not allow_mixed_devices:
-        files = sorted({f for c in cals for p in c.provenance for f in p.source_files})
-        raise CalibrationError(Problem(f"measurements of different devices: {', '.join(devices)}",
-                                       file=", ".join(files) or None,
+        if files is not None and len(files) == len(cals):
+            held = [(f, _distinct_devices(p.device_name for p in c.provenance if p.device_name))
+                    for f, c in zip(files, cals, strict=True)]
+            held = [(f, d) for f, d in held if d]
+            what = "; ".join(f"{f} holds {', '.join(d)}" for f, d in held)
+            named = list(dict.fromkeys(f for f, _ in held))
+        else:
+            what = ", ".join(devices)
+            named = sorted({f for c in cals for p in c.provenance for f in p.source_files})
+        raise CalibrationError(Problem(f"measurements of different devices: {what}",
+                                       file=", ".join(named) or None,
                                        fix="import each device's files into its own calibration "
                                            "(or pass --allow-mixed-devices)"))
     merged: dict[str, dict[str, Any]] = {name: {} for name in ("provenance", *TABLES)}

@@ -16,10 +16,12 @@ import argparse
 import sys
 from typing import Any, cast
 
+import torch
+
 from projection import api
 from projection.calibrate.bench_attention import AttentionShape, bench_attention
 from projection.calibrate.bench_collective import SUPPORTED, bench_collectives
-from projection.calibrate.bench_common import Progress, pick_device, provenance
+from projection.calibrate.bench_common import TORCH_DTYPES, Progress, pick_device, provenance
 from projection.calibrate.bench_gemm import GemmShape, bench_gemms
 from projection.calibrate.bench_host import bench_host
 from projection.calibrate.bench_memory import (
@@ -30,9 +32,17 @@ from projection.calibrate.bench_memory import (
     bench_memory,
 )
 from projection.calibrate.calibration import Calibration, Layout
+from projection.calibrate.cli_checks import (
+    COMMAND_LINE,
+    backend_problems,
+    dtype_problems,
+    number_problems,
+    out_problems,
+    parse_sizes,
+    raise_all,
+)
 from projection.calibrate.errors import CalibrationError
-from projection.errors import Problem
-from projection.units import parse_bytes
+from projection.errors import ConfigError, Problem
 from projection.workload.shapes import ShapeRow, step_shapes
 
 _LAYOUTS = ("NN", "NT", "TN", "TT")
@@ -112,21 +122,108 @@ def _progress(args: argparse.Namespace, total: int) -> Progress | None:
     return None if args.quiet else Progress(total, f"calibrate {args.calibrate_name}")
 
 
-def _bad_shape(text: str, form: str) -> CalibrationError:
-    return CalibrationError(Problem(f"cannot read shape {text!r}", key="--shape", fix=f"write it as {form}"))
+_GEMM_FORM = "MxNxK[:LAYOUT[:DTYPE]], e.g. 4096x8192x4096:TN:bf16"
+_ATTENTION_FORM = "BxHxKVxDxS[xSKV], e.g. 1x32x8x128x8192"
+_GEMM_DTYPES = (*TORCH_DTYPES, "fp8")
+
+
+def _bad_shape(text: str, form: str, why: str = "") -> Problem:
+    return Problem(f"cannot read shape {text!r}" + (f": {why}" if why else ""), key="--shape", file=COMMAND_LINE,
+                   fix=f"write it as {form}, each dimension a positive integer")
+
+
+def _dims(text: str, counts: tuple[int, ...], form: str) -> tuple[list[int] | None, list[Problem]]:
+    dims = text.lower().split("x")
+    if len(dims) not in counts or not all(d.isdigit() for d in dims):
+        return None, [_bad_shape(text, form)]
+    zero = [i for i, d in enumerate(dims) if int(d) < 1]
+    if zero:
+        return None, [_bad_shape(text, form, f"dimension {zero[0] + 1} is 0")]
+    return [int(d) for d in dims], []
+
+
+def parse_gemm_shape(text: str) -> tuple[GemmShape | None, list[Problem]]:
+    """One --shape MxNxK[:LAYOUT[:DTYPE]] of `calibrate gemm` -> (shape, problems)."""
+    parts = text.split(":")
+    dims, problems = _dims(parts[0], (3,), _GEMM_FORM)
+    layout = parts[1].upper() if len(parts) > 1 else "TN"
+    dtype = parts[2] if len(parts) > 2 else "bf16"
+    if len(parts) > 3:
+        problems.append(_bad_shape(text, _GEMM_FORM, "too many ':' fields"))
+    elif layout not in _LAYOUTS:
+        problems.append(_bad_shape(text, _GEMM_FORM, f"LAYOUT {parts[1]!r} is not one of {', '.join(_LAYOUTS)}"))
+    problems += dtype_problems(dtype, _GEMM_DTYPES, key="--shape")
+    if problems or dims is None:
+        return None, problems
+    return GemmShape(dims[0], dims[1], dims[2], dtype, cast(Layout, layout)), []
+
+
+def parse_attention_shape(text: str) -> tuple[AttentionShape | None, list[Problem]]:
+    """One --shape BxHxKVxDxS[xSKV] of `calibrate attention` -> (shape, problems); KV heads must divide heads."""
+    dims, problems = _dims(text, (5, 6), _ATTENTION_FORM)
+    if dims is None:
+        return None, problems
+    b, h, kv, d, s = dims[:5]
+    if h % kv:
+        return None, [Problem(f"shape {text!r}: {kv} KV heads do not divide {h} heads", key="--shape",
+                              file=COMMAND_LINE,
+                              fix=f"give KV heads that divide the heads (each KV head serves H/KV query heads), "
+                                  f"e.g. {b}x{h}x{h}x{d}x{s} or {b}x{h}x1x{d}x{s}")]
+    return AttentionShape(b, h, kv, d, s, dims[5] if len(dims) == 6 else s), []
+
+
+def check_args(args: argparse.Namespace) -> torch.device:
+    """Every flag of a benchmark sub-command checked before anything runs: one ConfigError listing all the bad ones
+    (exit code 2, nothing written). Returns the device to benchmark on."""
+    name = args.calibrate_name
+    problems = number_problems(args)
+    if name in ("gemm", "attention"):
+        parse = parse_gemm_shape if name == "gemm" else parse_attention_shape
+        for text in args.shape:
+            problems += parse(text)[1]
+        problems += dtype_problems(args.dtype, _GEMM_DTYPES if name == "gemm" else tuple(TORCH_DTYPES))
+    if name == "memory":
+        problems += dtype_problems(args.dtype, tuple(TORCH_DTYPES))
+    if name in ("collective", "memory"):
+        problems += parse_sizes(args.sizes)[1]
+    if name == "collective" and args.kinds is not None:
+        unknown = [k for k in args.kinds.split(",") if k not in SUPPORTED]
+        if unknown:
+            problems.append(Problem(f"cannot benchmark {', '.join(repr(k) for k in unknown)}", key="--kinds",
+                                    file=COMMAND_LINE, fix=f"choose from {', '.join(SUPPORTED)}, comma-separated"))
+    problems += out_problems(args.out)
+    device: torch.device | None = None
+    try:
+        device = pick_device(args.device)
+    except CalibrationError as err:
+        problems += err.problems
+    if name == "collective" and device is not None:
+        problems += backend_problems(args.backend, device.type)
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        if device.type == "cuda" and args.world_size is None and gpus < 2:
+            problems.append(Problem(f"{gpus} GPU visible: a collective needs 2 ranks, one per GPU",
+                                    key="--world-size", file=COMMAND_LINE,
+                                    fix="use --device cpu --backend gloo, or a machine with 2 "
+                                    "or more GPUs"))
+    raise_all(problems)
+    assert device is not None
+    return device
+
+
+def _explicit(args: argparse.Namespace, parse: Any) -> list[Any]:
+    parsed = [parse(text) for text in args.shape]
+    raise_all([p for _, problems in parsed for p in problems])
+    return [shape for shape, _ in parsed]
+
+
+def _no_shapes(args: argparse.Namespace, what: str) -> ConfigError:
+    return ConfigError(Problem(f"the job has no {what} shapes to benchmark", key="--config", file=args.config,
+                               fix="give the shapes with --shape, or a config whose job has them"))
 
 
 def gemm_shapes(args: argparse.Namespace) -> list[GemmShape]:
     """Explicit --shape values, else the job's GEMM and grouped-GEMM shapes, else a default cube sweep."""
-    shapes: list[GemmShape] = []
-    for text in args.shape:
-        parts = text.split(":")
-        dims = parts[0].lower().split("x")
-        layout = parts[1].upper() if len(parts) > 1 else "TN"
-        if len(dims) != 3 or not all(d.isdigit() for d in dims) or layout not in _LAYOUTS:
-            raise _bad_shape(text, "MxNxK[:LAYOUT[:DTYPE]], e.g. 4096x8192x4096:TN:bf16")
-        shapes.append(GemmShape(int(dims[0]), int(dims[1]), int(dims[2]), parts[2] if len(parts) > 2 else "bf16",
-                                cast(Layout, layout)))
+    shapes: list[GemmShape] = _explicit(args, parse_gemm_shape)
     if not shapes:
         rows = [r for r in _config_rows(args) if r.kind in ("gemm", "grouped_gemm")]
         rows.sort(key=lambda r: -r.flop_per_step)
@@ -134,33 +231,31 @@ def gemm_shapes(args: argparse.Namespace) -> list[GemmShape]:
                             r.batch if r.kind == "grouped_gemm" else 1) for r in rows]
     if not shapes and not args.config:
         shapes = [GemmShape(n, n, n) for n in (256, 512, 1024, 2048)]
+    if not shapes:
+        raise _no_shapes(args, "GEMM")
     if args.dtype:
         shapes = [GemmShape(s.m, s.n, s.k, args.dtype, s.layout, s.batch, s.groups) for s in shapes]
-    return list(dict.fromkeys(shapes))[: args.max_shapes]
+    return list(dict.fromkeys(shapes))[: max(args.max_shapes, 1)]
 
 
 def attention_shapes(args: argparse.Namespace) -> list[AttentionShape]:
-    shapes: list[AttentionShape] = []
-    for text in args.shape:
-        dims = text.lower().split("x")
-        if len(dims) not in (5, 6) or not all(d.isdigit() for d in dims):
-            raise _bad_shape(text, "BxHxKVxDxS[xSKV], e.g. 1x32x8x128x8192")
-        b, h, kv, d, s = (int(x) for x in dims[:5])
-        shapes.append(AttentionShape(b, h, kv, d, s, int(dims[5]) if len(dims) == 6 else s))
+    shapes: list[AttentionShape] = _explicit(args, parse_attention_shape)
     if not shapes:
         rows = [r for r in _config_rows(args) if r.kind == "attention" and r.phase == "F" and r.k == r.head_dim_v]
         rows.sort(key=lambda r: -r.flop_per_step)
         shapes = [AttentionShape(r.batch, r.heads, r.kv_heads, r.k, r.m, r.n, r.causal, r.dtype) for r in rows]
     if not shapes and not args.config:
         shapes = [AttentionShape(1, 8, 8, 64, s, s) for s in (256, 512, 1024)]
+    if not shapes:
+        raise _no_shapes(args, "attention (shapes whose value head dim differs from the query's, MLA, are skipped)")
     if args.dtype:
         shapes = [AttentionShape(s.batch, s.heads, s.kv_heads, s.head_dim, s.seq_q, s.seq_kv, s.causal, args.dtype)
                   for s in shapes]
-    return list(dict.fromkeys(shapes))[: args.max_shapes]
+    return list(dict.fromkeys(shapes))[: max(args.max_shapes, 1)]
 
 
 def _run_gemm(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
+    device = check_args(args)
     shapes = gemm_shapes(args)
     gemms, grouped = bench_gemms(shapes, device, warmup=args.warmup, repeat=args.repeat,
                                  progress=_progress(args, len(shapes)))
@@ -169,7 +264,7 @@ def _run_gemm(args: argparse.Namespace) -> int:
 
 
 def _run_attention(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
+    device = check_args(args)
     shapes = attention_shapes(args)
     rows = bench_attention(shapes, device, warmup=args.warmup, repeat=args.repeat,
                            progress=_progress(args, len(shapes)))
@@ -177,9 +272,7 @@ def _run_attention(args: argparse.Namespace) -> int:
 
 
 def _run_collective(args: argparse.Namespace) -> int:
-    import torch
-
-    device = pick_device(args.device)
+    device = check_args(args)
     rows = [r for r in _config_rows(args) if r.kind == "collective"]
     kinds = args.kinds.split(",") if args.kinds else sorted({r.collective for r in rows if r.collective in SUPPORTED})
     kinds = kinds or ["all_reduce", "all_gather", "reduce_scatter"]
@@ -193,10 +286,9 @@ def _run_collective(args: argparse.Namespace) -> int:
 
 
 def _sizes(args: argparse.Namespace) -> list[int]:
-    try:
-        return [int(parse_bytes(s)) for s in args.sizes.split(",")] if args.sizes else []
-    except ValueError as err:
-        raise CalibrationError(Problem(str(err), key="--sizes", fix="write sizes like 4096,1MiB,64MB")) from None
+    sizes, problems = parse_sizes(args.sizes)
+    raise_all(problems)
+    return sizes
 
 
 def kernel_shapes(args: argparse.Namespace) -> list[KernelShape]:
@@ -206,7 +298,7 @@ def kernel_shapes(args: argparse.Namespace) -> list[KernelShape]:
 
 
 def _run_memory(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
+    device = check_args(args)
     sizes = _sizes(args) or list(DEFAULT_CPU_SIZES if device.type == "cpu" else DEFAULT_GPU_SIZES)
     kernels = kernel_shapes(args)
     progress = _progress(args, len(sizes) + len(kernels))
@@ -217,6 +309,6 @@ def _run_memory(args: argparse.Namespace) -> int:
 
 
 def _run_host(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
+    device = check_args(args)
     row = bench_host(device, warmup=args.warmup, repeat=args.repeat, progress=_progress(args, 1))
     return _write(Calibration(provenance=(provenance(device, _command(args)),), host=(row,)), args)

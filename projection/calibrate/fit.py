@@ -209,12 +209,13 @@ def fit_curve(sizes: np.ndarray, times: np.ndarray, factor: float, *, max_segmen
 
 
 def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segments: int = MAX_SEGMENTS,
-                    target: float = TARGET_MAX_ERROR) -> FittedFabric:
+                    target: float = TARGET_MAX_ERROR, file: str | None = None) -> FittedFabric:
     """Fit every (device, tier, kind, n_ranks, n_nodes) group of the calibration's collective rows.
 
     fabric: the cluster's analytic fabric, for the tier parameters (mesh share, oversubscription); default a
     switch with no oversubscription. Rows of size 0, rows without a node count (profiler traces) and groups with
-    fewer than two sizes are listed in `skipped`. CalibrationError if nothing can be fitted."""
+    fewer than two sizes are listed in `skipped`. CalibrationError if nothing can be fitted, naming `file` (the
+    calibration file, when it came from one) else the sources recorded in its provenance."""
     groups: dict[tuple[str | None, str, int, int], list[CollectiveRow]] = defaultdict(list)
     skipped: list[str] = []
     unknown_nodes = [r for r in cal.collective if r.n_nodes is None]
@@ -247,9 +248,13 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
                                segments=tuple(segs), residuals=residuals, median_abs_rel_error=statistics.median(errs),
                                max_abs_rel_error=max(errs)))
     if not curves:
-        raise CalibrationError(Problem("no collective rows to fit" + (f" ({'; '.join(skipped)})" if skipped else ""),
-                                       file=", ".join(sorted({f for p in cal.provenance for f in p.source_files}))
-                                       or None, fix="import nccl-tests / rccl-tests sweeps (several message sizes)"))
+        held = ", ".join(f"{n} {name} row{'s' * (n != 1)}" for name, n in cal.row_counts().items() if n)
+        why = "; ".join(skipped) or (f"it holds only {held}" if held else "it holds no rows")
+        raise CalibrationError(Problem(f"no collective rows to fit ({why})",
+                                       file=file or ", ".join(sorted({f for p in cal.provenance
+                                                                      for f in p.source_files})) or None,
+                                       fix="import nccl-tests / rccl-tests sweeps (several message sizes), or run "
+                                           "`projection calibrate collective`, into this calibration"))
     return FittedFabric(curves=tuple(curves), tiers=_tiers(curves, fabric), skipped=tuple(skipped))
 
 

@@ -95,4 +95,4 @@ def import_files(paths: Iterable[str | Path], *, allow_mixed_devices: bool = Fal
             problems.extend(err.problems)
     if problems:
         raise CalibrationError(problems)
-    return merge_calibrations(cals, allow_mixed_devices=allow_mixed_devices)
+    return merge_calibrations(cals, allow_mixed_devices=allow_mixed_devices, files=[str(p) for p in paths])

@@ -1,0 +1,118 @@
+"""Checks of the `projection calibrate ...` flags, run before any file is read or any benchmark starts.
+
+Each check returns the Problems it finds (naming the flag as the key, and the fix) rather than raising, so that a
+command reports every bad flag at once: the caller gathers them and raises one ConfigError (exit code 2 in the CLI,
+nothing written). Kept free of torch at import time: `calibrate import` and `calibrate fit` use it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from projection.errors import ConfigError, Problem
+from projection.units import parse_bytes
+
+COMMAND_LINE = "<command line>"  # the `file` of a Problem with a flag's value
+
+# flag attribute -> (smallest accepted value, why), for the numeric flags of the calibrate sub-commands
+_MINIMUM = {
+    "warmup": (0, "the untimed calls before timing cannot be negative"),
+    "repeat": (1, "at least 1 timed call is needed (the median of the timed calls is kept)"),
+    "max_shapes": (1, "at least 1 shape is needed"),
+    "nodes": (1, "at least 1 node is needed"),
+    "gpus_per_node": (1, "at least 1 GPU per node is needed"),
+    "world_size": (2, "a collective needs at least 2 processes (ranks)"),
+}
+
+
+def number_problems(args: argparse.Namespace) -> list[Problem]:
+    """Every numeric flag given to this sub-command below its minimum (_MINIMUM)."""
+    problems = []
+    for attr, (minimum, why) in _MINIMUM.items():
+        value = getattr(args, attr, None)
+        if value is not None and value < minimum:
+            flag = "--" + attr.replace("_", "-")
+            problems.append(Problem(f"got {value}: {why}", key=flag, file=COMMAND_LINE,
+                                    fix=f"give {flag} {minimum} or more" + (" (or leave it out)"
+                                                                           if attr != "repeat" else "")))
+    return problems
+
+
+def parse_sizes(text: str | None, key: str = "--sizes") -> tuple[list[int], list[Problem]]:
+    """Comma-separated byte sizes ('4096,1MiB') -> (sizes, problems); every size must be a positive byte count."""
+    if text is None:
+        return [], []
+    sizes: list[int] = []
+    problems: list[Problem] = []
+    fix = "write positive sizes like 4096,1MiB,64MB"
+    for item in text.split(","):
+        try:
+            size = int(parse_bytes(item.strip()))
+        except ValueError as err:
+            problems.append(Problem(str(err), key=key, file=COMMAND_LINE, fix=fix))
+            continue
+        if size < 1:
+            problems.append(Problem(f"size {item.strip()!r} is {size} bytes: must be at least 1 byte", key=key,
+                                    file=COMMAND_LINE, fix=fix))
+        else:
+            sizes.append(size)
+    return sizes, problems
+
+
+def dtype_problems(dtype: str | None, allowed: Sequence[str], key: str = "--dtype") -> list[Problem]:
+    if dtype is None or dtype in allowed:
+        return []
+    return [Problem(f"dtype {dtype!r} cannot be benchmarked", key=key, file=COMMAND_LINE,
+                    fix=f"use one of {', '.join(allowed)}")]
+
+
+def out_problems(out: str | None, key: str = "--out") -> list[Problem]:
+    """A path given to --out that cannot be written: a directory, or in a directory that does not exist."""
+    if not out:
+        return []
+    path = Path(out)
+    parent = path.parent
+    if path.is_dir():
+        return [Problem("is a directory", key=key, file=out, fix=f"give a file path for {key}, e.g. "
+                        f"{path / 'calibration.json'}")]
+    if not parent.exists():
+        return [Problem(f"the directory {parent} does not exist", key=key, file=out,
+                        fix=f"create it first (mkdir -p {parent}) or give another path for {key}")]
+    if not parent.is_dir():
+        return [Problem(f"{parent} is not a directory", key=key, file=out, fix=f"give another path for {key}")]
+    if not os.access(parent, os.W_OK):
+        return [Problem(f"the directory {parent} is not writable", key=key, file=out,
+                        fix=f"give a path in a writable directory for {key}")]
+    return []
+
+
+def backend_problems(backend: str | None, device_type: str) -> list[Problem]:
+    """A torch.distributed backend this PyTorch build or this device cannot run (checked before spawning ranks)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return [Problem("this PyTorch build has no torch.distributed", key="--backend", file=COMMAND_LINE,
+                        fix="install a PyTorch build with distributed support")]
+    chosen = backend or ("nccl" if device_type == "cuda" else "gloo")
+    key = "--backend" if backend else "--device"
+    if chosen == "nccl" and not dist.is_nccl_available():
+        return [Problem("this PyTorch build has no NCCL / RCCL built in (torch.distributed.is_nccl_available() is "
+                        "False)", key=key, file=COMMAND_LINE, fix="use --backend gloo on the CPU, or install a CUDA / "
+                        "ROCm build of PyTorch to benchmark nccl on GPUs")]
+    if chosen == "nccl" and device_type != "cuda":
+        return [Problem("nccl runs collectives on GPU tensors only, not on the CPU", key=key, file=COMMAND_LINE,
+                        fix="use --backend gloo with --device cpu (or --device cuda for nccl)")]
+    if chosen == "gloo" and not dist.is_gloo_available():
+        return [Problem("this PyTorch build has no gloo backend (torch.distributed.is_gloo_available() is False)",
+                        key=key, file=COMMAND_LINE, fix="use --backend nccl with --device cuda, or install a "
+                        "PyTorch build with gloo")]
+    return []
+
+
+def raise_all(problems: list[Problem]) -> None:
+    """One ConfigError listing every problem (none: return)."""
+    if problems:
+        raise ConfigError(problems)
