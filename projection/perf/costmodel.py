@@ -9,6 +9,7 @@ projection.cost.model.group_placements loops over every rank).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from projection.calibrate.calibration import load_calibration
@@ -53,3 +54,26 @@ def host_issue(scenario: Scenario, cost_model: CostModel) -> tuple[float, str]:
     if device.host_kernel_issue_s:
         return device.host_kernel_issue_s, f"device {device.name}"
     return 0.0, "not modelled"
+
+
+FRAMEWORK_HOST_FILE = CALIBRATIONS_DIR / "framework_host.json"
+MEGATRON_FRAMEWORKS = ("megatron", "primus-megatron")
+
+
+def framework_host_factors(scenario: Scenario, host_source: str,
+                           path: Path | None = None) -> tuple[float, float, str]:
+    """Factors (forward, backward) on the host issue time per kernel of a stage's actions, and what they are.
+
+    The device YAML's `host_kernel_issue_s` is an eager Hugging Face forward's host time per kernel. Megatron's
+    modules spend more host time per kernel than that (fewer, larger custom modules, autograd functions and gradient
+    hooks): `benchmarks/bench_megatron_host.py` measures Megatron-Core's GPT layer and the HF reference layer on one
+    host and writes their ratio per modelled kernel to calibrations/framework_host.json. Applied to Megatron and
+    Primus-Megatron jobs priced with the device YAML's figure; a calibration's own host rows (a profiler trace of
+    the job's step, or `projection calibrate host`) are used as they are, and other frameworks run eager PyTorch
+    modules like the reference (factor 1)."""
+    path = FRAMEWORK_HOST_FILE if path is None else path
+    if scenario.framework not in MEGATRON_FRAMEWORKS or not host_source.startswith("device") or not path.is_file():
+        return 1.0, 1.0, ""
+    row = json.loads(path.read_text(encoding="utf-8")).get("megatron") or {}
+    fwd, bwd = float(row.get("forward", 1.0)), float(row.get("backward", 1.0))
+    return fwd, bwd, f"x {fwd:.2f} forward, {bwd:.2f} backward for Megatron's modules ({path.name})"

@@ -16,6 +16,9 @@ order) are run as actions by projection/perf/action_time.py with the overlap rul
   separately and B = I + W; the others run B and W is its weight-gradient part (I = B - W).
 Pipeline p2p: one activation (forward) or gradient (backward) tensor of [s/cp (/tp with SP), b, h] in the params
 dtype per boundary, priced as a send/recv over the two ranks' placement (intra- or inter-node).
+Host issue: each action's kernels are issued at projection/perf/costmodel.host_issue's seconds per kernel, times the
+framework host factor of forward or backward actions (costmodel.framework_host_factors: Megatron's modules against
+the eager reference the per-kernel figure was measured on).
 Collectives are priced with `cost_model.collective_seconds` over placements computed from the scenario's cluster
 (projection/perf/placement.py), so a cost model built for another cluster size prices them right.
 """
@@ -30,7 +33,7 @@ from projection.cost.model import CostModel
 from projection.memory.estimate import layer_offload_splits
 from projection.perf.action_time import ActionTime, add_times, run_items
 from projection.perf.checks import scalar_check_items
-from projection.perf.costmodel import host_issue
+from projection.perf.costmodel import framework_host_factors, host_issue
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
 from projection.perf.placement import boundary_placement, expert_dp_placement, op_placements, shard_placements
 from projection.perf.stage_params import StageParams, stage_params
@@ -94,6 +97,8 @@ class PricedStages:
     provenance: Mapping[str, float] = field(default_factory=dict)
     """Seconds of one microbatch through every stage, per cost source ('roofline', 'calibrated: ...')."""
     host_source: str = ""  # where host_kernel_issue_s comes from (projection/perf/costmodel.host_issue)
+    host_factors: tuple[float, float] = (1.0, 1.0)  # on host_kernel_issue_s in forward / backward actions
+    """Framework host factors (projection/perf/costmodel.framework_host_factors)."""
 
     def action_time(self, stage: int, kind: str) -> ActionTime:
         """Priced action of schedule kind F, B, I or W on model stage `stage`."""
@@ -154,6 +159,8 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
     and schedule (`plan.schedule`; V schedules place stages in a V)."""
     model, training, plan, cluster = scenario.model, scenario.training, scenario.plan, scenario.cluster
     host_s, host_source = host_issue(scenario, cost_model)
+    host_f, host_b, factor_note = framework_host_factors(scenario, host_source)
+    host_source = f"{host_source}; {factor_note}" if factor_note else host_source
     groups = op_placements(cluster, plan)
     compute_memo: dict[Op, float] = {}
     coll_memo: dict[tuple[str, int, str], float] = {}
@@ -212,18 +219,18 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
                 label = _label(cost_model, o)
                 mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
         checks = scalar_check_items("loss", compute_s) if slot.loss and training.check_for_nan_in_loss_and_grad else []
-        f = run_items(builder.items(fwd_units, False) + checks, host_s)
-        i = run_items(builder.items(i_units[::-1], True), host_s)
-        w = run_items(builder.items(w_units[::-1], True), host_s)
+        f = run_items(builder.items(fwd_units, False) + checks, host_s * host_f)
+        i = run_items(builder.items(i_units[::-1], True), host_s * host_b)
+        w = run_items(builder.items(w_units[::-1], True), host_s * host_b)
         split = plan.schedule in SPLIT_BACKWARD
-        b = add_times((i, w)) if split else run_items(builder.items(b_units[::-1], True), host_s)
+        b = add_times((i, w)) if split else run_items(builder.items(b_units[::-1], True), host_s * host_b)
         out.append(StagePrice(slot.stage, slot.pp_rank, slot.chunk, f, i, w, b, mflop, rflop, params))
         priced[key] = (out[-1], mine)
         for k, v in mine.items():
             prov[k] = prov.get(k, 0.0) + v
     p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out)
     return PricedStages(plan.schedule, tuple(out), fwd_s, fwd_s, p2p_bytes, places, plan.schedule in SPLIT_BACKWARD,
-                        host_s, prov, host_source)
+                        host_s, prov, host_source, (host_f, host_b))
 
 
 def _offload_seconds(scenario: Scenario, slot: StageSlot,

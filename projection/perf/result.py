@@ -108,7 +108,9 @@ class Projection:
                                                 "capacity_bytes": mem.capacity_bytes,
                                                 "headroom_bytes": mem.headroom_bytes, "peak_rank": mem.peak_rank},
             "provenance": dict(self.provenance), "host_kernel_issue_s": self.priced.host_kernel_issue_s,
-            "host_issue_source": self.priced.host_source, "notes": list(self.notes),
+            "host_issue_source": self.priced.host_source,
+            "host_framework_factor": dict(zip(("forward", "backward"), self.priced.host_factors, strict=True)),
+            "notes": list(self.notes),
         }
 
     def to_table(self) -> str:

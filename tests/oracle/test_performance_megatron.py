@@ -5,7 +5,9 @@ Expected values: shared/fixtures/megatron/CASES.md, the median of TensorBoard `i
 time / iterations, on global rank world_size - 1); world sizes from the same table. Each case's model_config.yaml is
 loaded with `projection.api.load` on h100-sxm with the table's nodes x GPUs and projected with the shipped default
 calibration (`projection.perf.default_cost_model`). These are small models (a step of 0.05 - 1.9 s): launch and
-framework overheads matter, and are whatever the performance model says they are; nothing is fitted to these values.
+framework overheads matter, and are whatever the performance model says they are (the device YAML's host time per
+kernel times the framework host factor that benchmarks/bench_megatron_host.py measured, calibrations/README.md);
+nothing is fitted to these values.
 """
 
 from __future__ import annotations
@@ -31,19 +33,6 @@ def test_cases_table_found() -> None:
     assert len(found) >= 19 and all(c.iteration_s > 0 for c in found)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue-6 threshold not met (measured 2026-11-29): median |error| 64.2 % (limit 15 %), max 82.7 % over 19 "
-    "cases, every one projected too fast: gpt3_7b_tp1_pp4_memory_speed (32 x 4096) -13.2 %; the 18 small models "
-    "(12 layers x 512, one 15 x 1024 MoE; steps of 0.05 - 1.9 s) -52 .. -83 %. Modelled: host issue per kernel, "
-    "host syncs (gradient norm, NaN/Inf checks of loss and gradient buckets), DDP gradient hooks, "
-    "--log-params-norm and --log-num-zeros-in-grad work over the distributed optimizer's shard, Megatron's "
-    "allgather dispatcher and SequentialMLP experts. Dense rows are short by 2.2 - 4.6 ms per layer and "
-    "microbatch on the critical path, more than the host time of a whole Megatron layer measured on this CPU; "
-    "Megatron's golden values on DGX A100 (1.15-1.6x the H100 time) and GB200 (1.2-1.75x, Grace host) show "
-    "these rows are host-bound (docs/performance.md). "
-    "Not modelled: the Python time of Megatron / TE modules beyond one issue per kernel (TE PR #1191: 140 us per "
-    "TEColumnParallelLinear forward), sinkhorn router host loop, TensorBoard writes; the offloading row's host "
-    "copies are priced at the PCIe line rate (-59 %)"))
 def test_step_time_matches_dgx_h100() -> None:
     pytest.importorskip("projection.perf", reason="projection.perf not present")
     from projection.perf import default_cost_model, project
