@@ -35,7 +35,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from projection.errors import PlanError, Problem
+from projection.errors import ConfigError, PlanError, Problem
 from projection.memory.activations import (
     _SELECTIVE_DROPS,
     dims,
@@ -294,8 +294,13 @@ def default_inflight(sc: Scenario) -> InflightTimeline:
 
 def _default_matrices(sc: Scenario) -> Matrices:
     p = sc.plan
-    return _schedule_matrices(p.schedule, p.pp, sc.training.num_microbatches(p.dp_()), p.vpp_,
-                              p.microbatch_group_size)
+    m = sc.training.num_microbatches(p.dp_())
+    try:
+        return _schedule_matrices(p.schedule, p.pp, m, p.vpp_, p.microbatch_group_size)
+    except ValueError as e:  # the schedule's own rule (e.g. a V schedule's microbatch count): a user error
+        raise ConfigError(Problem(str(e), key="plan.schedule", file=sc.source,
+                                  fix=f"pick a schedule that accepts pp {p.pp}, vpp {p.vpp_} and {m} microbatches "
+                                  "(projection schedule --help lists them)")) from None
 
 
 @lru_cache(maxsize=512)

@@ -145,6 +145,10 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
         raise ConfigError(problems)
     plan, dp_problems = resolve_dp(raw, specs["plan"], cluster.world_size)
     problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
+    if specs["training"].fp8 is not None and "fp8" not in device.peak_flop_per_s:  # no FP8 tensor cores (A100)
+        problems.append(origin_problem(
+            raw, "training.fp8", f"{device.name} has no fp8 peak in its device YAML (the part does not run fp8 GEMMs)",
+            f"train in {specs['training'].params_dtype} without fp8, or choose a device that runs fp8"))
     if problems:
         raise PlanError(problems)
     origins = {k: o.render() for k, o in raw.origins.items()}

@@ -55,9 +55,13 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("plan.ep", f"ep = {plan.ep} does not divide num_experts = {model.moe.num_experts}",
                 f"use an ep that divides {model.moe.num_experts}")
         if plan.dp is not None and (tp * plan.cp * plan.dp) % (plan.etp_ * plan.ep):
+            origin = raw.origins.get("cluster.nodes")
+            assumed = origin is not None and origin.file.startswith("default")
             bad("plan.ep", f"etp * ep = {plan.etp_} * {plan.ep} does not divide tp * cp * dp = "
-                f"{tp * plan.cp * plan.dp} (Megatron expert grid: world = etp*ep*edp*pp)",
-                "choose ep and etp whose product divides the non-pipeline ranks")
+                f"{tp * plan.cp * plan.dp} (Megatron expert grid: world = etp*ep*edp*pp; world {world})",
+                "choose ep and etp whose product divides the non-pipeline ranks" + (
+                    "; the file does not give the cluster size and 1 node was assumed: give it with --nodes"
+                    if assumed else ""))
         if model.moe.expert_ffn_hidden_size % plan.etp_:
             bad("plan.etp", f"etp = {plan.etp_} does not divide the expert FFN size "
                 f"{model.moe.expert_ffn_hidden_size}", "use a smaller etp")
@@ -90,6 +94,17 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         if plan.sharding.dp_replicate > 1 and plan.dp % plan.sharding.dp_replicate:
             bad("plan.sharding.dp_replicate", f"dp_replicate {plan.sharding.dp_replicate} does not divide dp "
                 f"{plan.dp}", "use a replicate degree that divides dp")
+    if plan.dp is not None and plan.pp > 1 and plan.vpp_ > 1 and plan.schedule == "interleaved_1f1b":
+        from projection.schedule.interleaved import megatron_group_size
+
+        m = training.num_microbatches(plan.dp)
+        try:  # Megatron's interleaved schedule: pp <= group size <= microbatches (arithmetic only)
+            megatron_group_size(plan.pp, m, plan.microbatch_group_size)
+        except ValueError as e:
+            bad("plan.schedule", f"{e} (global batch {training.resolved_global_batch(plan.dp)} / (micro batch "
+                f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
+                f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
+                "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
     if plan.pp > 1 and plan.vpp_ > 1 and plan.schedule in ("1f1b", "gpipe"):
         bad("plan.schedule", f"vpp = {plan.vpp_} needs an interleaved or V schedule, not {plan.schedule}",
             "set schedule to interleaved_1f1b (or a V schedule)")

@@ -194,3 +194,29 @@ def test_model_args_not_a_mapping(tmp_path: Path) -> None:
     p = write(tmp_path, "ENV_VARS: {}\nMODEL_ARGS: 5\n", name="model_config.yaml")
     assert_user_error(run("inspect", "--config", str(p)), "model_config.yaml:2", "key 'MODEL_ARGS'",
                       "must be a mapping")
+
+
+def test_interleaved_schedule_needs_pp_microbatches(tmp_path: Path) -> None:
+    """Megatron's interleaved schedule needs at least pp microbatches per data-parallel rank: every command says so
+    (memory used to stop with a ValueError traceback)."""
+    text = GOOD.replace("  pp: 2", "  pp: 2\n  vpp: 2\n  schedule: interleaved_1f1b").replace(
+        "global_batch_size: 64", "global_batch_size: 2")  # dp 2: one microbatch per rank
+    p = write(tmp_path, text)
+    for command in ("inspect", "memory", "performance"):
+        assert_user_error(run(command, "--config", str(p)), str(p), "microbatch group size 2 must lie in",
+                          "= 1 microbatches", "at least 2 microbatches per data-parallel rank")
+
+
+def test_fp8_on_a_device_without_fp8(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("global_batch_size: 64", "global_batch_size: 64\n  fp8: {format: hybrid}"))
+    assert_user_error(run("performance", "--config", str(p), "--hardware", "a100-80g"), "training.fp8",
+                      "a100-80g has no fp8 peak", "choose a device that runs fp8")
+
+
+def test_expert_grid_on_the_assumed_single_node(tmp_path: Path) -> None:
+    """The file gives no cluster size: the fix names --nodes."""
+    text = GOOD.replace("  ffn_hidden_size: 14336", "  ffn_hidden_size: 14336\n  moe: {num_experts: 16, top_k: 2, "
+                        "expert_ffn_hidden_size: 1024}").replace("  pp: 2", "  pp: 2\n  ep: 16").replace(
+        "cluster:\n  hardware: mi300x\n  nodes: 1\n", "cluster:\n  hardware: mi300x\n")
+    assert_user_error(run("inspect", "--config", str(write(tmp_path, text))), "etp * ep = 2 * 16",
+                      "1 node was assumed: give it with --nodes")
