@@ -53,6 +53,7 @@ NO_KERNEL = {"view", "_unsafe_view", "t", "transpose", "expand", "expand_as", "r
              "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense", "is_same_size",
              "contiguous", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
 HIDDEN, HEADS, FFN, SEQ, VOCAB = 64, 4, 256, 16, 128
+MOE = (8, 2, 128)  # experts, top-k, expert FFN of the MoE cross-check
 
 
 def _setup() -> Any:
@@ -70,16 +71,24 @@ def _setup() -> Any:
     return torch
 
 
-def _megatron(torch: Any, layers: int) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+def _megatron(torch: Any, layers: int, moe: bool = False) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    extra: dict[str, Any] = {}
+    if moe:  # the CPU-runnable MoE path: allgather dispatcher, SequentialMLP, no biases, no load-balancing loss
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+
+        moe_utils.te_general_gemm = None  # referenced without Transformer Engine installed
+        extra = {"num_moe_experts": MOE[0], "moe_router_topk": MOE[1], "moe_ffn_hidden_size": MOE[2],
+                 "moe_token_dispatcher_type": "allgather", "moe_router_load_balancing_type": "none",
+                 "add_bias_linear": False}
     cfg = TransformerConfig(num_layers=layers, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
                             use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
-                            params_dtype=torch.float32, gradient_accumulation_fusion=False)
-    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                     max_sequence_length=SEQ)
+                            params_dtype=torch.float32, gradient_accumulation_fusion=False, **extra)
+    spec = get_gpt_layer_local_spec(num_experts=MOE[0], moe_grouped_gemm=False) if moe else get_gpt_layer_local_spec()
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ)
     ids = torch.randint(0, VOCAB, (1, SEQ))
     pos = torch.arange(SEQ).unsqueeze(0)
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
@@ -146,7 +155,7 @@ def _round_robin(runs: dict[str, tuple[Callable[[], Any], Callable[[Any], None] 
     return best
 
 
-def modelled_kernels(layers: int) -> tuple[int, int]:
+def modelled_kernels(layers: int, moe: bool = False) -> tuple[int, int]:
     """Kernels projection's op list issues for the benchmark's Megatron model (forward, backward with hooks)."""
     from projection.perf import default_cost_model
     from projection.perf.pricing import price_stages
@@ -157,14 +166,17 @@ def modelled_kernels(layers: int) -> tuple[int, int]:
     here = Origin("bench_megatron_host.py")
     model = {"name": "bench", "num_layers": layers, "hidden_size": HIDDEN, "num_attention_heads": HEADS,
              "ffn_hidden_size": FFN, "gated_mlp": False, "activation": "gelu", "norm": "layernorm",
-             "add_bias_linear": True, "add_qkv_bias": True, "position_embedding": "learned",
+             "add_bias_linear": not moe, "add_qkv_bias": not moe, "position_embedding": "learned",
              "max_position_embeddings": SEQ, "tie_embeddings": True, "vocab_size": VOCAB}
+    if moe:
+        model["moe"] = {"num_experts": MOE[0], "top_k": MOE[1], "expert_ffn_hidden_size": MOE[2]}
     for k, v in model.items():
         raw.set(f"model.{k}", v, here)
     for k, v in {"seq_length": SEQ, "micro_batch_size": 1, "global_batch_size": 1, "params_dtype": "fp32",
-                 "transformer_impl": "local", "gradient_accumulation_fusion": False,
-                 "check_for_nan_in_loss_and_grad": False}.items():
-        raw.set(f"training.{k}" if k != "transformer_impl" else f"training.kernels.{k}", v, here)
+                 "gradient_accumulation_fusion": False, "check_for_nan_in_loss_and_grad": False}.items():
+        raw.set(f"training.{k}", v, here)
+    for k, v in {"transformer_impl": "local", "moe_token_dispatcher": "allgather", "moe_grouped_gemm": False}.items():
+        raw.set(f"training.kernels.{k}", v, here)
     for k, v in {"hardware": "h100-sxm", "nodes": 1, "gpus_per_node": 1}.items():
         raw.set(f"cluster.{k}", v, here)
     sc = build_scenario(raw, load_device("h100-sxm"))
@@ -178,7 +190,8 @@ def measure(layers: tuple[int, int], rounds: int, per_round: int) -> dict[str, A
     n = hi - lo
     ref_lo, ref_hi = _reference(torch, lo), _reference(torch, hi)
     t = _round_robin({"m_lo": _megatron(torch, lo), "m_hi": _megatron(torch, hi), "r_lo": (ref_lo, None),
-                      "r_hi": (ref_hi, None)}, rounds, per_round)
+                      "r_hi": (ref_hi, None), "e_lo": _megatron(torch, lo, moe=True),
+                      "e_hi": _megatron(torch, hi, moe=True)}, rounds, per_round)
     mf, mb = (t["m_hi"][0] - t["m_lo"][0]) / n, (t["m_hi"][1] - t["m_lo"][1]) / n
     kf_lo, kb_lo = modelled_kernels(lo)
     kf_hi, kb_hi = modelled_kernels(hi)
@@ -186,11 +199,24 @@ def measure(layers: tuple[int, int], rounds: int, per_round: int) -> dict[str, A
     rt = (t["r_hi"][0] - t["r_lo"][0]) / n
     rk = (_kernels(torch, ref_hi) - _kernels(torch, ref_lo)) / n
     ref_per_kernel = rt / rk
+    # cross-check on an MoE layer (not used for the factor): its host seconds against what the dense factors give
+    ef, eb = (t["e_hi"][0] - t["e_lo"][0]) / n, (t["e_hi"][1] - t["e_lo"][1]) / n
+    ekf_lo, ekb_lo = modelled_kernels(lo, moe=True)
+    ekf_hi, ekb_hi = modelled_kernels(hi, moe=True)
+    ekf, ekb = (ekf_hi - ekf_lo) / n, (ekb_hi - ekb_lo) / n
+    dense_f, dense_b = mf / kf / ref_per_kernel, mb / kb / ref_per_kernel
+    moe_check = {"experts_topk_ffn": list(MOE), "layer_forward_s": ef, "layer_backward_s": eb,
+                 "modelled_kernels_per_layer": {"forward": ekf, "backward": ekb},
+                 "factor": {"forward": round(ef / ekf / ref_per_kernel, 3),
+                            "backward": round(eb / ekb / ref_per_kernel, 3)},
+                 "measured_over_dense_factors": round((ef + eb) / (ref_per_kernel * (dense_f * ekf + dense_b * ekb)),
+                                                      3)}
     import megatron.core
     import transformers
 
     return {
-        "megatron": {"forward": round(mf / kf / ref_per_kernel, 3), "backward": round(mb / kb / ref_per_kernel, 3)},
+        "megatron": {"forward": round(dense_f, 3), "backward": round(dense_b, 3)},
+        "moe_check": moe_check,
         "measured": {
             "megatron_layer_forward_s": mf, "megatron_layer_backward_s": mb,
             "modelled_kernels_per_layer": {"forward": kf, "backward": kb},
@@ -229,6 +255,11 @@ def main() -> int:
           f"{m['reference_kernels_per_layer']:.0f} kernels = {m['reference_s_per_kernel'] * 1e6:.2f} us per kernel")
     print(f"framework host factor, megatron: forward {result['megatron']['forward']:.2f}, "
           f"backward {result['megatron']['backward']:.2f}")
+    e = result["moe_check"]
+    print(f"cross-check, MoE layer ({e['experts_topk_ffn'][0]} experts, top-{e['experts_topk_ffn'][1]}): host "
+          f"{e['layer_forward_s'] * 1e3:.3f} + {e['layer_backward_s'] * 1e3:.3f} ms over "
+          f"{e['modelled_kernels_per_layer']['forward']:.0f} + {e['modelled_kernels_per_layer']['backward']:.0f} "
+          f"modelled kernels = {e['measured_over_dense_factors']:.2f} x what the dense factors give")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")

@@ -58,10 +58,12 @@ def test_recorded_kernel_counts_are_the_current_op_list() -> None:
         from bench_megatron_host import modelled_kernels
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    f1, b1 = modelled_kernels(1)
-    f3, b3 = modelled_kernels(3)
-    k = json.loads(TABLE.read_text())["measured"]["modelled_kernels_per_layer"]
-    assert ((f3 - f1) / 2, (b3 - b1) / 2) == (k["forward"], k["backward"])
+    table = json.loads(TABLE.read_text())
+    for moe, k in ((False, table["measured"]["modelled_kernels_per_layer"]),
+                   (True, table["moe_check"]["modelled_kernels_per_layer"])):
+        f1, b1 = modelled_kernels(1, moe=moe)
+        f3, b3 = modelled_kernels(3, moe=moe)
+        assert ((f3 - f1) / 2, (b3 - b1) / 2) == (k["forward"], k["backward"]), "MoE" if moe else "dense"
 
 
 def test_factors_apply_to_megatron_jobs_priced_with_the_device_figure(tmp_path: Path) -> None:
