@@ -74,10 +74,10 @@ STREAM = {"h100-sxm": (2.90, 2.97, "Azure/AI-benchmarking-guide ND_H100_v5_resul
 FLASH = {"h100-sxm": (327.9, 128), "h200": (329.3, 128), "mi300x": (328.6, 64), "a100-80g": (179.5, 64)}
 # §2 busbw GB/s: (label, n_ranks, n_nodes, in_place, {size: busbw}, source)
 COLLECTIVES: dict[str, list[tuple[int, int, bool, dict[str, float], str]]] = {
+    # not the 2 x 8 H100 sweep of GCP A3 Mega (lessizzmore/create-a3mega-ztan-fork): its NICs are 8 x 200 Gb/s
+    # GPUDirect-TCPXO, not the 400 Gb/s CX-7 InfiniBand of hardware_specs/h100-sxm.yaml (calibrations/README.md)
     "h100-sxm": [(8, 1, True, {"1M": 43.70, "16M": 234.45, "134M": 400.61, "1G": 466.35, "8G": 478.87},
-                  "Azure ND_H100_v5_results.md, NVLS all_reduce in place"),
-                 (16, 2, False, {"16M": 32.18, "128M": 152.32, "1G": 297.86, "8G": 338.82},
-                  "lessizzmore/create-a3mega-ztan-fork ztan-NCCL-test-result (GCP A3 Mega, TCP GPUDirect)")],
+                  "Azure ND_H100_v5_results.md, NVLS all_reduce in place")],
     "h200": [(8, 1, False, {"1M": 52.96, "16M": 240.41, "134M": 412.45, "1G": 467.58, "8G": 479.98},
               "Azure ND_H200_v5_results.md, NVLS all_reduce")],
     "mi300x": [(8, 1, False, {"1M": 22.41, "16M": 171.46, "134M": 290.81, "1G": 313.92, "8G": 316.82},

@@ -64,13 +64,6 @@ def test_median_error(rows: list) -> None:
     assert med <= MEDIAN_LIMIT
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue-6 threshold not met (measured 2026-11-29, benchmarks/accuracy.py): max |error| 35.4 % (limit 20 %) over "
-    "39 cases, 1 beyond 20 %: Megatron-LM 2024 32B tp8 dp48 -35.4 % (exposed DP reduce-scatter + parameter "
-    "all-gather over 48 nodes with 4 microbatches of the assumed MBS 1; MBS and gradient dtype are not published). "
-    "Median 6.3 %: A100 (shipped a100-80g calibration + efficiency curves from the same published microbenchmarks) "
-    "Narayanan median 10.7 % (max 13.8 %), Korthikanti 2.2 % (max 12.1 %); H100 Megatron-LM 2024 median 8.5 %, "
-    "NeMo 24.07 5.5 % (max 18.3 %)"))
 def test_worst_error(rows: list) -> None:
     worst = max(abs(r.error) for r in rows)
     print(f"max |error| {worst:.1%} (limit {WORST_LIMIT:.0%})")
