@@ -78,8 +78,10 @@ def sync() -> Item:
     return Item("sync", kernels=1)
 
 
-def run_items(items: Iterable[Item], host_s: float = 0.0) -> ActionTime:
-    """Simulate the action: seconds from its start to the end of its last kernel or collective."""
+def run_items(items: Iterable[Item], host_s: float = 0.0, comm_host_s: float | None = None) -> ActionTime:
+    """Simulate the action: seconds from its start to the end of its last kernel or collective. host_s: host seconds
+    per compute kernel; comm_host_s: per collective or copy launch (default host_s)."""
+    comm_host = host_s if comm_host_s is None else comm_host_s
     t = 0.0  # compute stream
     host = 0.0
     free: dict[str, float] = {}
@@ -111,7 +113,7 @@ def run_items(items: Iterable[Item], host_s: float = 0.0) -> ActionTime:
             settle(it.waits)
             continue
         kernels += it.kernels
-        host += it.kernels * host_s
+        host += it.kernels * (comm_host if it.comm else host_s)
         if it.mode == "sync":
             settle(sorted(pending, key=lambda tok: pending[tok][1]))
             if host > t:

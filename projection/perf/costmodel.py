@@ -64,13 +64,14 @@ def framework_host_factors(scenario: Scenario, host_source: str,
                            path: Path | None = None) -> tuple[float, float, str]:
     """Factors (forward, backward) on the host issue time per kernel of a stage's actions, and what they are.
 
-    The device YAML's `host_kernel_issue_s` is an eager Hugging Face forward's host time per kernel. Megatron's
-    modules spend more host time per kernel than that (fewer, larger custom modules, autograd functions and gradient
-    hooks): `benchmarks/bench_megatron_host.py` measures Megatron-Core's GPT layer and the HF reference layer on one
-    host and writes their ratio per modelled kernel to calibrations/framework_host.json. Applied to Megatron and
-    Primus-Megatron jobs priced with the device YAML's figure; a calibration's own host rows (a profiler trace of
-    the job's step, or `projection calibrate host`) are used as they are, and other frameworks run eager PyTorch
-    modules like the reference (factor 1)."""
+    The device YAML's `host_kernel_issue_s` is an eager Hugging Face forward's host time per kernel (from a profiled
+    trace). Megatron's modules spend more host time per kernel that the op list models than that:
+    `benchmarks/bench_megatron_host.py` measures Megatron-Core's GPT layer, and the HF reference layer under the
+    trace's profiler settings, on one host and writes their ratio per modelled kernel to
+    calibrations/framework_host.json. The pricing applies it to compute kernels, not collectives or copies, of
+    Megatron and Primus-Megatron jobs priced with the device YAML's figure. A calibration's own host rows (a profiler
+    trace of the job's step, or `projection calibrate host`) are used as they are. Other frameworks get factor 1
+    (calibrations/README.md says why that understates them too)."""
     path = FRAMEWORK_HOST_FILE if path is None else path
     if scenario.framework not in MEGATRON_FRAMEWORKS or not host_source.startswith("device") or not path.is_file():
         return 1.0, 1.0, ""

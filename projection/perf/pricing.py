@@ -16,9 +16,10 @@ order) are run as actions by projection/perf/action_time.py with the overlap rul
   separately and B = I + W; the others run B and W is its weight-gradient part (I = B - W).
 Pipeline p2p: one activation (forward) or gradient (backward) tensor of [s/cp (/tp with SP), b, h] in the params
 dtype per boundary, priced as a send/recv over the two ranks' placement (intra- or inter-node).
-Host issue: each action's kernels are issued at projection/perf/costmodel.host_issue's seconds per kernel, times the
-framework host factor of forward or backward actions (costmodel.framework_host_factors: Megatron's modules against
-the eager reference the per-kernel figure was measured on).
+Host issue: each action's kernels are issued at projection/perf/costmodel.host_issue's seconds per kernel; its compute
+kernels (not its collectives and copies) times the framework host factor of forward or backward actions
+(costmodel.framework_host_factors: Megatron's modules against the eager reference the per-kernel figure was measured
+on).
 Collectives are priced with `cost_model.collective_seconds` over placements computed from the scenario's cluster
 (projection/perf/placement.py), so a cost model built for another cluster size prices them right.
 """
@@ -219,11 +220,12 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
                 label = _label(cost_model, o)
                 mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
         checks = scalar_check_items("loss", compute_s) if slot.loss and training.check_for_nan_in_loss_and_grad else []
-        f = run_items(builder.items(fwd_units, False) + checks, host_s * host_f)
-        i = run_items(builder.items(i_units[::-1], True), host_s * host_b)
-        w = run_items(builder.items(w_units[::-1], True), host_s * host_b)
+        # the framework host factor is measured on a layer's compute kernels: collectives and copies keep host_s
+        f = run_items(builder.items(fwd_units, False) + checks, host_s * host_f, host_s)
+        i = run_items(builder.items(i_units[::-1], True), host_s * host_b, host_s)
+        w = run_items(builder.items(w_units[::-1], True), host_s * host_b, host_s)
         split = plan.schedule in SPLIT_BACKWARD
-        b = add_times((i, w)) if split else run_items(builder.items(b_units[::-1], True), host_s * host_b)
+        b = add_times((i, w)) if split else run_items(builder.items(b_units[::-1], True), host_s * host_b, host_s)
         out.append(StagePrice(slot.stage, slot.pp_rank, slot.chunk, f, i, w, b, mflop, rflop, params))
         priced[key] = (out[-1], mine)
         for k, v in mine.items():
