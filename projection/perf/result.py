@@ -126,7 +126,8 @@ class Projection:
                  f"(vs {self.peak_flop_per_s / 1e12:.1f} TFLOP/s {self.peak_dtype} dense peak)",
                  f"hardware TFLOP/s/GPU {self.hardware_tflops_per_gpu:.1f}   HFU {100 * self.hfu:.1f}% "
                  "(recompute counted)",
-                 f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%", "",
+                 f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%   (Primus pp_vis: the share of the "
+                 "simulated step the ranks are not computing, exposed communication included)", "",
                  f"breakdown (pp rank {self.breakdown_rank}, seconds per step)"]
         for k in BREAKDOWN_KEYS:
             v = self.breakdown_s[k]
