@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from projection.errors import COMMAND_LINE
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
 from projection.memory.report import MemoryReport
@@ -53,7 +54,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
     else:
         device = load_device(str(raw.get("cluster.hardware")), hardware_dir, key=origin.key or "cluster.hardware",
-                             file="<command line>" if origin.file == "command line" else origin.file, line=origin.line)
+                             file=COMMAND_LINE if origin.file == "command line" else origin.file, line=origin.line)
     return build_scenario(raw, device)
 
 

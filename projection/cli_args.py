@@ -26,7 +26,6 @@ def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("t
 
 # ---- output files: checked before anything is written, and removed again when a later one fails
 
-COMMAND_LINE = "<command line>"  # the file label of problems with command-line flags (as projection/formats uses)
 
 
 def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence[tuple[str, str | None]] = ()

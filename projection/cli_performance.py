@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from projection import api
-from projection.cli_args import COMMAND_LINE, output_problems, write_outputs
-from projection.errors import ConfigError, PlanError, Problem, ProjectionError
+from projection.cli_args import output_problems, write_outputs
+from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 
 if TYPE_CHECKING:
     from projection.perf.result import Projection

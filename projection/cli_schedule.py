@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from projection.cli_args import COMMAND_LINE, output_problems, write_outputs
-from projection.errors import ConfigError, Problem, ProjectionError
+from projection.cli_args import output_problems, write_outputs
+from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 from projection.schedule.action import Schedule
 from projection.schedule.checks import check_schedule
 from projection.schedule.csv import load_csv

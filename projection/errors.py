@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+COMMAND_LINE = "<command line>"  # the `file` of a Problem about a command-line flag or --set value
+
 
 @dataclass(frozen=True)
 class Problem:

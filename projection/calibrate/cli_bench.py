@@ -33,7 +33,6 @@ from projection.calibrate.bench_memory import (
 )
 from projection.calibrate.calibration import Calibration, Layout
 from projection.calibrate.cli_checks import (
-    COMMAND_LINE,
     backend_problems,
     dtype_problems,
     number_problems,
@@ -42,7 +41,7 @@ from projection.calibrate.cli_checks import (
     raise_all,
 )
 from projection.calibrate.errors import CalibrationError
-from projection.errors import ConfigError, Problem
+from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.workload.shapes import ShapeRow, step_shapes
 
 _LAYOUTS = ("NN", "NT", "TN", "TT")

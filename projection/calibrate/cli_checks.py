@@ -8,14 +8,11 @@ nothing written). Kept free of torch at import time: `calibrate import` and `cal
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
-from projection.errors import ConfigError, Problem
+from projection.cli_args import output_problems
+from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.units import parse_bytes
-
-COMMAND_LINE = "<command line>"  # the `file` of a Problem with a flag's value
 
 # flag attribute -> (smallest accepted value, why), for the numeric flags of the calibrate sub-commands
 _MINIMUM = {
@@ -70,23 +67,8 @@ def dtype_problems(dtype: str | None, allowed: Sequence[str], key: str = "--dtyp
 
 
 def out_problems(out: str | None, key: str = "--out") -> list[Problem]:
-    """A path given to --out that cannot be written: a directory, or in a directory that does not exist."""
-    if not out:
-        return []
-    path = Path(out)
-    parent = path.parent
-    if path.is_dir():
-        return [Problem("is a directory", key=key, file=out, fix=f"give a file path for {key}, e.g. "
-                        f"{path / 'calibration.json'}")]
-    if not parent.exists():
-        return [Problem(f"the directory {parent} does not exist", key=key, file=out,
-                        fix=f"create it first (mkdir -p {parent}) or give another path for {key}")]
-    if not parent.is_dir():
-        return [Problem(f"{parent} is not a directory", key=key, file=out, fix=f"give another path for {key}")]
-    if not os.access(parent, os.W_OK):
-        return [Problem(f"the directory {parent} is not writable", key=key, file=out,
-                        fix=f"give a path in a writable directory for {key}")]
-    return []
+    """A path given to --out that cannot be written (projection/cli_args.output_problems)."""
+    return output_problems([(key, out)])
 
 
 def backend_problems(backend: str | None, device_type: str) -> list[Problem]:

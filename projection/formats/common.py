@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from projection.errors import ConfigError, Problem
+from projection.errors import COMMAND_LINE, ConfigError, Problem
 
 KeyPath = tuple[str, ...]
 
@@ -121,7 +121,7 @@ def parse_set(items: list[str] | tuple[str, ...] | None) -> dict[str, Any]:
     problems = []
     for item in items or ():
         if "=" not in item:
-            problems.append(Problem(f"--set {item!r} is not KEY=VALUE", key=item, file="<command line>",
+            problems.append(Problem(f"--set {item!r} is not KEY=VALUE", key=item, file=COMMAND_LINE,
                                     fix="write it as --set key=value, e.g. --set tensor_model_parallel_size=8"))
             continue
         k, v = item.split("=", 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from projection.errors import ConfigError, Problem
+from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.formats.common import load_json
 from projection.specs.scenario import Origin, RawScenario
 
@@ -146,7 +146,7 @@ def apply_canonical_overrides(raw: RawScenario, overrides: dict[str, Any]) -> No
     bad = [k for k in overrides if k.split(".")[0] not in ("model", "training", "plan", "cluster")]
     if bad:
         raise ConfigError([Problem("--set key must start with model., training., plan. or cluster.", key=k,
-                                   file="<command line>", fix=_canonical_hint(k)) for k in bad])
+                                   file=COMMAND_LINE, fix=_canonical_hint(k)) for k in bad])
     for k, v in overrides.items():
         raw.set(k, v, Origin("--set", None, k))
 
