@@ -180,11 +180,13 @@ class Fabric:
     @classmethod
     def from_specs(cls, device: DeviceSpec, cluster: ClusterSpec, *, efficiency: float = 1.0) -> Fabric:
         """Tiers from the datasheet links: intra = the device's link bandwidth and latency; inter = NICs per node x
-        NIC bandwidth / GPUs per node, NIC latency. efficiency (0-1] scales both bandwidths (1.0 = peak)."""
+        NIC bandwidth x the NIC's measured efficiency (`nic.efficiency`, line rate when absent) / GPUs per node, NIC
+        latency. efficiency (0-1] scales both bandwidths (1.0 = peak)."""
         if not 0 < efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
         link, nic = device.intra_node, device.nic
-        per_gpu_nic = nic.count_per_node * nic.bandwidth_bytes_per_s / cluster.gpus_per_node
+        achieved = nic.bandwidth_bytes_per_s * (nic.efficiency if nic.efficiency is not None else 1.0)
+        per_gpu_nic = nic.count_per_node * achieved / cluster.gpus_per_node
         return cls(gpus_per_node=cluster.gpus_per_node,
                    intra=TierParams(link.latency_s, link.bandwidth_per_direction_bytes_per_s * efficiency),
                    inter=TierParams(nic.latency_s, per_gpu_nic * efficiency),

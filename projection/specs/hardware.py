@@ -63,11 +63,14 @@ class IntraNodeLinkSpec(Spec):
 
 class NicSpec(Spec):
     """Scale-out network interfaces of one node. bandwidth_bytes_per_s: each NIC, one direction (400 Gb/s = 5e10
-    bytes/s); latency_s: per-message latency across the scale-out fabric (alpha), seconds."""
+    bytes/s); latency_s: per-message latency across the scale-out fabric (alpha), seconds; efficiency: the bus
+    bandwidth NCCL/RCCL ring collectives reach through one NIC as a fraction of its line rate (a measured figure with
+    its source; None = line rate)."""
 
     count_per_node: Count
     bandwidth_bytes_per_s: BytesPerS
     latency_s: Seconds
+    efficiency: Annotated[float, _number(), Field(gt=0, le=1)] | None = None
 
 
 class FlopEfficiencyPoint(Spec):
@@ -205,7 +208,7 @@ _EXAMPLES = {  # leaf key -> an example value for the fix line; unit strings or 
     "peak_flop_per_s": "{bf16: 1307.4 TFLOP/s}", "hbm_bytes": "192GB or 1.92e+11", "tdp_w": "750",
     "hbm_bandwidth_bytes_per_s": "5.3TB/s or 5.3e+12", "bandwidth_per_direction_bytes_per_s": "448GB/s or 4.48e+11",
     "bandwidth_bytes_per_s": "400Gbps or 5.0e+10", "latency_s": "2us or 2.0e-6", "gpus_per_node": "8",
-    "links_per_gpu": "7", "count_per_node": "8",
+    "links_per_gpu": "7", "count_per_node": "8", "efficiency": "0.94",
     "host_link_bytes_per_s": "63GB/s or 6.3e+10"}
 
 

@@ -183,6 +183,19 @@ def test_number_without_source(tmp_path: Path) -> None:
     assert str(path) in msg and "key 'sources'" in msg and "tdp_w" in msg and "without a source" in msg
 
 
+def test_nic_efficiency_above_line_rate(tmp_path: Path) -> None:
+    text = MI300X_TEXT.replace("  latency_s: 5us", "  latency_s: 5us\n  efficiency: 1.2", 1)
+    msg, path = _error(tmp_path, text)
+    assert f"{path}:{_line_of(text, 'efficiency: 1.2')}" in msg
+    assert "key 'nic.efficiency'" in msg and "fix:" in msg
+
+
+def test_nic_efficiency_needs_a_source(tmp_path: Path) -> None:
+    text = MI300X_TEXT.replace("  latency_s: 5us", "  latency_s: 5us\n  efficiency: 0.9", 1)
+    msg, path = _error(tmp_path, text)
+    assert str(path) in msg and "nic.efficiency" in msg and "without a source" in msg
+
+
 def test_source_for_no_field(tmp_path: Path) -> None:
     msg, _ = _error(tmp_path, MI300X_TEXT.rstrip("\n") + '\n  hbm_byte: "R: typo"\n')
     assert "hbm_byte" in msg and "name no field" in msg
