@@ -2,7 +2,7 @@
 
 Tiers. `intra_node`: the GPU-to-GPU fabric of a node (xGMI mesh: one link per peer, so a group of r ranks on a node
 reaches (r-1)/links of the per-GPU bandwidth; NVLink switch: the full per-GPU bandwidth for any group).
-`inter_node`: the NICs (per GPU: NICs per node x NIC bandwidth / GPUs per node), rail-optimised (traffic between
+`inter_node`: the NICs (per GPU: NICs per node x NIC bandwidth x `nic.efficiency` / GPUs per node), rail-optimised (traffic between
 GPUs of the same local index stays on its rail) or fat-tree; an oversubscribed upper tier divides the bandwidth of
 traffic that crosses it (all inter-node traffic on a fat-tree; cross-rail traffic on a rail-optimised fabric).
 Each tier has an alpha (seconds per algorithm step across it) and a beta (bytes/s per GPU, one direction).
@@ -180,8 +180,8 @@ class Fabric:
     @classmethod
     def from_specs(cls, device: DeviceSpec, cluster: ClusterSpec, *, efficiency: float = 1.0) -> Fabric:
         """Tiers from the datasheet links: intra = the device's link bandwidth and latency; inter = NICs per node x
-        NIC bandwidth x the NIC's measured efficiency (`nic.efficiency`, line rate when absent) / GPUs per node, NIC
-        latency. efficiency (0-1] scales both bandwidths (1.0 = peak)."""
+        NIC bandwidth x the bus-bandwidth fraction the NIC reaches (`nic.efficiency`, line rate when absent) / GPUs per
+        node, NIC latency. efficiency (0-1] further scales both bandwidths (1.0 = the tiers as just described)."""
         if not 0 < efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
         link, nic = device.intra_node, device.nic

@@ -64,8 +64,8 @@ class IntraNodeLinkSpec(Spec):
 class NicSpec(Spec):
     """Scale-out network interfaces of one node. bandwidth_bytes_per_s: each NIC, one direction (400 Gb/s = 5e10
     bytes/s); latency_s: per-message latency across the scale-out fabric (alpha), seconds; efficiency: the bus
-    bandwidth NCCL/RCCL ring collectives reach through one NIC as a fraction of its line rate (a measured figure with
-    its source; None = line rate)."""
+    bandwidth NCCL/RCCL ring collectives reach through one NIC as a fraction of its line rate (a published or measured
+    figure with its source; None = line rate)."""
 
     count_per_node: Count
     bandwidth_bytes_per_s: BytesPerS
@@ -204,11 +204,11 @@ def _source_keys() -> list[str]:
     return [p for p in _field_paths(DeviceSpec) if p != "sources"]
 
 
-_EXAMPLES = {  # leaf key -> an example value for the fix line; unit strings or plain SI numbers both work
+_EXAMPLES = {  # dotted key, else leaf key -> an example value for the fix line; unit strings or SI numbers both work
     "peak_flop_per_s": "{bf16: 1307.4 TFLOP/s}", "hbm_bytes": "192GB or 1.92e+11", "tdp_w": "750",
     "hbm_bandwidth_bytes_per_s": "5.3TB/s or 5.3e+12", "bandwidth_per_direction_bytes_per_s": "448GB/s or 4.48e+11",
     "bandwidth_bytes_per_s": "400Gbps or 5.0e+10", "latency_s": "2us or 2.0e-6", "gpus_per_node": "8",
-    "links_per_gpu": "7", "count_per_node": "8", "efficiency": "0.94",
+    "links_per_gpu": "7", "count_per_node": "8", "nic.efficiency": "0.96",
     "host_link_bytes_per_s": "63GB/s or 6.3e+10"}
 
 
@@ -324,7 +324,7 @@ def _problem(err: Any, path: Path, lines: dict[tuple[str, ...], int]) -> Problem
     key = ".".join(loc) or None
     line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
     kind = err["type"]
-    example = _EXAMPLES.get(loc[-1] if loc else "", "")
+    example = _EXAMPLES.get(key or "", _EXAMPLES.get(loc[-1] if loc else "", ""))
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         message = "unknown key"

@@ -190,6 +190,15 @@ def test_nic_efficiency_above_line_rate(tmp_path: Path) -> None:
     assert "key 'nic.efficiency'" in msg and "fix:" in msg
 
 
+def test_example_values_follow_the_full_key(tmp_path: Path) -> None:
+    nic = _error(tmp_path, MI300X_TEXT.replace("  latency_s: 5us", "  latency_s: 5us\n  efficiency: high", 1))[0]
+    assert "key 'nic.efficiency'" in nic and "write e.g. 0.96" in nic
+    curves = MI300X_TEXT[:MI300X_TEXT.index("\nefficiency:")] + "\nefficiency: 0.9\n" + MI300X_TEXT[
+        MI300X_TEXT.index("\nsources:"):]
+    msg = _error(tmp_path, curves)[0]  # the top-level curves block is not the NIC's fraction
+    assert "key 'efficiency'" in msg and "0.96" not in msg
+
+
 def test_nic_efficiency_needs_a_source(tmp_path: Path) -> None:
     text = MI300X_TEXT.replace("  latency_s: 5us", "  latency_s: 5us\n  efficiency: 0.9", 1)
     msg, path = _error(tmp_path, text)
