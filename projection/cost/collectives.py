@@ -2,9 +2,10 @@
 
 Tiers. `intra_node`: the GPU-to-GPU fabric of a node (xGMI mesh: one link per peer, so a group of r ranks on a node
 reaches (r-1)/links of the per-GPU bandwidth; NVLink switch: the full per-GPU bandwidth for any group).
-`inter_node`: the NICs (per GPU: NICs per node x NIC bandwidth x `nic.efficiency` / GPUs per node), rail-optimised (traffic between
-GPUs of the same local index stays on its rail) or fat-tree; an oversubscribed upper tier divides the bandwidth of
-traffic that crosses it (all inter-node traffic on a fat-tree; cross-rail traffic on a rail-optimised fabric).
+`inter_node`: the NICs (per GPU: NICs per node x NIC bandwidth x `nic.efficiency` / GPUs per node), rail-optimised
+(traffic between GPUs of the same local index stays on its rail) or fat-tree; an oversubscribed upper tier divides the
+bandwidth of traffic that crosses it (all inter-node traffic on a fat-tree; cross-rail traffic on a rail-optimised
+fabric).
 Each tier has an alpha (seconds per algorithm step across it) and a beta (bytes/s per GPU, one direction).
 
 Algorithms, for S bytes (nccl-tests size convention, see `bus_factor`) over n ranks, r per node, m nodes:
