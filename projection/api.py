@@ -27,14 +27,15 @@ DEFAULT_HARDWARE = "mi300x"
 def load(config: str | Path, *, hardware: str | None = None, nodes: int | None = None,
          gpus_per_node: int | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None,
          primus_root: str | Path | None = None, env: Mapping[str, str] | None = None,
-         fmt: str | None = None, hardware_dir: Path = HARDWARE_DIR, models_dir: Path = MODELS_DIR) -> Scenario:
+         fmt: str | None = None, hardware_dir: Path = HARDWARE_DIR, models_dir: Path = MODELS_DIR,
+         default_nodes: int = 1) -> Scenario:
     """Load and validate any supported config file into a Scenario.
 
     overrides: `KEY=VALUE` strings or a mapping, in the file's own key space (Megatron/Primus argument names,
     TorchTitan `section.key`, canonical `plan.tp` for native and HF files). `env` resolves `${VAR}` in Primus YAML and
     `$VAR` in launch scripts (the CLI passes the process environment; the default is an empty environment).
-    Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, 1 node and the
-    device's usual GPUs per node.
+    Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, `default_nodes` (1)
+    nodes and the device's usual GPUs per node.
     """
     ov = dict(overrides) if isinstance(overrides, Mapping) else parse_set(list(overrides or ()))
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
@@ -46,7 +47,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if gpus_per_node is not None:
         raw.set("cluster.gpus_per_node", gpus_per_node, Origin("command line", None, "--gpus-per-node"))
     if raw.get("cluster.nodes") is None:
-        raw.set("cluster.nodes", 1, Origin("default (1 node; --nodes to change)"))
+        raw.set("cluster.nodes", default_nodes,
+                Origin(f"default ({default_nodes} node{'s' if default_nodes > 1 else ''}; --nodes to change)"))
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
     origin = raw.origins.get("cluster.hardware")  # an unknown name is reported where it was written

@@ -75,9 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_table()
         elif args.command == "memory":
             mem = api.estimate_memory(scenario)
-            text = json.dumps(mem.to_dict(), indent=2) if args.format == "json" else mem.to_table()
-            if args.explain:
-                text += "\n\n" + api.explain_memory(mem)
+            explained = api.explain_memory(mem) if args.explain else None
+            if args.format == "json":  # the formulas go inside the JSON, so stdout stays one JSON document
+                text = json.dumps({**mem.to_dict(), **({"explain": explained.splitlines()} if explained else {})},
+                                  indent=2)
+            else:
+                text = mem.to_table() + (f"\n\n{explained}" if explained else "")
     except ProjectionError as e:
         print(f"error: {e.render()}", file=sys.stderr)
         return 2

@@ -1,15 +1,16 @@
 """`projection performance`: step time, tokens/s/GPU, model TFLOP/s/GPU and MFU of one training job, with the
 breakdown, the critical path and the memory verdict (projection/perf).
 
-    projection performance --config F [--target-nodes N | --nodes N] [--gpus-per-node G] [--hardware NAME]
+    projection performance --config F [--nodes N] [--target-nodes N] [--gpus-per-node G] [--hardware NAME]
                            [--calibration FILE] [--schedule NAME|all] [--set KEY=VALUE ...] [--primus-root DIR]
                            [--format table|json] [--trace out.json] [--scaling 1,2,4,...] [--png out.png]
 
-`--target-nodes N` weak-scales the job from the config's own node count to N nodes at a fixed global batch (data
-parallelism grows, microbatches per rank shrink; every collective is priced on its new placement). `--schedule all`
-compares every applicable pipeline schedule in one table. `--scaling 1,2,4` projects the job at each node count
-(weak scaling as `--target-nodes`) and prints one row per count; `--png` adds a plot of tokens/s/GPU and MFU against
-nodes. `--trace` writes the simulated step as a Chrome trace (Perfetto).
+`--target-nodes N` weak-scales the job from the config's own node count (or `--nodes`) to N nodes at a fixed global
+batch (data parallelism grows, microbatches per rank shrink; every collective is priced on its new placement).
+`--schedule all` compares every applicable pipeline schedule in one table. `--scaling 1,2,4` projects the job at each
+node count (weak scaling as `--target-nodes`, from the smallest count when the file gives no cluster size) and prints
+one row per count; `--png` adds a plot of tokens/s/GPU and MFU against nodes. `--trace` writes the simulated step
+as a Chrome trace (Perfetto).
 
 Wiring (cli.py): `add_parser(subparsers)` adds the sub-command; `run(args, env)` prints and returns the exit code
 (2 with the message on stderr for a user error).
@@ -43,10 +44,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "TFLOP/s / the device's dense peak.")
     p.add_argument("--config", required=True, help="Primus YAML, Megatron args/script/MODEL_ARGS YAML, TorchTitan "
                    "TOML, HF config.json or a native scenario YAML (format detected from the file)")
-    nodes = p.add_mutually_exclusive_group()
-    nodes.add_argument("--nodes", type=int, help="number of nodes (replaces the config's)")
-    nodes.add_argument("--target-nodes", type=int, metavar="N",
-                       help="weak-scale from the config's own nodes to N nodes at a fixed global batch")
+    p.add_argument("--nodes", type=int, help="number of nodes (replaces the config's); with --target-nodes or "
+                   "--scaling, the node count the job is scaled from")
+    p.add_argument("--target-nodes", type=int, metavar="N",
+                   help="weak-scale from the config's own nodes (or --nodes) to N nodes at a fixed global batch")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the device's usual count)")
     p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
     p.add_argument("--calibration", metavar="FILE", help="a Calibration JSON (projection calibrate ...); default: "
@@ -83,9 +84,11 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     from projection.perf.scaling import node_count_problems
 
     counts = _check_args(args)
+    # a file that gives no cluster size is scaled from the smallest --scaling count rather than from 1 node
     scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes,
                         gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
-                        primus_root=getattr(args, "primus_root", None), env=env)
+                        primus_root=getattr(args, "primus_root", None), env=env,
+                        default_nodes=min(counts) if counts else 1)
     if args.target_nodes is not None:
         scenario = extrapolate(scenario, args.target_nodes, flag="--target-nodes")
     calibration = Path(args.calibration) if args.calibration else None

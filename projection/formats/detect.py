@@ -27,8 +27,8 @@ def detect_format(path: Path) -> str:
     if suffix in (".yaml", ".yml"):
         data, _ = load_yaml(path, text)
         if isinstance(data, dict):
-            if "modules" in data:
-                return "primus"
+            if "modules" in data or ("extends" in data and "MODEL_ARGS" not in data):
+                return "primus"  # an experiment, or a model preset that pulls in others (formats/primus_preset.py)
             if "MODEL_ARGS" in data:
                 return "megatron"
             if "model" in data and ({"training", "plan", "cluster"} & set(data) or len(data) == 1):
@@ -54,7 +54,10 @@ def load_raw(path: Path, overrides: Mapping[str, Any] | None = None, *, fmt: str
     ov = dict(overrides or {})
     if fmt == "primus":
         from projection.formats.primus import load_primus
+        from projection.formats.primus_preset import is_model_preset, load_primus_preset
 
+        if path.suffix.lower() in (".yaml", ".yml") and is_model_preset(load_yaml(path, read_text(path))[0]):
+            return load_primus_preset(path, ov, primus_root=primus_root, env=env)
         return load_primus(path, ov, primus_root=primus_root, models_dir=models_dir, env=env)
     if fmt == "megatron":
         from projection.formats.megatron import load_megatron

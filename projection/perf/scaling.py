@@ -64,7 +64,8 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
         return []
     near = nearest_node_counts(scenario, nodes)
     counts = ", ".join(str(n) for n in near[:-1]) + (" or " if len(near) > 1 else "") + (str(near[-1]) if near else "")
-    hint = (f"use {counts} nodes (the nearest counts that this plan and global batch admit)" if near else
+    unit = "node" if near == [1] else "nodes"
+    hint = (f"use {counts} {unit} (the nearest counts that this plan and global batch admit)" if near else
             "no node count nearby fits this plan: change tp, cp, pp or the global batch")
     out = []
     for p in problems:

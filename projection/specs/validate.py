@@ -60,8 +60,8 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("plan.ep", f"etp * ep = {plan.etp_} * {plan.ep} does not divide tp * cp * dp = "
                 f"{tp * plan.cp * plan.dp} (Megatron expert grid: world = etp*ep*edp*pp; world {world})",
                 "choose ep and etp whose product divides the non-pipeline ranks" + (
-                    "; the file does not give the cluster size and 1 node was assumed: give it with --nodes"
-                    if assumed else ""))
+                    f"; the file does not give the cluster size and {_nodes(raw.get('cluster.nodes'))} assumed: "
+                    "give it with --nodes" if assumed else ""))
         if model.moe.expert_ffn_hidden_size % plan.etp_:
             bad("plan.etp", f"etp = {plan.etp_} does not divide the expert FFN size "
                 f"{model.moe.expert_ffn_hidden_size}", "use a smaller etp")
@@ -113,3 +113,7 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "
             "layer_ids", "set recompute method and num_layers")
     return out
+
+
+def _nodes(n: object) -> str:
+    return "1 node was" if n == 1 else f"{n} nodes were"

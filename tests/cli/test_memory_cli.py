@@ -58,6 +58,14 @@ def test_memory_table_and_explain() -> None:
     assert "activations per dense layer" in res.stdout and "b*s*" in res.stdout
 
 
+def test_memory_explain_json_is_one_json_document() -> None:
+    res = run("memory", "--config", str(EXAMPLE), "--explain", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)  # the formulas ride inside the document, not after it
+    text = "\n".join(d["explain"])
+    assert "activations per dense layer" in text and "b*s*" in text and d["verdict"] == "fits"
+
+
 def test_memory_bad_input_exit_2(tmp_path: Path) -> None:
     res = run("memory", "--config", str(EXAMPLE), "--set", "plan.tp=3")
     assert res.returncode == 2 and "Traceback" not in res.stderr and "tp = 3" in res.stderr

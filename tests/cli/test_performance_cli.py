@@ -75,6 +75,29 @@ def test_target_nodes_equals_nodes_flag_when_the_config_is_on_one_node(capsys: p
     assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-9)
 
 
+def test_nodes_sets_the_base_of_target_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    # weak scaling keeps the global batch, so the base node count does not change where the job lands
+    a = perf_json(capsys, "--config", str(LLAMA), "--nodes", "2", "--target-nodes", "8")
+    b = perf_json(capsys, "--config", str(LLAMA), "--target-nodes", "8")
+    assert a["nodes"] == b["nodes"] == 8 and a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-9)
+
+
+def test_a_file_without_a_cluster_size_scales_from_the_first_count(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    # the example without its cluster block, and a plan of 16 GPUs: no layout on the 1 node assumed by default
+    text = LLAMA.read_text(encoding="utf-8")
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(text[:text.index("cluster:")].replace("tp: 2", "tp: 8"), encoding="utf-8")
+    code, _, err = perf(capsys, "--config", str(wide))
+    assert code == 2 and "--nodes" in err
+    doc = perf_json(capsys, "--config", str(wide), "--scaling", "4,2")
+    assert [r["nodes"] for r in doc["scaling"]] == [2, 4]
+    assert doc["projections"][0]["step_time_s"] == pytest.approx(
+        perf_json(capsys, "--config", str(wide), "--nodes", "2")["step_time_s"], rel=1e-9)
+    a = perf_json(capsys, "--config", str(wide), "--nodes", "2", "--target-nodes", "4")
+    assert a["step_time_s"] == pytest.approx(doc["projections"][1]["step_time_s"], rel=1e-9)
+
+
 def test_schedule_all(capsys: pytest.CaptureFixture[str]) -> None:
     doc = perf_json(capsys, "--config", str(LLAMA), "--schedule", "all")
     names = [d["schedule"] for d in doc["schedules"]]

@@ -91,6 +91,12 @@ def test_scaling_count_whose_dp_does_not_divide_the_batch(capsys: pytest.Capture
     assert f"{L70}: key '--scaling': at 12 nodes (dp 3)" in err and "training.global_batch_size" in err
 
 
+def test_scaling_hint_with_one_node_is_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    # gbs 2 with mbs 1 and dp 2 per node: only the 1-node layout holds the batch
+    err = fails(capsys, "performance", "--config", E8, "--set", "training.global_batch_size=2", "--scaling", "1,2")
+    assert "use 1 node (" in err and "use 1 nodes" not in err
+
+
 @pytest.mark.parametrize("name", ["foo", "zbv", "dualpipe"])
 def test_schedule_flag_that_does_not_apply(capsys: pytest.CaptureFixture[str], name: str) -> None:
     err = fails(capsys, "performance", "--config", L70, "--schedule", name)
