@@ -42,11 +42,14 @@ _RING_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduc
 
 
 class FitSegment(Spec):
-    """From min_bytes (up to the next segment's): time = alpha_s + bus_factor x size / busbw_bytes_per_s."""
+    """From min_bytes (up to the next segment's): time = alpha_s + bus_factor x size / busbw_bytes_per_s.
+    first_bytes / last_bytes: the smallest and largest measured sizes it was fitted to (0: not recorded)."""
 
     min_bytes: int
     alpha_s: float
     busbw_bytes_per_s: float
+    first_bytes: int = 0
+    last_bytes: int = 0
 
 
 class RowResidual(Spec):
@@ -77,7 +80,8 @@ class CurveFit(Spec):
     def to_curve(self) -> MeasuredCurve:
         """The cost model's view of this fit."""
         return MeasuredCurve(self.kind, self.n_ranks, self.ranks_per_node, self.n_nodes,
-                             tuple(CurveSegment(s.min_bytes, s.alpha_s, s.busbw_bytes_per_s) for s in self.segments))
+                             tuple(CurveSegment(s.min_bytes, s.alpha_s, s.busbw_bytes_per_s, s.first_bytes,
+                                                s.last_bytes) for s in self.segments))
 
     def time_s(self, size_bytes: float) -> float:
         """Fitted seconds at this curve's own placement."""
@@ -198,7 +202,8 @@ def fit_curve(sizes: np.ndarray, times: np.ndarray, factor: float, *, max_segmen
         segs = [FitSegment(min_bytes=0 if i == 0 else int(round(math.sqrt(sizes[i - 1] * sizes[i]))),
                            alpha_s=segment(i, j)[0],
                            busbw_bytes_per_s=1.0 / segment(i, j)[1] if segment(i, j)[1] > 1.0 / FLAT_BUSBW
-                           else FLAT_BUSBW) for i, j in zip(cuts[:-1], cuts[1:], strict=True)]
+                           else FLAT_BUSBW, first_bytes=int(sizes[i]), last_bytes=int(sizes[j - 1]))
+                for i, j in zip(cuts[:-1], cuts[1:], strict=True)]
         err = max(abs(_model(segs, factor, s) / t - 1.0) for s, t in zip(sizes, times, strict=True))
         if err < best_err - 1e-12:
             best, best_err = segs, err

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -130,11 +130,14 @@ class TierParams:
 
 @dataclass(frozen=True)
 class CurveSegment:
-    """From min_bytes up (to the next segment): time = alpha_s + bus_factor x size / busbw_bytes_per_s."""
+    """From min_bytes up (to the next segment): time = alpha_s + bus_factor x size / busbw_bytes_per_s.
+    first_bytes / last_bytes: the measured sizes it was fitted to span (0: not recorded)."""
 
     min_bytes: int
     alpha_s: float
     busbw_bytes_per_s: float
+    first_bytes: int = 0
+    last_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,25 @@ class MeasuredCurve:
 
     def time_s(self, size_bytes: float) -> float:
         """Seconds at the measured placement."""
-        seg = self.segment(size_bytes)
-        return seg.alpha_s + bus_factor(self.kind, self.n_ranks) * size_bytes / seg.busbw_bytes_per_s
+        return self.priced(size_bytes, lambda seg, s: seg.alpha_s + bus_factor(self.kind, self.n_ranks) * s
+                           / seg.busbw_bytes_per_s)
+
+    def priced(self, size_bytes: float, price: Callable[[CurveSegment, float], float]) -> float:
+        """price(segment, size) with the segment holding size_bytes, continuous across segments: between the largest
+        measured size of one segment and the smallest of the next, where nothing was measured, the time is
+        interpolated log-log between the two segments' own times at those sizes (each segment's line jumping to the
+        next at a boundary made a larger message cheaper than a smaller one)."""
+        segs = self.segments
+        i = max(k for k, seg in enumerate(segs) if k == 0 or size_bytes >= seg.min_bytes)
+        for lo_seg, hi_seg in [(segs[k], segs[k + 1]) for k in (i - 1, i) if 0 <= k < len(segs) - 1]:
+            if not (lo_seg.last_bytes and hi_seg.first_bytes):
+                continue
+            lo, hi = float(lo_seg.last_bytes), float(hi_seg.first_bytes)
+            if lo < size_bytes < hi:
+                t_lo, t_hi = price(lo_seg, lo), price(hi_seg, hi)
+                w = math.log(size_bytes / lo) / math.log(hi / lo)
+                return math.exp((1.0 - w) * math.log(t_lo) + w * math.log(t_hi))
+        return price(segs[i], size_bytes)
 
 
 @dataclass(frozen=True)
@@ -308,7 +328,11 @@ def _hierarchical_s(kind: str, size: float, r: int, m: int, fabric: Fabric) -> f
 
 
 def _scaled_curve_time_s(curve: MeasuredCurve, size: float, group: GroupPlacement, fabric: Fabric) -> float:
-    seg = curve.segment(size)
+    return curve.priced(size, lambda seg, s: _scaled_segment_time_s(curve, seg, s, group, fabric))
+
+
+def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float, group: GroupPlacement,
+                           fabric: Fabric) -> float:
     ref = curve.placement
     n = group.n_ranks
     if (ref.n_ranks, ref.ranks_per_node, ref.n_nodes) == (n, group.ranks_per_node, group.n_nodes):
