@@ -335,14 +335,19 @@ def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float,
                            fabric: Fabric) -> float:
     ref = curve.placement
     n = group.n_ranks
-    if (ref.n_ranks, ref.ranks_per_node, ref.n_nodes) == (n, group.ranks_per_node, group.n_nodes):
+    # A sweep is taken on a few nodes under one leaf switch: its bandwidth carries no oversubscription of the upper
+    # tier, which the cluster's own oversubscription then divides wherever the group's traffic crosses that tier.
+    measured_on = replace(fabric, oversubscription=1.0)
+    if (ref.n_ranks, ref.ranks_per_node, ref.n_nodes) == (n, group.ranks_per_node, group.n_nodes) and (
+            fabric.oversubscription == 1.0 or ref.tier == "intra_node"):
         return seg.alpha_s + bus_factor(curve.kind, n) * size / seg.busbw_bytes_per_s
     latency_scale = ring_steps(curve.kind, n) / max(ring_steps(curve.kind, ref.n_ranks), 1)
-    bandwidth_scale = flat_bus_bandwidth(curve.kind, group, fabric) / flat_bus_bandwidth(curve.kind, ref, fabric)
+    ref_busbw = flat_bus_bandwidth(curve.kind, ref, measured_on)
+    bandwidth_scale = flat_bus_bandwidth(curve.kind, group, fabric) / ref_busbw
     ring = seg.alpha_s * latency_scale + bus_factor(curve.kind, n) * size / (seg.busbw_bytes_per_s * bandwidth_scale)
     # Away from the measured placement NCCL's tuner may pick another algorithm (tree, hierarchical: far fewer latency
     # steps on large groups). Those are priced analytically on tiers derated by the curve's measured efficiency.
-    eff = min(1.0, seg.busbw_bytes_per_s / flat_bus_bandwidth(curve.kind, ref, fabric))
+    eff = min(1.0, seg.busbw_bytes_per_s / ref_busbw)
     derated = replace(fabric, intra=TierParams(fabric.intra.alpha_s, fabric.intra.beta_bytes_per_s * eff),
                       inter=TierParams(fabric.inter.alpha_s, fabric.inter.beta_bytes_per_s * eff))
     others = [t for name, t in algorithm_times_s(curve.kind, size, group, derated).items() if name != "ring"]
@@ -356,6 +361,7 @@ def tier_from_curve(curve: MeasuredCurve, fabric: Fabric) -> TierParams:
     ref = curve.placement
     alpha = curve.segments[0].alpha_s / max(ring_steps(curve.kind, ref.n_ranks), 1)
     busbw = curve.segments[-1].busbw_bytes_per_s
+    fabric = replace(fabric, oversubscription=1.0)  # a sweep runs under one leaf (_scaled_segment_time_s)
     if ref.tier == "intra_node":
         unit = replace(fabric, intra=TierParams(alpha, 1.0))
         per_unit = unit.intra_bandwidth(ref.ranks_per_node) if curve.kind != "send_recv" else unit.pair_bandwidth(True)

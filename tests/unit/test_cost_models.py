@@ -214,3 +214,29 @@ def test_roofline_says_when_it_runs_at_the_datasheet_peak(tmp_path: Path) -> Non
     assert RooflineCostModel(MI300X).provenance(op) == "roofline" and RooflineCostModel(MI300X).has_curve(op)
     mem = Op("m", "memory_bound", "F", bytes_read=1e9)
     assert "no efficiency curve" in bare.provenance(mem)
+
+
+
+def _calibrated(device: str, topology: str, oversubscription: float) -> CostModel:
+    from projection import api
+    from projection.perf import default_cost_model
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3.1_70B-mi300x.yaml"
+    return default_cost_model(api.load(example, hardware=device, nodes=8, overrides={
+        "cluster.inter_node_topology": topology, "cluster.oversubscription": oversubscription}))
+
+
+@pytest.mark.parametrize("device", ["mi300x", "h100-sxm"])
+def test_oversubscription_divides_measured_and_analytic_inter_node_bandwidth(device: str) -> None:
+    """A measured inter-node sweep (mi300x) is taken under one leaf: a 4:1 upper tier slows whatever crosses it,
+    as it does on the analytic tiers (h100-sxm). Large messages are bandwidth-bound, so the time goes up ~4x."""
+    ring = GroupPlacement(8, 1, 8)  # one GPU per node: the ring's inter-node hops carry all of it
+    cross = GroupPlacement(16, 2, 8, rail_aligned=False)
+    free, fat, rail = (_calibrated(device, topo, ov) for topo, ov in
+                       (("fat_tree", 1.0), ("fat_tree", 4.0), ("rail_optimized", 4.0)))
+    size = 8 * 2**30
+    t0 = free.collective_seconds("all_reduce", size, ring)
+    assert fat.collective_seconds("all_reduce", size, ring) == pytest.approx(4 * t0, rel=0.05)
+    assert rail.collective_seconds("all_reduce", size, ring) == pytest.approx(t0, rel=1e-9)  # rail-aligned: leaf
+    a2a = [m.collective_seconds("all_to_all", size, cross) for m in (free, fat, rail)]
+    assert a2a[1] == pytest.approx(a2a[2], rel=1e-9) and a2a[1] > 3 * a2a[0]
