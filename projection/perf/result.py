@@ -127,7 +127,7 @@ class Projection:
                  f"hardware TFLOP/s/GPU {self.hardware_tflops_per_gpu:.1f}   HFU {100 * self.hfu:.1f}% "
                  "(recompute counted)",
                  f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%   (Primus pp_vis: the share of the "
-                 "simulated step the ranks are not computing, exposed communication included)", "",
+                 "step outside F/B/W actions; in-layer communication counts as busy)", "",
                  f"breakdown (pp rank {self.breakdown_rank}, seconds per step)"]
         for k in BREAKDOWN_KEYS:
             v = self.breakdown_s[k]
