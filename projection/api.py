@@ -38,8 +38,14 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     nodes and the device's usual GPUs per node.
     """
     ov = dict(overrides) if isinstance(overrides, Mapping) else parse_set(list(overrides or ()))
+    # `cluster.*` is projection's own key in every format (no Primus, Megatron or TorchTitan file has it): applied
+    # after loading, so a Primus experiment does not merge it away and a TorchTitan TOML does not take it for a section
+    cluster = {str(k): v for k, v in ov.items() if str(k).startswith("cluster.")}
+    ov = {k: v for k, v in ov.items() if str(k) not in cluster}
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
                    models_dir=models_dir, env=env or {})
+    for key, value in cluster.items():
+        raw.set(key, value, Origin("command line", None, f"--set {key}"))
     if hardware is not None:
         raw.set("cluster.hardware", hardware, Origin("command line", None, "--hardware"))
     if nodes is not None:
