@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from projection.perf.action_time import Item, run, sync
+from projection.specs.scenario import Scenario
 from projection.workload.ops import Op
 
 CHECKS = ("isnan", "isinf")
@@ -39,3 +40,27 @@ def grad_check_items(bucket_bytes: Sequence[float], compute_s: Callable[[Op], fl
         items.append(run(category, compute_s(op)))
         items += scalar_check_items(f"grad_bucket{i}", compute_s)
     return items
+
+
+# The op after which a MoE layer's forward reads its token counts on the host (ops_mlp.moe_pieces: the router's top-k).
+ROUTER_COUNTS = "moe.router.topk"
+
+
+def token_count_syncs(scenario: Scenario) -> frozenset[str]:
+    """Ops after which the host waits for the GPU to read a MoE layer's token counts, once per forward (recomputed
+    forwards too): what the token dispatcher needs on the host to size its exchange.
+    - Megatron all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher
+      .preprocess): the per-rank splits are copied to the host and `_maybe_dtoh_and_synchronize` waits on that copy
+      at its `cuda_sync_point` (`before_ep_alltoall` with ep or tp > 1, else `before_finish`);
+    - Megatron allgather dispatcher (MoEAllGatherTokenDispatcher.dispatch_postprocess): `tokens_per_expert
+      ... .cpu()`;
+    - TorchTitan with expert parallelism (torchtitan/distributed/expert_parallel.py, token dispatch): the output
+      splits `.to("cpu", non_blocking=False)`, "this would incur a device-to-host sync"; without EP its grouped GEMM
+      takes the counts on the device.
+    Megatron's flex dispatcher (DeepEP / HybridEP) is not modelled here."""
+    model, training, plan = scenario.model, scenario.training, scenario.plan
+    if model.moe is None:
+        return frozenset()
+    if "torchtitan" in scenario.framework:
+        return frozenset({ROUTER_COUNTS}) if plan.ep > 1 else frozenset()
+    return frozenset() if training.kernels.moe_token_dispatcher == "flex" else frozenset({ROUTER_COUNTS})

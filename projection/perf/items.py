@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from projection.perf.action_time import Item, blocking, launch, pipelined_exposed_s, run, wait
+from projection.perf.action_time import Item, blocking, launch, pipelined_exposed_s, run, sync, wait
 from projection.specs.plan import ParallelPlan
 from projection.workload.ops import Op
 
@@ -75,10 +75,12 @@ class ItemBuilder:
     """Builds items for one plan. `compute_s(op)` prices a compute op; `coll_s(op)` one invocation of a collective
     op over its group's placement."""
 
-    def __init__(self, plan: ParallelPlan, compute_s: Callable[[Op], float], coll_s: Callable[[Op], float]) -> None:
+    def __init__(self, plan: ParallelPlan, compute_s: Callable[[Op], float], coll_s: Callable[[Op], float],
+                 sync_after: frozenset[str] = frozenset()) -> None:
         self.plan = plan
         self.compute_s = compute_s
         self.coll_s = coll_s
+        self.sync_after = sync_after  # op names whose result the host reads (a synchronisation) before going on
         self.token = 0
 
     def _next(self) -> int:
@@ -125,6 +127,8 @@ class ItemBuilder:
                 if op.name in before:
                     out.append(wait(before.pop(op.name)))
                 out.append(run("recompute" if op.recompute else op.kind, self.compute_s(op), op.count))
+                if op.name in self.sync_after:
+                    out.append(sync())
                 if after_next:
                     out.append(wait(*after_next))
                     after_next = []

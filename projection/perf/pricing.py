@@ -33,7 +33,7 @@ from projection.cost.collectives import GroupPlacement
 from projection.cost.model import CostModel
 from projection.memory.estimate import layer_offload_splits
 from projection.perf.action_time import ActionTime, add_times, run_items
-from projection.perf.checks import scalar_check_items
+from projection.perf.checks import scalar_check_items, token_count_syncs
 from projection.perf.costmodel import framework_host_factors, host_issue
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
 from projection.perf.placement import boundary_placement, expert_dp_placement, op_placements, shard_placements
@@ -178,7 +178,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
                                                                                                           "dp"])
         return coll_memo[key]
 
-    builder = ItemBuilder(plan, compute_s, coll_s)
+    builder = ItemBuilder(plan, compute_s, coll_s, token_count_syncs(scenario))
     fsdp = _FsdpSizes(scenario, cost_model)
     prov: dict[str, float] = {}
     out = []

@@ -283,6 +283,35 @@ def test_notes_say_what_is_projected_as_something_else() -> None:
                      "dispatcher: the same bytes, not the same kernels",)
 
 
+def test_moe_forward_reads_its_token_counts_on_the_host_once_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megatron's all-to-all and allgather dispatchers and TorchTitan's expert-parallel dispatch read the token
+    counts on the host in every MoE forward (a synchronisation: one host-read item more per layer, in a recomputed
+    forward too); Megatron's flex dispatcher and TorchTitan without EP do not (perf/checks.token_count_syncs)."""
+    from projection.perf import checks, pricing
+
+    base = scenario(hidden=256, layers=2, moe=True, gbs=16, recompute="full")
+
+    def variant(framework: str, dispatcher: str = "alltoall", ep: int = 2) -> Scenario:
+        kernels = base.training.kernels.model_copy(update={"moe_token_dispatcher": dispatcher})
+        return base.model_copy(update={"framework": framework, "plan": base.plan.model_copy(update={"ep": ep}),
+                                       "training": base.training.model_copy(update={"kernels": kernels})})
+
+    syncing = [variant("megatron"), variant("megatron", "allgather"), variant("torchtitan")]
+    assert all(checks.token_count_syncs(sc) == {"moe.router.topk"} for sc in syncing)
+    assert checks.token_count_syncs(variant("megatron", "flex")) == frozenset()
+    assert checks.token_count_syncs(variant("torchtitan", ep=1)) == frozenset()
+
+    def counts(sc: Scenario) -> tuple[int, int]:
+        stage = price_stages(sc, default_cost_model(sc)).stages[0]
+        return stage.f.kernels, stage.b.kernels
+
+    with_reads = counts(syncing[0])
+    monkeypatch.setattr(pricing, "token_count_syncs", lambda sc: frozenset())
+    without = counts(syncing[0])
+    layers = base.model.num_layers
+    assert (with_reads[0] - without[0], with_reads[1] - without[1]) == (layers, layers)
+
+
 # ---- the action model
 
 def test_a_host_sync_drains_the_gpu_before_the_next_issue() -> None:
