@@ -40,6 +40,11 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     ov = dict(overrides) if isinstance(overrides, Mapping) else parse_set(list(overrides or ()))
     # `cluster.*` is projection's own key in every format (no Primus, Megatron or TorchTitan file has it): applied
     # after loading, so a Primus experiment does not merge it away and a TorchTitan TOML does not take it for a section
+    nested = ov.pop("cluster", None)  # a mapping from Python ({"cluster": {"oversubscription": 4}})
+    if isinstance(nested, Mapping):
+        ov.update({f"cluster.{k}": v for k, v in nested.items()})
+    elif nested is not None:
+        ov["cluster"] = nested  # not a mapping: left for the loader to refuse
     cluster = {str(k): v for k, v in ov.items() if str(k).startswith("cluster.")}
     ov = {k: v for k, v in ov.items() if str(k) not in cluster}
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,

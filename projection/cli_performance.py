@@ -142,6 +142,10 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     if args.png and not args.scaling:
         problems.append(Problem("--png plots a scaling table", key="--png", file=COMMAND_LINE, fix="add --scaling "
                                 "1,2,4,... (or drop --png; `projection schedule --png` draws a timeline)"))
+    if args.scaling and args.target_nodes is not None:
+        problems.append(Problem("--target-nodes and --scaling cannot be combined: each --scaling count is a target",
+                                key="--target-nodes", file=COMMAND_LINE,
+                                fix="list the node counts in --scaling (with --nodes as the starting point if needed)"))
     if args.scaling and args.schedule == "all":
         problems.append(Problem("--scaling and --schedule all cannot be combined", key="--schedule",
                                 file=COMMAND_LINE, fix="compare schedules at one node count, or scale one schedule"))

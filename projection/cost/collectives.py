@@ -154,14 +154,6 @@ class MeasuredCurve:
     def placement(self) -> GroupPlacement:
         return GroupPlacement(self.n_ranks, self.ranks_per_node, self.n_nodes)
 
-    def segment(self, size_bytes: float) -> CurveSegment:
-        """The segment whose size range holds size_bytes (the first one below its start)."""
-        chosen = self.segments[0]
-        for seg in self.segments[1:]:
-            if size_bytes >= seg.min_bytes:
-                chosen = seg
-        return chosen
-
     def time_s(self, size_bytes: float) -> float:
         """Seconds at the measured placement."""
         return self.priced(size_bytes, lambda seg, s: seg.alpha_s + bus_factor(self.kind, self.n_ranks) * s
@@ -337,14 +329,16 @@ def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float,
     n = group.n_ranks
     # A sweep is taken on a few nodes under one leaf switch: its bandwidth carries no oversubscription of the upper
     # tier, which the cluster's own oversubscription then divides wherever the group's traffic crosses that tier.
-    measured_on = replace(fabric, oversubscription=1.0)
-    if (ref.n_ranks, ref.ranks_per_node, ref.n_nodes) == (n, group.ranks_per_node, group.n_nodes) and (
-            fabric.oversubscription == 1.0 or ref.tier == "intra_node"):
+    measured_on = fabric if fabric.oversubscription == 1.0 else replace(fabric, oversubscription=1.0)
+    same = (ref.n_ranks, ref.ranks_per_node, ref.n_nodes) == (n, group.ranks_per_node, group.n_nodes)
+    if same and measured_on is fabric:
         return seg.alpha_s + bus_factor(curve.kind, n) * size / seg.busbw_bytes_per_s
     latency_scale = ring_steps(curve.kind, n) / max(ring_steps(curve.kind, ref.n_ranks), 1)
     ref_busbw = flat_bus_bandwidth(curve.kind, ref, measured_on)
     bandwidth_scale = flat_bus_bandwidth(curve.kind, group, fabric) / ref_busbw
     ring = seg.alpha_s * latency_scale + bus_factor(curve.kind, n) * size / (seg.busbw_bytes_per_s * bandwidth_scale)
+    if same:  # the measured algorithm at its own placement: only the upper tier's oversubscription slows it
+        return ring
     # Away from the measured placement NCCL's tuner may pick another algorithm (tree, hierarchical: far fewer latency
     # steps on large groups). Those are priced analytically on tiers derated by the curve's measured efficiency.
     eff = min(1.0, seg.busbw_bytes_per_s / ref_busbw)

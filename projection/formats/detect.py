@@ -37,8 +37,8 @@ def detect_format(path: Path) -> str:
                 return "megatron"  # a flat file of Megatron argument names, e.g. a models/ preset
         raise ConfigError(Problem(
             "cannot tell which format this YAML is", file=str(path),
-            fix="a Primus experiment has 'modules:', a Megatron test config 'MODEL_ARGS:', a native scenario "
-                "'model:' with 'training:'/'plan:'/'cluster:'"))
+            fix="a Primus experiment has 'modules:' (a Primus model preset 'extends:' or num_layers / hidden_size), "
+                "a Megatron test config 'MODEL_ARGS:', a native scenario 'model:' with 'training:'/'plan:'/'cluster:'"))
     if "--" in text:
         return "megatron"  # a plain file of Megatron flags
     raise ConfigError(Problem("unrecognised config file", file=str(path),

@@ -287,7 +287,7 @@ def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *
         sub = Tracked(block, {p[len(prefix):]: o for p, o in exp.origins.items()
                               if len(p) > len(prefix) and p[:len(prefix)] == prefix})
         merge_into(merged, sub, null_to_none=True)
-    merge_into(merged, _cli_layer(overrides or {}, name), null_to_none=True)
+    merge_into(merged, cli_layer(overrides or {}, name), null_to_none=True)
     return PrimusExperiment(framework=fw, module=name, params=merged.data, source=str(path),
                             origins={".".join(p): o for p, o in merged.origins.items()})
 
@@ -388,7 +388,7 @@ def _missing(exp: Tracked, path: KeyPath, what: str, name: str, known: list[str]
     return ConfigError(_problem(exp, path, f"{what} {name!r} not found in {where}; available: {listing}", fix))
 
 
-def _cli_layer(overrides: Mapping[str, Any], module: str) -> Tracked:
+def cli_layer(overrides: Mapping[str, Any], module: str) -> Tracked:
     """`--set` values as a Tracked layer; dotted keys nest, `modules.<module>.[overrides.]` prefixes are dropped."""
     entries = []
     for dotted, value in overrides.items():

@@ -17,7 +17,7 @@ from typing import Any
 from projection.errors import ConfigError, Problem
 from projection.formats.megatron import args_to_raw
 from projection.formats.primus import (
-    _cli_layer,
+    cli_layer,
     combine_module_and_model,
     from_layers,
     load_primus_yaml,
@@ -57,6 +57,6 @@ def load_primus_preset(path: Path, overrides: Mapping[str, Any] | None = None, *
         model.data["model"] = Path(path).name
         model.origins[("model",)] = Origin(str(path), None, "model")
     merged = combine_module_and_model(module, model)
-    merge_into(merged, _cli_layer(overrides or {}, MODULE), null_to_none=True)
+    merge_into(merged, cli_layer(overrides or {}, MODULE), null_to_none=True)
     return args_to_raw(merged.data, {".".join(p): o for p, o in merged.origins.items()}, source=str(path),
                        framework="primus-megatron")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from projection.perf.action_time import Item, run, sync
 from projection.specs.scenario import Scenario
 from projection.workload.ops import Op
+from projection.workload.ops_mlp import ROUTER_TOPK
 
 CHECKS = ("isnan", "isinf")
 
@@ -42,10 +43,6 @@ def grad_check_items(bucket_bytes: Sequence[float], compute_s: Callable[[Op], fl
     return items
 
 
-# The op after which a MoE layer's forward reads its token counts on the host (ops_mlp.moe_pieces: the router's top-k).
-ROUTER_COUNTS = "moe.router.topk"
-
-
 def token_count_syncs(scenario: Scenario) -> frozenset[str]:
     """Ops after which the host waits for the GPU to read a MoE layer's token counts, once per forward (recomputed
     forwards too): what the token dispatcher needs on the host to size its exchange.
@@ -57,10 +54,15 @@ def token_count_syncs(scenario: Scenario) -> frozenset[str]:
     - TorchTitan with expert parallelism (torchtitan/distributed/expert_parallel.py, token dispatch): the output
       splits `.to("cpu", non_blocking=False)`, "this would incur a device-to-host sync"; without EP its grouped GEMM
       takes the counts on the device.
-    Megatron's flex dispatcher (DeepEP / HybridEP) is not modelled here."""
+    Not: the all-to-all dispatcher padding every expert to its capacity (`drop_and_pad`: the counts are known on the
+    host), nor Megatron's flex dispatcher (DeepEP / HybridEP), not modelled here. Native and HF scenarios follow
+    Megatron's rule."""
     model, training, plan = scenario.model, scenario.training, scenario.plan
     if model.moe is None:
         return frozenset()
     if "torchtitan" in scenario.framework:
-        return frozenset({ROUTER_COUNTS}) if plan.ep > 1 else frozenset()
-    return frozenset() if training.kernels.moe_token_dispatcher == "flex" else frozenset({ROUTER_COUNTS})
+        return frozenset({ROUTER_TOPK}) if plan.ep > 1 else frozenset()
+    dispatcher = training.kernels.moe_token_dispatcher
+    if dispatcher == "flex" or (dispatcher == "alltoall" and model.moe.pad_to_capacity):
+        return frozenset()
+    return frozenset({ROUTER_TOPK})

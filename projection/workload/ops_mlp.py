@@ -72,6 +72,9 @@ def grouped_linear(name: str, d: Dims, groups: int, rows: int, n_out: int, k_in:
     return Piece(tag, tuple(fwd), tuple(bwd))
 
 
+# The router's top-k: the op whose token counts a MoE dispatcher reads on the host (perf/checks.token_count_syncs).
+ROUTER_TOPK = "moe.router.topk"
+
 def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     """Router, dispatch, routed experts, combine and shared experts of one MoE layer (tags 'moe', 'moe_act',
     'shared_experts': the Megatron recompute module names)."""
@@ -84,7 +87,7 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     branches = 2 if model.gated_mlp else 1
     fe = moe.expert_ffn_hidden_size // d.etp
     router = [linear("moe.router", d, tl, e, h, dtype=d.act, tag="moe"),
-              Piece("moe", (mem("moe.router.topk", "F", tl * e * 4, tl * e * 4 + moe.top_k * tl * 8, "fp32", "moe"),),
+              Piece("moe", (mem(ROUTER_TOPK, "F", tl * e * 4, tl * e * 4 + moe.top_k * tl * 8, "fp32", "moe"),),
                     (mem("moe.router.topk.bwd", "I", 2 * tl * e * 4, tl * e * 4, "fp32", "moe"),))]
     experts = [grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
                pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act", fn=d.act_fn, width=fe),

@@ -49,3 +49,28 @@ def test_the_reported_boundaries(device: str) -> None:
     for where, lo, hi in ((GroupPlacement(8, 1, 8), 357.1 * 2**20, 372.2 * 2**20),
                           (GroupPlacement(8, 8, 1), 44.6 * 2**20, 46.5 * 2**20)):
         assert cm.collective_seconds("all_reduce", hi, where) >= cm.collective_seconds("all_reduce", lo, where)
+
+
+def _oversubscribed(device: str, topology: str, ratio: float) -> CostModel:
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml"
+    return default_cost_model(api.load(example, hardware=device, nodes=8, overrides={
+        "cluster.inter_node_topology": topology, "cluster.oversubscription": ratio}))
+
+
+OVER = {(d, t): (_oversubscribed(d, t, 1.0), _oversubscribed(d, t, 4.0))
+        for d in ("mi300x", "mi355x", "h100-sxm") for t in ("rail_optimized", "fat_tree")}
+CROSS = [*PLACEMENTS, GroupPlacement(16, 2, 8, rail_aligned=False)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(sorted(OVER)), kind=st.sampled_from(KINDS[:5]), where=st.sampled_from(CROSS),
+       size=st.floats(min_value=1e3, max_value=3e10))
+def test_oversubscription_never_lowers_a_price(key: tuple[str, str], kind: CollectiveKind, where: GroupPlacement,
+                                               size: float) -> None:
+    """A 4:1 upper tier can only slow a collective, the measured sweep's own placement (16 ranks on 2 nodes)
+    included; rail-aligned traffic on a rail-optimised fabric does not cross it at all."""
+    free, tight = OVER[key]
+    a, b = free.collective_seconds(kind, size, where), tight.collective_seconds(kind, size, where)
+    assert b >= a * (1 - 1e-12), (key, kind, where, size, a, b)
+    if key[1] == "rail_optimized" and where.rail_aligned:
+        assert b == pytest.approx(a, rel=1e-12)

@@ -91,6 +91,11 @@ def test_scaling_count_whose_dp_does_not_divide_the_batch(capsys: pytest.Capture
     assert f"{L70}: key '--scaling': at 12 nodes (dp 3)" in err and "training.global_batch_size" in err
 
 
+def test_target_nodes_with_scaling_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(capsys, "performance", "--config", E8, "--target-nodes", "4", "--scaling", "1,2")
+    assert "<command line>: key '--target-nodes'" in err and "--scaling" in err
+
+
 def test_scaling_hint_with_one_node_is_singular(capsys: pytest.CaptureFixture[str]) -> None:
     # gbs 2 with mbs 1 and dp 2 per node: only the 1-node layout holds the batch
     err = fails(capsys, "performance", "--config", E8, "--set", "training.global_batch_size=2", "--scaling", "1,2")

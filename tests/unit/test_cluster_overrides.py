@@ -34,3 +34,12 @@ def test_misspelt_cluster_key_is_named() -> None:
     with pytest.raises(ConfigError) as info:
         api.load(REPO / "examples" / "llama3_8b_inline.yaml", overrides=["cluster.oversubscripton=4"])
     assert "cluster.oversubscripton" in str(info.value)
+
+
+def test_nested_mapping_and_flag_precedence() -> None:
+    example = REPO / "examples" / "llama3_8b_inline.yaml"
+    sc = api.load(example, overrides={"cluster": {"oversubscription": 4, "inter_node_topology": "fat_tree"}})
+    assert (sc.cluster.oversubscription, sc.cluster.inter_node_topology) == (4.0, "fat_tree")
+    # --nodes (and --hardware, --gpus-per-node) win over --set cluster.*
+    sc = api.load(example, nodes=2, overrides=["cluster.nodes=4"])
+    assert sc.cluster.nodes == 2

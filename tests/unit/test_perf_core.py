@@ -300,6 +300,9 @@ def test_moe_forward_reads_its_token_counts_on_the_host_once_per_layer(monkeypat
     assert all(checks.token_count_syncs(sc) == {"moe.router.topk"} for sc in syncing)
     assert checks.token_count_syncs(variant("megatron", "flex")) == frozenset()
     assert checks.token_count_syncs(variant("torchtitan", ep=1)) == frozenset()
+    padded = base.model.moe.model_copy(update={"capacity_factor": 1.0, "pad_to_capacity": True})  # type: ignore[union-attr]
+    drop_and_pad = variant("megatron").model_copy(update={"model": base.model.model_copy(update={"moe": padded})})
+    assert checks.token_count_syncs(drop_and_pad) == frozenset()  # the counts are the capacity, known on the host
 
     def counts(sc: Scenario) -> tuple[int, int]:
         stage = price_stages(sc, default_cost_model(sc)).stages[0]
