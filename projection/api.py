@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from projection.errors import COMMAND_LINE
+from projection.errors import COMMAND_LINE, count_of
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
 from projection.memory.report import MemoryReport
@@ -59,7 +59,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw.set("cluster.gpus_per_node", gpus_per_node, Origin("command line", None, "--gpus-per-node"))
     if raw.get("cluster.nodes") is None:
         raw.set("cluster.nodes", default_nodes,
-                Origin(f"default ({default_nodes} node{'s' if default_nodes > 1 else ''}; --nodes to change)"))
+                Origin(f"default ({count_of(default_nodes, 'node')}; --nodes to change)"))
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
     origin = raw.origins.get("cluster.hardware")  # an unknown name is reported where it was written

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 COMMAND_LINE = "<command line>"  # the `file` of a Problem about a command-line flag or --set value
 
 
+def count_of(n: int, noun: str) -> str:
+    """'1 node', '4 nodes': a count in a message."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with the input: where (file, key, line), what, and how to fix it."""

@@ -54,10 +54,7 @@ def load_raw(path: Path, overrides: Mapping[str, Any] | None = None, *, fmt: str
     ov = dict(overrides or {})
     if fmt == "primus":
         from projection.formats.primus import load_primus
-        from projection.formats.primus_preset import is_model_preset, load_primus_preset
 
-        if path.suffix.lower() in (".yaml", ".yml") and is_model_preset(load_yaml(path, read_text(path))[0]):
-            return load_primus_preset(path, ov, primus_root=primus_root, env=env)
         return load_primus(path, ov, primus_root=primus_root, models_dir=models_dir, env=env)
     if fmt == "megatron":
         from projection.formats.megatron import load_megatron

@@ -260,6 +260,10 @@ def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *
                                   fix="give the root of a Primus checkout (the folder that holds primus/configs), or "
                                   "drop --primus-root to use the built-in Primus defaults"))
     exp = load_primus_yaml(Path(path), env)
+    if "modules" not in exp.data:  # a model preset given directly: detect_format sent it here for its `extends:`
+        from projection.formats.primus_preset import resolve_preset
+
+        return resolve_preset(exp, Path(path), overrides or {}, primus_root=primus_root, env=env)
     name = _pick_trainer(exp, str(path))
     at: KeyPath = ("modules", name)
     module = exp.data["modules"][name]
@@ -272,23 +276,30 @@ def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *
                                    "describe other jobs in a native scenario YAML"))
     config = _yaml_name(_required_str(exp, module, at, "config", "config: pre_trainer.yaml"))
     model_name = _yaml_name(_required_str(exp, module, at, "model", "model: llama3.1_8B.yaml"))
-    merged = _module_config(exp, at, fw, config, primus_root, env)
-    model = _model_preset(exp, at, fw, model_name, primus_root, models_dir, env)
-    if "model" not in model.data:  # Primus names the model after its preset file when the preset does not
-        model.data["model"] = model_name
-        model.origins[("model",)] = exp.origins[(*at, "model")]
-    merged = combine_module_and_model(merged, model)
     block = module.get("overrides")
+    if block is not None and not isinstance(block, dict):
+        raise ConfigError(_problem(exp, (*at, "overrides"), "overrides must be a mapping of keys",
+                                   "write overrides as indented `key: value` lines"))
+    prefix = (*at, "overrides")
+    sub = None if block is None else Tracked(block, {p[len(prefix):]: o for p, o in exp.origins.items()
+                                                     if len(p) > len(prefix) and p[:len(prefix)] == prefix})
+    return assemble(_module_config(exp, at, fw, config, primus_root, env),
+                    _model_preset(exp, at, fw, model_name, primus_root, models_dir, env),
+                    model_name, exp.origins[(*at, "model")], fw, name, overrides or {}, str(path), sub)
+
+
+def assemble(module: Tracked, model: Tracked, model_name: str, name_origin: Origin, framework: str, trainer: str,
+             overrides: Mapping[str, Any], source: str, block: Tracked | None = None) -> PrimusExperiment:
+    """Steps 2-3 of the module docstring: the model preset under the module config, then the experiment's
+    `overrides` block and `--set` values. Primus names the model after its preset file when the preset does not."""
+    if "model" not in model.data:
+        model.data["model"] = model_name
+        model.origins[("model",)] = name_origin
+    merged = combine_module_and_model(module, model)
     if block is not None:
-        if not isinstance(block, dict):
-            raise ConfigError(_problem(exp, (*at, "overrides"), "overrides must be a mapping of keys",
-                                       "write overrides as indented `key: value` lines"))
-        prefix = (*at, "overrides")
-        sub = Tracked(block, {p[len(prefix):]: o for p, o in exp.origins.items()
-                              if len(p) > len(prefix) and p[:len(prefix)] == prefix})
-        merge_into(merged, sub, null_to_none=True)
-    merge_into(merged, cli_layer(overrides or {}, name), null_to_none=True)
-    return PrimusExperiment(framework=fw, module=name, params=merged.data, source=str(path),
+        merge_into(merged, block, null_to_none=True)
+    merge_into(merged, cli_layer(overrides, trainer), null_to_none=True)
+    return PrimusExperiment(framework=framework, module=trainer, params=merged.data, source=source,
                             origins={".".join(p): o for p, o in merged.origins.items()})
 
 

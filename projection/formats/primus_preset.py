@@ -1,11 +1,12 @@
 """A Primus model preset given directly as the config (`primus/configs/models/megatron/<name>.yaml`, e.g.
-`mixtral_8x7B_v0.1.yaml`), loaded as the experiment that names it would build it:
+`mixtral_8x7B_v0.1.yaml`), resolved as the experiment that names it would build it:
 `modules: {pre_trainer: {framework: megatron, config: pre_trainer.yaml, model: <name>.yaml}}`.
 
-The preset's `extends` chain is resolved the way Primus does (projection/formats/primus.py: paths relative to the
-including file, deep-merged, the file's own keys on top), laid under the Megatron pre-trainer module config (the
-module winning, as in Primus parser.py), then `--set` values on top. Module defaults come from a Primus checkout with
-`--primus-root`, else from the built-in Primus defaults (projection/formats/primus_defaults.py).
+`projection.formats.primus.resolve_experiment` sends a Primus YAML without `modules:` here, its `extends` chain
+already resolved the way Primus does (paths relative to the including file, deep-merged, the file's own keys on top).
+It is laid under the Megatron pre-trainer module config (the module winning, as in Primus parser.py), then `--set`
+values go on top (`primus.assemble`). Module defaults come from a Primus checkout with `--primus-root`, else from the
+built-in Primus defaults (projection/formats/primus_defaults.py).
 """
 
 from __future__ import annotations
@@ -15,30 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
-from projection.formats.megatron import args_to_raw
-from projection.formats.primus import (
-    cli_layer,
-    combine_module_and_model,
-    from_layers,
-    load_primus_yaml,
-    merge_into,
-)
+from projection.formats.primus import PrimusExperiment, Tracked, assemble, from_layers, load_primus_yaml
 from projection.formats.primus_defaults import MODULE_CONFIGS
-from projection.specs.scenario import Origin, RawScenario
+from projection.specs.scenario import Origin
 
 MODULE = "pre_trainer"
 CONFIG = "pre_trainer.yaml"
 
 
-def is_model_preset(data: Any) -> bool:
-    """A Primus YAML that is not an experiment (no `modules:`) but pulls in other files with `extends:`."""
-    return isinstance(data, dict) and "extends" in data and "modules" not in data and "MODEL_ARGS" not in data
-
-
-def load_primus_preset(path: Path, overrides: Mapping[str, Any] | None = None, *, primus_root: Path | None = None,
-                       env: Mapping[str, str] | None = None) -> RawScenario:
-    env = env or {}
-    model = load_primus_yaml(Path(path), env)
+def resolve_preset(model: Tracked, path: Path, overrides: Mapping[str, Any], *, primus_root: Path | None,
+                   env: Mapping[str, str]) -> PrimusExperiment:
+    """The Megatron trainer config of the experiment naming this preset (`model`: the preset, extends resolved)."""
     if not ("num_layers" in model.data and "hidden_size" in model.data):
         raise ConfigError(Problem(
             "this Primus YAML has `extends:` but no `modules:`, and its extends chain sets no num_layers / "
@@ -53,10 +41,5 @@ def load_primus_preset(path: Path, overrides: Mapping[str, Any] | None = None, *
         module = load_primus_yaml(module_file, env)
     else:
         module = from_layers(MODULE_CONFIGS[("megatron", CONFIG)])
-    if "model" not in model.data:  # Primus names the model after its preset file when the preset does not
-        model.data["model"] = Path(path).name
-        model.origins[("model",)] = Origin(str(path), None, "model")
-    merged = combine_module_and_model(module, model)
-    merge_into(merged, cli_layer(overrides or {}, MODULE), null_to_none=True)
-    return args_to_raw(merged.data, {".".join(p): o for p, o in merged.origins.items()}, source=str(path),
-                       framework="primus-megatron")
+    return assemble(module, model, path.name, Origin(str(path), None, "model"), "megatron", MODULE, overrides,
+                    str(path))

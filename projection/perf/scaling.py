@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from projection.cost.model import CostModel
-from projection.errors import PlanError, Problem
+from projection.errors import PlanError, Problem, count_of
 from projection.perf.project import Engine, project
 from projection.perf.result import Projection
 from projection.specs.plan import ParallelPlan
@@ -22,7 +22,7 @@ from projection.specs.validate import layout_problems
 
 
 def _n(nodes: int) -> str:
-    return f"{nodes} node" + ("" if nodes == 1 else "s")
+    return count_of(nodes, "node")
 
 
 def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan | None, TrainingSpec]:

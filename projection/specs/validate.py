@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from projection.errors import Problem
+from projection.errors import Problem, count_of
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import TrainingSpec
@@ -57,10 +57,12 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         if plan.dp is not None and (tp * plan.cp * plan.dp) % (plan.etp_ * plan.ep):
             origin = raw.origins.get("cluster.nodes")
             assumed = origin is not None and origin.file.startswith("default")
+            nodes = int(raw.get("cluster.nodes") or 1)
             bad("plan.ep", f"etp * ep = {plan.etp_} * {plan.ep} does not divide tp * cp * dp = "
                 f"{tp * plan.cp * plan.dp} (Megatron expert grid: world = etp*ep*edp*pp; world {world})",
                 "choose ep and etp whose product divides the non-pipeline ranks" + (
-                    f"; the file does not give the cluster size and {_nodes(raw.get('cluster.nodes'))} assumed: "
+                    f"; the file does not give the cluster size and {count_of(nodes, 'node')} "
+                    f"{'was' if nodes == 1 else 'were'} assumed: "
                     "give it with --nodes" if assumed else ""))
         if model.moe.expert_ffn_hidden_size % plan.etp_:
             bad("plan.etp", f"etp = {plan.etp_} does not divide the expert FFN size "
@@ -113,7 +115,3 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "
             "layer_ids", "set recompute method and num_layers")
     return out
-
-
-def _nodes(n: object) -> str:
-    return "1 node was" if n == 1 else f"{n} nodes were"
