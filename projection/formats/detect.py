@@ -57,7 +57,7 @@ def load_raw(path: Path, overrides: Mapping[str, Any] | None = None, *, fmt: str
 
         return load_primus(path, ov, primus_root=primus_root, models_dir=models_dir, env=env)
     if fmt == "megatron":
-        from projection.formats.megatron import load_megatron
+        from projection.formats.megatron_files import load_megatron
 
         return load_megatron(path, ov, env=env)
     if fmt == "torchtitan":

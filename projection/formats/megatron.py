@@ -2,8 +2,8 @@
 
 `args_to_raw` maps argparse dests (underscored names, as in a Primus YAML or an `args` namespace) to the canonical key
 space, applying Megatron's argparse defaults and `validate_args` derivations (config-formats.md §1.2-1.9).
-`load_megatron` reads the files those args come in: a functional-test `model_config.yaml` (`MODEL_ARGS:` flag ->
-value), a flat YAML of dest names (a models/ preset), a bash launch script, or a plain file of flags.
+The files those args come in (a functional-test `model_config.yaml`, a flat YAML of dest names, a bash launch
+script, a plain file of flags) are read by `projection.formats.megatron_files.load_megatron`.
 
 Documented choices:
 * NullTokenizer: up to Megatron commit c9dfe34 (2026-04-22) it reports `--vocab-size` + 1 (an EOD id); from then on
@@ -26,26 +26,17 @@ Documented choices:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from projection.errors import ConfigError, Problem
-from projection.formats.common import load_yaml, one_slip, read_text
+from projection.errors import ConfigError
+from projection.formats.common import one_slip
 from projection.formats.megatron_args import (
     DESTS,
-    NAME_ONLY_DESTS,
-    ArgValueError,
-    canonical_dest,
-    flag_to_dest,
-    to_bool,
 )
 from projection.formats.megatron_model import MegatronArgs, model_section
-from projection.formats.megatron_shell import FlagHit, parse_shell
-from projection.formats.megatron_shell_lex import Expander, Var
 from projection.specs.scenario import Origin, RawScenario
-from projection.units import parse_cublas_workspace_config
 from projection.workload.stages import LayoutError, expand_layout
 
 SET_ORIGIN = "--set"
@@ -289,150 +280,4 @@ def _recompute(a: MegatronArgs, raw: RawScenario) -> None:
             a.origin("distribute_saved_activations"))
 
 
-# ------------------------------------------------------------------------------------------------------ the files
-
-
-def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
-                  env: Mapping[str, str] | None = None) -> RawScenario:
-    """Read Megatron args from `path` (MODEL_ARGS YAML, flat YAML of dests, bash script or file of flags) into a
-    RawScenario. `overrides` (from --set) are dest names, flag spellings, or dotted canonical keys, applied last with
-    Origin('--set'). `env` is the environment for `$VAR` / `${VAR}` values. A value that still holds an unresolved
-    variable is an error only where the loader uses it."""
-    path = Path(path)
-    text = read_text(path)
-    file = str(path)
-    cluster: dict[str, tuple[Any, Origin]] = {}
-    if path.suffix.lower() in (".yaml", ".yml"):
-        hits = _yaml_hits(path, text, env or {})
-        data, lines = load_yaml(path, text)
-        ws = _env_vars(data.get("ENV_VARS") if isinstance(data, dict) else None).get("CUBLAS_WORKSPACE_CONFIG")
-        if ws is not None and parse_cublas_workspace_config(ws) is not None:
-            cluster["training.kernels.gemm_workspace_bytes"] = (
-                parse_cublas_workspace_config(ws),
-                Origin(file, lines.get(("ENV_VARS", "CUBLAS_WORKSPACE_CONFIG")), "CUBLAS_WORKSPACE_CONFIG"))
-    else:
-        shell = parse_shell(text, env)
-        hits = shell.flags
-        cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
-        ws_var = shell.variables.get("CUBLAS_WORKSPACE_CONFIG")
-        if ws_var is not None and parse_cublas_workspace_config(ws_var.text()) is not None:
-            cluster["training.kernels.gemm_workspace_bytes"] = (
-                parse_cublas_workspace_config(ws_var.text()),
-                Origin(file, shell.assigned_at.get("CUBLAS_WORKSPACE_CONFIG"), "CUBLAS_WORKSPACE_CONFIG"))
-        if not any(h.dest == "tokenizer_model" for h in hits) and "TOKENIZER_MODEL" in shell.assigned_at:
-            tok = shell.variables["TOKENIZER_MODEL"]  # modelopt conf scripts name the tokenizer only in a variable
-            hits.append(FlagHit("TOKENIZER_MODEL", "tokenizer_model", False, tok.text(),
-                                shell.assigned_at["TOKENIZER_MODEL"], tok.unresolved))
-    args: dict[str, Any] = {}
-    origins: dict[str, Origin] = {}
-    unresolved: dict[str, FlagHit] = {}
-    problems: list[Problem] = []
-    for h in hits:
-        value: Any = h.value
-        if h.inverted:
-            value = _invert(h, file, problems)
-        args[h.dest] = value
-        origins[h.dest] = Origin(file, h.line, h.flag)
-        unresolved.pop(h.dest, None)
-        if h.unresolved and h.dest in DESTS and h.dest not in NAME_ONLY_DESTS:
-            unresolved[h.dest] = h
-    canonical: dict[str, Any] = {}
-    for key, value in (overrides or {}).items():
-        if "." in key:
-            canonical[key] = value
-            continue
-        dest, inverted = flag_to_dest(key) if "-" in key else (canonical_dest(key), False)
-        if dest not in DESTS:
-            close = difflib.get_close_matches(dest, list(DESTS), n=3)
-            problems.append(Problem(f"--set {key}: not a Megatron argument this projection reads", key=key,
-                                    file=SET_ORIGIN, fix=f"did you mean {', '.join(close)}?" if close else
-                                    "use a Megatron argparse dest name (e.g. tensor_model_parallel_size) or a "
-                                    "dotted canonical key (e.g. plan.tp)"))
-            continue
-        hit = FlagHit(key, dest, inverted, value, None)
-        args[dest] = _invert(hit, SET_ORIGIN, problems) if inverted else value
-        origins[dest] = Origin(SET_ORIGIN, None, key)
-        unresolved.pop(dest, None)
-    for dest, h in unresolved.items():
-        names = ", ".join(f"${n}" for n in sorted(h.unresolved))
-        problems.append(Problem(f"{h.flag} uses {names}, which is not set in the file or the environment",
-                                key=h.flag, file=file, line=h.line,
-                                fix=f"set {sorted(h.unresolved)[0]} in the script or environment, or pass "
-                                    f"--set {dest}=VALUE"))
-        args.pop(dest, None)
-    try:
-        raw = args_to_raw(args, origins, source=file)
-    except ConfigError as e:
-        bad = {h.flag for h in unresolved.values()}
-        problems += [p for p in e.problems if p.key not in bad]
-        raise ConfigError(problems) from None
-    if problems:
-        raise ConfigError(problems)
-    for key, (value, origin) in cluster.items():
-        raw.set(key, value, origin)
-    for key, value in canonical.items():
-        raw.set(key, value, Origin(SET_ORIGIN, None, key))
-    return raw
-
-
-def _invert(h: FlagHit, file: str, problems: list[Problem]) -> Any:
-    """The dest value of a store_false flag (`--disable-bias-linear` -> add_bias_linear False)."""
-    try:
-        return not to_bool(h.value)
-    except ArgValueError as e:
-        problems.append(Problem(f"{h.flag}: {e}", key=h.flag, file=file, line=h.line,
-                                fix=f"write {h.flag} as a bare flag (or true/false in YAML)"))
-        return None
-
-
-def _yaml_hits(path: Path, text: str, env: Mapping[str, str]) -> list[FlagHit]:
-    """MODEL_ARGS (flag -> value, `true` = bare flag) of a functional-test YAML, or a flat map of dests / flags."""
-    data, lines = load_yaml(path, text)
-    prefix: tuple[str, ...] = ()
-    if isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict):
-        prefix, variables = ("MODEL_ARGS",), {**_env_vars(data.get("ENV_VARS")), **env}
-        data = data["MODEL_ARGS"]
-    elif isinstance(data, dict) and "MODEL_ARGS" in data:
-        raise ConfigError(Problem("MODEL_ARGS must be a mapping of Megatron flags", key="MODEL_ARGS", file=str(path),
-                                  line=lines.get(("MODEL_ARGS",)),
-                                  fix="write one indented `--flag: value` line per argument under MODEL_ARGS:"))
-    else:
-        variables = dict(env)
-    if not isinstance(data, dict):
-        raise ConfigError(Problem("expected a mapping of Megatron arguments (or a MODEL_ARGS: mapping)",
-                                  file=str(path), fix="write one `--flag: value` or `dest: value` per line"))
-    table = {k: Var(v) for k, v in variables.items()}
-    hits = []
-    for key, value in data.items():
-        key = str(key)
-        dest, inverted = flag_to_dest(key) if key.startswith("-") else (canonical_dest(key), False)
-        unresolved: frozenset[str] = frozenset()
-        if value is None:
-            if not key.startswith("-"):
-                continue  # a dest set to null keeps Megatron's default (Primus/preset convention)
-            value = True  # `--flag:` with no value in MODEL_ARGS is a bare flag
-        if isinstance(value, str) and "$" in value:
-            ex = Expander(table, keep_unresolved=True)
-            value = ex.string_no_quotes(value)
-            unresolved = frozenset(ex.unresolved)
-        hits.append(FlagHit(key, dest, inverted, value, lines.get((*prefix, key)), unresolved))
-    return hits
-
-
-def _env_vars(block: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in block.items()} if isinstance(block, dict) else {}
-
-
-def _cluster_from_vars(variables: Mapping[str, Var], lines: Mapping[str, int], file: str
-                       ) -> dict[str, tuple[int, Origin]]:
-    """GPUS_PER_NODE / NNODES / NUM_NODES assignments of a launch script -> cluster.gpus_per_node / cluster.nodes."""
-    out: dict[str, tuple[int, Origin]] = {}
-    for name, key in (("GPUS_PER_NODE", "cluster.gpus_per_node"), ("NUM_NODES", "cluster.nodes"),
-                      ("NNODES", "cluster.nodes")):
-        var = variables.get(name)
-        if name in lines and var is not None and isinstance(var.value, str) and var.value.strip().isdigit():
-            out[key] = (int(var.value), Origin(file, lines[name], name))
-    return out
-
-
-__all__ = ["args_to_raw", "load_megatron"]
+__all__ = ["SET_ORIGIN", "args_to_raw"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from projection.formats.megatron import load_megatron
+from projection.formats.megatron_files import load_megatron
 from projection.specs.hardware import load_device
 from projection.specs.scenario import Origin, Scenario, build_scenario
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from projection.errors import ConfigError
-from projection.formats.megatron import args_to_raw, load_megatron
+from projection.formats.megatron import args_to_raw
 from projection.formats.megatron_args import ArgValueError, eval_list_expression, flag_to_dest
+from projection.formats.megatron_files import load_megatron
 from projection.formats.tokenizers import tokenizer_vocab_size
 from projection.specs.hardware import load_device
 from projection.specs.model import ModelSpec, MoESpec
