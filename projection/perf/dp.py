@@ -17,7 +17,9 @@ Megatron-LM (megatron/core/distributed/distributed_data_parallel.py, param_and_g
   first forward (the first bucket cannot be hidden).
 Timing inside an action: the buckets of a stage become ready in proportion to the parameters its last backward has
 processed (backprop order); the communication stream runs them one after another; the part that ends after the
-action is a CommTask on the rank's comm stream (it overlaps the rank's later actions in the simulator).
+action is a CommTask on the rank's comm stream (it overlaps the rank's later actions in the simulator). A rank's
+tasks are given in the order their actions end, the order the host issues them (with interleaving, the deepest model
+chunk's last backward comes first).
 FSDP (zero_stage 3) reduces per unit inside the backward (projection/perf/items.py); with HSDP the shard gradients
 are then all-reduced over the replicas after the backward.
 """
@@ -114,6 +116,7 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
 
     for r, acts in enumerate(schedule.actions):
         end_tasks: list[float] = []
+        first_task = len(tasks)
         for s in schedule.stages_of(r):
             sp = priced.stages[schedule.model_stage(s)]
             bucketed = is_bucketed(scenario, sp.pp_rank, sp.chunk) and s == schedule.model_stage(s)
@@ -154,6 +157,10 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
         if end_tasks and sum(end_tasks) > 0.0:
             tasks.append(CommTask(r, _last_compute(acts), sum(end_tasks), "dp grad (after backward)",
                                   _crosses(places)))
+        # the comm stream runs a rank's tasks in the order the host issues them: when their action ends (Megatron
+        # starts a model chunk's gradient sync as its last backward finishes, deepest chunk first), not stage order
+        position = {a: i for i, a in enumerate(acts)}
+        tasks[first_task:] = sorted(tasks[first_task:], key=lambda t: position[t.after])
         pg_s[r] = sum(b.seconds for b in params_ag if b.pp_rank == r)
     return DPComm(tuple(tasks), tuple(grads), tuple(params_ag), tuple(grad_s), tuple(pg_s), _crosses(places),
                   plan.overlap.param_gather)

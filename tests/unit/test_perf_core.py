@@ -115,6 +115,29 @@ def test_dp_task_sizes_are_the_gradient_bytes_per_rank(zero: int, kind: str) -> 
     assert (len(dp.param_buckets) > 0) == (zero == 1)
 
 
+def test_interleaved_chunk_grad_syncs_start_when_their_backward_ends() -> None:
+    """Megatron starts each model chunk's gradient sync when that chunk's last backward ends (the deepest chunk
+    first); a chunk whose gradients are ready never waits behind one whose backward is still running."""
+    sc = scenario(hidden=2048, layers=16, pp=2, vpp=4, schedule="interleaved_1f1b", zero=1, gbs=32, nodes=4,
+                  overlap={"grad_reduce": True})
+    cm = default_cost_model(sc)
+    sched = build_plan_schedule(sc)
+    dp = dp_comm_tasks(sc, cm, sched, price_stages(sc, cm))
+    result = project(sc, cm, engine="dag")  # comm tasks do not queue behind p2p sends on a shared NIC here
+    for r, acts in enumerate(sched.actions):
+        mine = [t for t in dp.tasks if t.rank == r]
+        assert len(mine) >= 2
+        ends = {e.action: e.end_s for e in result.sim.timeline[r] if e.stream == "compute" and e.action is not None}
+        assert [acts.index(t.after) for t in mine] == sorted(acts.index(t.after) for t in mine)
+        assert mine[0].after.stage == max(t.after.stage for t in mine)  # the deepest chunk's backward ends first
+        comm = sorted((e for e in result.sim.timeline[r] if e.stream not in ("compute", "p2p")),
+                      key=lambda e: e.start_s)
+        free = 0.0
+        for task, event in zip(mine, comm, strict=True):  # each starts as soon as it is issued and the stream frees
+            assert event.start_s == pytest.approx(max(ends[task.after], free), abs=1e-12)
+            free = event.end_s
+
+
 def test_dp_without_overlap_is_one_task_after_the_backward_and_fsdp_reduces_inside() -> None:
     sc = scenario(pp=2, zero=1, gbs=16)
     cm = default_cost_model(sc)
