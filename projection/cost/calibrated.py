@@ -196,8 +196,8 @@ class CalibratedCostModel:
 
     def _outside(self, op: Op, clamped: Callable[[], float] | None) -> tuple[float, str]:
         if self.fallback is not None:  # no table for this op's kind and dtype: plain roofline, else flagged
-            return self.fallback.single_seconds(op), (OUT_OF_RANGE if clamped is not None else "roofline") \
-                if self.fallback.has_curve(op) else self.fallback.provenance(op)
+            return self.fallback.single_seconds(op), OUT_OF_RANGE \
+                if clamped is not None and self.fallback.has_curve(op) else self.fallback.provenance(op)
         if clamped is None:
             raise ValueError(f"no measured table for {op.kind} {op.dtype} ({op.name}) and no roofline fallback")
         return clamped(), CLAMPED

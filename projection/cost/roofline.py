@@ -9,7 +9,10 @@
 - Memory-bound: bytes / (hbm * eff_memory(bytes)).
 - Collectives: the analytic alpha-beta model of projection/cost/collectives.py on the cluster's fabric.
 Curves are piecewise linear in log(size) between their points and flat beyond them; a missing curve means
-efficiency 1 (the bare datasheet roofline). A dtype without a peak uses the nearest 16-bit one and says so.
+efficiency 1 (the bare datasheet roofline). A 16-bit or 8-bit dtype without a peak uses the nearest one and says
+so. fp32 is never priced at a half-precision tensor-core peak (15x the FP32 rate on an H100): it needs the device's
+`peak_flop_per_s.fp32` (or tf32), and without an fp32 efficiency curve it takes the bf16 curve (A: the same achieved
+fraction of peak at the same FLOP count), said in the cost sources.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from collections.abc import Mapping, Sequence
 
 from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, collective_time_s
 from projection.cost.model import collective_op_seconds, group_placements
+from projection.errors import ConfigError, Problem
 from projection.specs.hardware import ClusterSpec, DeviceSpec
 from projection.specs.plan import ParallelPlan
 from projection.workload.ops import Op
 
 FLASH_BACKWARD_FACTOR = 2.5 / 2.0  # hardware / model FLOPs of the attention backward (FlashAttention-2 §3.1.2)
-_FALLBACK_DTYPES = {"fp16": "bf16", "bf16": "fp16", "fp32": "tf32", "tf32": "bf16", "fp8": "bf16", "fp4": "fp8"}
+_FALLBACK_DTYPES = {"fp16": "bf16", "bf16": "fp16", "fp32": "tf32", "tf32": "fp32", "fp8": "bf16", "fp4": "fp8"}
+_FULL_PRECISION = ("fp32", "tf32")  # no half-precision peak stands in for these
 
 
 def interpolate_log(points: Sequence[tuple[float, float]], size: float) -> float:
@@ -77,6 +82,10 @@ class RooflineCostModel:
             notes.append(f"{self.peak_dtype(op.dtype)} peak for {op.dtype}")
         if not self.has_curve(op):
             notes.append(NO_CURVE)
+        elif op.kind in ("gemm", "grouped_gemm", "attention") and op.dtype in _FULL_PRECISION:
+            table = self._attention if op.kind == "attention" else self._gemm
+            if not any(d in table for d in _FULL_PRECISION):
+                notes.append(f"bf16 efficiency curve for {op.dtype}")
         return f"roofline ({'; '.join(notes)})" if notes else "roofline"
 
     def has_curve(self, op: Op) -> bool:
@@ -107,11 +116,18 @@ class RooflineCostModel:
         raise ValueError(f"op kind {op.kind!r} has no compute roofline")
 
     def peak_dtype(self, dtype: str) -> str:
-        """The dtype whose peak prices `dtype`: itself if the device lists it, else a same-speed or nearest class."""
-        for candidate in (dtype, _FALLBACK_DTYPES.get(dtype, "bf16"), "bf16"):
+        """The dtype whose peak prices `dtype`: itself if the device lists it, else a same-speed or nearest class;
+        fp32 / tf32 only each other (ConfigError when the device lists neither)."""
+        for candidate in (dtype, _FALLBACK_DTYPES.get(dtype, "bf16")):
             if candidate in self._peaks:
                 return candidate
-        return next(iter(self._peaks))
+        if dtype in _FULL_PRECISION:
+            raise ConfigError(Problem(
+                f"device {self.device.name!r} lists no fp32 (or tf32) peak, so {dtype} matrix math cannot be priced",
+                key="peak_flop_per_s.fp32", file=f"hardware_specs/{self.device.name}.yaml",
+                fix="add peak_flop_per_s.fp32 (the FP32 rate an fp32 GEMM runs at) to the device YAML, or train in "
+                    "bf16 (--set training.params_dtype=bf16)"))
+        return "bf16" if "bf16" in self._peaks else next(iter(self._peaks))
 
     def gemm_efficiency(self, dtype: str, flop: float) -> float:
         return interpolate_log(self._curve(self._gemm, dtype), flop)
@@ -126,4 +142,7 @@ class RooflineCostModel:
     def _curve(curves: Mapping[str, list[tuple[float, float]]], dtype: str) -> list[tuple[float, float]]:
         if dtype in curves:
             return curves[dtype]
-        return curves.get(_FALLBACK_DTYPES.get(dtype, ""), [])
+        fallback = curves.get(_FALLBACK_DTYPES.get(dtype, ""), [])
+        if not fallback and dtype in _FULL_PRECISION:
+            return curves.get("bf16", [])  # A: the bf16 GEMMs' achieved fraction of peak at the same FLOP count
+        return fallback

@@ -29,7 +29,8 @@ from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
-_PEAK_FALLBACK = {"fp16": ("bf16",), "bf16": ("fp16",), "fp32": ("tf32", "bf16"), "fp8": ("bf16",)}
+# the peak MFU is quoted against: a same-speed class when the device lacks the dtype; fp32 never a 16-bit one
+_PEAK_FALLBACK = {"fp16": ("bf16",), "bf16": ("fp16",), "fp32": ("tf32",), "fp8": ("bf16",)}
 
 
 def with_schedule(scenario: Scenario, schedule: str) -> Scenario:

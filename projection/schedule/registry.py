@@ -32,6 +32,21 @@ _ONE_STAGE = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2}
 _TWO_STAGES = {"zbv": zbv, "v_half": v_half, "v_min": v_min, "dualpipev": dualpipev}
 
 
+def stages_per_rank_problem(name: str, vpp: int) -> str | None:
+    """Why `name` cannot run `vpp` stages per rank (None when it can): the stage-count rule of build_schedule,
+    shared with the config validator so --schedule and plan.schedule accept the same plans. gpipe and
+    interleaved_1f1b take any vpp (gpipe with vpp > 1 is looped breadth-first)."""
+    if name in _ONE_STAGE and vpp != 1:
+        hint = "; use interleaved_1f1b for several stages per rank" if name == "1f1b" else ""
+        return f"{name} runs one stage per rank: vpp must be 1 (got {vpp}){hint}"
+    if name in _TWO_STAGES and vpp != 2:
+        return f"{name} is a V-shaped schedule with exactly two stages per rank: vpp must be 2 (got {vpp})"
+    if name == "dualpipe" and vpp != 1:
+        return (f"dualpipe splits the model into pp stages and places two of them (r and pp-1-r) on each rank by "
+                f"itself: vpp must be 1 (got {vpp}); for a V placement of 2*pp stages use dualpipev")
+    return None
+
+
 @lru_cache(maxsize=256)
 def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
                    microbatch_group_size: int | None = None,
@@ -51,19 +66,13 @@ def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
         return gpipe(pp, n_microbatches, vpp)
     if name == "interleaved_1f1b":
         return interleaved_1f1b(pp, n_microbatches, vpp, microbatch_group_size=microbatch_group_size, style=style)
+    problem = stages_per_rank_problem(name, vpp)
+    if problem is not None:
+        raise ValueError(problem)
     if name in _ONE_STAGE:
-        if vpp != 1:
-            hint = "; use interleaved_1f1b for several stages per rank" if name == "1f1b" else ""
-            raise ValueError(f"{name} runs one stage per rank: vpp must be 1 (got {vpp}){hint}")
         if name == "1f1b" and style == "torch" and n_microbatches < pp:
             raise ValueError(f"1f1b (torch Schedule1F1B) needs n_microbatches >= pp = {pp} (got {n_microbatches})")
         return _ONE_STAGE[name](pp, n_microbatches)
     if name in _TWO_STAGES:
-        if vpp != 2:
-            raise ValueError(f"{name} is a V-shaped schedule with exactly two stages per rank: vpp must be 2 "
-                             f"(got {vpp})")
         return _TWO_STAGES[name](pp, n_microbatches)
-    if vpp != 1:
-        raise ValueError(f"dualpipe splits the model into pp stages and places two of them (r and pp-1-r) on each "
-                         f"rank by itself: vpp must be 1 (got {vpp}); for a V placement of 2*pp stages use dualpipev")
     return dualpipe(pp, n_microbatches)

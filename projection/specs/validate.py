@@ -107,9 +107,13 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                 f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
                 f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
                 "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
-    if plan.pp > 1 and plan.vpp_ > 1 and plan.schedule in ("1f1b", "gpipe"):
-        bad("plan.schedule", f"vpp = {plan.vpp_} needs an interleaved or V schedule, not {plan.schedule}",
-            "set schedule to interleaved_1f1b (or a V schedule)")
+    if plan.pp > 1:
+        from projection.schedule.registry import stages_per_rank_problem
+
+        stages = stages_per_rank_problem(plan.schedule, plan.vpp_)
+        if stages is not None:
+            bad("plan.schedule", stages, "pick a schedule for this vpp (interleaved_1f1b or gpipe for vpp > 1, a V "
+                "schedule for vpp 2), or change vpp")
     r = plan.recompute
     if r.granularity == "full" and r.layer_ids is None and (r.method is None or r.num_layers is None):
         bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "

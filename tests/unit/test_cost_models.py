@@ -14,6 +14,7 @@ from projection.cost.calibrated import CLAMPED, OUT_OF_RANGE, CalibratedCostMode
 from projection.cost.collectives import Fabric, GroupPlacement, collective_time_s
 from projection.cost.model import CostModel, group_placements
 from projection.cost.roofline import RooflineCostModel, interpolate_log
+from projection.errors import ConfigError
 from projection.specs.hardware import (
     BytesEfficiencyPoint,
     ClusterSpec,
@@ -85,10 +86,26 @@ def test_roofline_memory_bound_and_missing_peaks() -> None:
     rf = RooflineCostModel(DEVICE)
     op = Op("n", "memory_bound", "F", bytes_read=5e8, bytes_written=5e8, count=3)
     assert rf.op_seconds(op) == pytest.approx(3 * 1e9 / (HBM * 0.8))
-    fp32 = gemm(4096, 4096, 4096, "fp32")
-    assert "bf16 peak" in rf.provenance(fp32) and rf.op_seconds(fp32) > 0
     bare = RooflineCostModel(MI300X.model_copy(update={"efficiency": None}))
     assert bare.op_seconds(gemm(4096, 4096, 4096)) == pytest.approx(2 * 4096**3 / PEAK)
+    a100 = RooflineCostModel(load_device("a100-80g"))  # no fp8 tensor cores: the nearest 16-bit peak, said so
+    assert "bf16 peak" in a100.provenance(gemm(4096, 4096, 4096, "fp8"))
+
+
+def test_fp32_matrix_math_is_priced_at_the_fp32_peak_never_a_16_bit_one() -> None:
+    """An fp32 GEMM runs at the device's FP32 rate (MI300X 163.4 TFLOP/s, 1/8 of bf16), with the bf16 curve's
+    efficiency at the same FLOP count when the YAML has no fp32 curve; a device with no fp32 peak is refused."""
+    rf = RooflineCostModel(DEVICE)
+    fp32, bf16 = gemm(4096, 4096, 4096, "fp32"), gemm(4096, 4096, 4096)
+    flop = 2 * 4096**3
+    assert rf.op_seconds(fp32) == pytest.approx(flop / (163.4e12 * rf.gemm_efficiency("bf16", flop)))
+    assert rf.op_seconds(fp32) == pytest.approx(rf.op_seconds(bf16) * PEAK / 163.4e12)
+    assert rf.provenance(fp32) == "roofline (bf16 efficiency curve for fp32)"
+    peaks = {k: v for k, v in MI300X.peak_flop_per_s.items() if k != "fp32"}
+    no_fp32 = RooflineCostModel(MI300X.model_copy(update={"peak_flop_per_s": peaks}))
+    with pytest.raises(ConfigError) as err:
+        no_fp32.op_seconds(fp32)
+    assert err.value.problems[0].key == "peak_flop_per_s.fp32"
 
 
 def test_roofline_prices_collectives_on_the_cluster_placement() -> None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from projection import api
 from projection.cost.collectives import GroupPlacement, group_placement
-from projection.errors import PlanError
+from projection.errors import ConfigError, PlanError
 from projection.perf import (
     BREAKDOWN_KEYS,
+    applicable_schedules,
     compare_schedules,
     default_cost_model,
     dp_comm_tasks,
@@ -460,3 +463,30 @@ def test_exposed_communication_is_bounded_and_step_covers_compute(tp: int, pp: i
     assert all(v >= 0.0 for v in p.breakdown_s.values())
     assert p.step_time_s >= max(p.sim.busy_s) * (1 - 1e-12)
     assert sum(p.breakdown_s.values()) == pytest.approx(p.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("vpp", [1, 2, 3])
+def test_a_schedule_the_config_accepts_is_one_perf_accepts(vpp: int, tmp_path: Path) -> None:
+    """--set plan.schedule=X and --schedule X accept the same plans: the validator applies build_schedule's
+    stage-count rule (gpipe with vpp > 1 is looped breadth-first; 1f1b and zero-bubble H1/H2 run one stage per
+    rank; V schedules two)."""
+    layers = 12
+    for name in SCHEDULE_NAMES:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"model: {{num_layers: {layers}, hidden_size: 256, num_attention_heads: 4, "
+                        "ffn_hidden_size: 1024, vocab_size: 512}\n"
+                        "training: {seq_length: 128, micro_batch_size: 1, global_batch_size: 32}\n"
+                        f"plan: {{pp: 2, vpp: {vpp}, schedule: {name}}}\n"
+                        "cluster: {hardware: h100-sxm, nodes: 1, gpus_per_node: 2}\n")
+        try:
+            sc = api.load(path)
+        except (ConfigError, PlanError):
+            sc = None
+        try:
+            build_schedule(name, 2, 32, vpp)
+            builds = True
+        except ValueError:
+            builds = False
+        assert (sc is not None) == builds, (name, vpp)
+        if sc is not None:
+            assert name in applicable_schedules(sc) or name == "interleaved_1f1b" and vpp == 1
