@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from projection.errors import Problem, count_of
@@ -114,8 +115,40 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         if stages is not None:
             bad("plan.schedule", stages, "pick a schedule for this vpp (interleaved_1f1b or gpipe for vpp > 1, a V "
                 "schedule for vpp 2), or change vpp")
+    _megatron_rules(raw, model, plan, bad)
     r = plan.recompute
     if r.granularity == "full" and r.layer_ids is None and (r.method is None or r.num_layers is None):
         bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "
             "layer_ids", "set recompute method and num_layers")
     return out
+
+
+def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
+                    bad: Callable[[str, str, str], None]) -> None:
+    """Report (through `bad`) plans Megatron-Core refuses at start-up. TorchTitan jobs are exempt: their FSDP
+    prefetch is plan.overlap.param_gather without a separate gradient overlap flag."""
+    if "torchtitan" in raw.framework:
+        return
+    if model.moe is not None and plan.ep > 1 and plan.tp > 1 and not plan.sp:
+        # megatron/core/transformer/transformer_config.py: "When using expert parallelism and tensor parallelism,
+        # sequence parallelism must be used"
+        bad("plan.sp", f"expert parallelism (ep = {plan.ep}) with tensor parallelism (tp = {plan.tp}) needs sequence "
+            "parallelism (Megatron-Core refuses the plan)", "turn sequence parallelism on (--sequence-parallel)")
+    if plan.overlap.param_gather and plan.sharding.zero_stage == 0:
+        # megatron/training/arguments.py validate_args: "--overlap-param-gather only supported with distributed
+        # optimizer or megatron fsdp"
+        bad("plan.overlap.param_gather", "overlapping the parameter all-gather needs sharded parameters or optimizer "
+            "state: there is no parameter all-gather without the distributed optimizer (zero_stage 0)",
+            "use the distributed optimizer (--use-distributed-optimizer, zero_stage 1) or turn the overlap off")
+    if plan.overlap.param_gather and not plan.overlap.grad_reduce:
+        # validate_args: "Must use --overlap-param-gather with --overlap-grad-reduce"
+        bad("plan.overlap.param_gather", "overlapping the parameter all-gather needs the gradient reduction "
+            "overlapped too (Megatron refuses --overlap-param-gather without --overlap-grad-reduce)",
+            "turn on --overlap-grad-reduce, or turn --overlap-param-gather off")
+    for key, count in (("plan.first_stage_layers", plan.first_stage_layers),
+                       ("plan.last_stage_layers", plan.last_stage_layers)):
+        if count == 0 and plan.pp > 1:
+            # transformer_config.py: "num_layers_in_first_pipeline_stage must be larger than 0" (and last)
+            bad(key, "a pipeline stage with no transformer layers (Megatron-Core requires more than 0)",
+                "give the stage at least one layer, or leave it unset for an even split")
+
