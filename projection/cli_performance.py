@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,10 +86,19 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
 
     counts = _check_args(args)
     # a file that gives no cluster size is scaled from the smallest --scaling count rather than from 1 node
-    scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes,
-                        gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
-                        primus_root=getattr(args, "primus_root", None), env=env,
-                        default_nodes=min(counts) if counts else 1)
+    try:
+        scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes,
+                            gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
+                            primus_root=getattr(args, "primus_root", None), env=env,
+                            default_nodes=min(counts) if counts else 1)
+    except PlanError as err:
+        if args.target_nodes is None and not counts:
+            raise
+        flag = "--target-nodes" if args.target_nodes is not None else "--scaling"
+        raise PlanError([replace(p, message=f"at the starting point {flag} scales from: {p.message}",
+                                 fix=f"{p.fix}; or give --nodes N, a node count this plan fits, to start from"
+                                 if p.fix else "give --nodes N, a node count this plan fits, to start from")
+                         for p in err.problems]) from None
     if args.target_nodes is not None:
         scenario = extrapolate(scenario, args.target_nodes, flag="--target-nodes")
     calibration = Path(args.calibration) if args.calibration else None
@@ -149,8 +159,8 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     if args.scaling and args.schedule == "all":
         problems.append(Problem("--scaling and --schedule all cannot be combined", key="--schedule",
                                 file=COMMAND_LINE, fix="compare schedules at one node count, or scale one schedule"))
-    counts = _node_counts(args.scaling) if args.scaling else []
-    if args.scaling and not counts:
+    counts = _node_counts(args.scaling) if args.scaling is not None else []
+    if args.scaling is not None and not counts:
         problems.append(Problem(f"cannot read node counts {args.scaling!r}", key="--scaling", file=COMMAND_LINE,
                                 fix="give positive integers separated by commas, e.g. 1,2,4,8"))
     problems += output_problems([("--png", args.png if args.scaling else None), ("--trace", args.trace)])
@@ -160,9 +170,10 @@ def _check_args(args: argparse.Namespace) -> list[int]:
 
 
 def _node_counts(text: str) -> list[int]:
-    """The sorted distinct counts of '1,2,4'; [] when the text is not positive integers separated by commas."""
+    """The sorted distinct counts of '1,2,4'; [] when the text is not positive integers separated by commas (an
+    empty item, as in '8,,16' or '', included)."""
     try:
-        counts = [int(x) for x in text.replace(" ", "").split(",") if x]
+        counts = [int(x) for x in text.replace(" ", "").split(",")]
     except ValueError:
         return []
     return [] if any(c < 1 for c in counts) else sorted(set(counts))

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from projection.errors import count_of
 from projection.memory.report import MemoryReport
 from projection.perf.dp import DPComm
 from projection.perf.pricing import PricedStages
@@ -117,7 +118,7 @@ class Projection:
         sc = self.scenario
         p = sc.plan
         lines = [f"Performance: {sc.source} on {self.world_size} x {sc.cluster.device.name} "
-                 f"({sc.cluster.nodes} nodes), schedule {self.schedule}, engine {self.engine}",
+                 f"({count_of(sc.cluster.nodes, 'node')}), schedule {self.schedule}, engine {self.engine}",
                  f"plan: tp {p.tp}{' sp' if p.sp_ else ''}, pp {p.pp}, vpp {p.vpp_}, cp {p.cp}, ep {p.ep}, "
                  f"dp {p.dp_()}, zero {p.sharding.zero_stage}, microbatches {self.n_microbatches}", "",
                  f"step time            {self.step_time_s:.4f} s",

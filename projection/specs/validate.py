@@ -108,6 +108,9 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                 f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
                 f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
                 "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
+    if plan.pp == 1 and plan.vpp_ > 1:  # Megatron validate_args; a virtual pipeline has no pipeline to interleave
+        bad("plan.vpp", f"vpp = {plan.vpp_} with pp = 1: a virtual pipeline needs a pipeline (pp > 1)",
+            "raise pp, or drop vpp")
     if plan.pp > 1:
         from projection.schedule.registry import stages_per_rank_problem
 

@@ -238,3 +238,10 @@ def test_plans_megatron_core_refuses_at_start_up(tmp_path: Path) -> None:
         "overlap: {param_gather: true}", "overlap: {param_gather: true, grad_reduce: true}\n  sharding: "
         "{zero_stage: 1}")
     assert run("inspect", "--config", str(write(tmp_path, fixed))).returncode == 0
+
+
+def test_virtual_pipeline_without_a_pipeline(tmp_path: Path) -> None:
+    """pp 1 with vpp 2: refused in the native format as the Megatron loader refuses it (validate_args)."""
+    text = GOOD.replace("  tp: 2\n  pp: 2", "  tp: 2\n  pp: 1\n  vpp: 2\n  schedule: interleaved_1f1b")
+    assert_user_error(run("performance", "--config", str(write(tmp_path, text))), "key 'plan.vpp'",
+                      "a virtual pipeline needs a pipeline (pp > 1)")

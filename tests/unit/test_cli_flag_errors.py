@@ -102,6 +102,20 @@ def test_scaling_hint_with_one_node_is_singular(capsys: pytest.CaptureFixture[st
     assert "use 1 node (" in err and "use 1 nodes" not in err
 
 
+@pytest.mark.parametrize("counts", ["", "8,,16", "8,16,", "2,x"])
+def test_scaling_counts_with_an_empty_or_unreadable_item(capsys: pytest.CaptureFixture[str], counts: str) -> None:
+    err = fails(capsys, "performance", "--config", E8, "--scaling", counts)
+    assert "<command line>: key '--scaling'" in err and f"cannot read node counts {counts!r}" in err
+
+
+def test_a_starting_point_the_plan_does_not_fit_is_named_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    """4 nodes x 4 GPUs (the file's nodes, --gpus-per-node 4) hold no tp 8 x pp 4 layout, though 16 nodes would: the
+    error says the starting point is the problem and how to give another."""
+    err = fails(capsys, "performance", "--config", L70, "--gpus-per-node", "4", "--target-nodes", "16")
+    assert "at the starting point --target-nodes scales from: world size 16" in err and "give --nodes N" in err
+    assert main(["performance", "--config", L70, "--gpus-per-node", "4", "--nodes", "8", "--target-nodes", "16"]) == 0
+
+
 @pytest.mark.parametrize("name", ["foo", "zbv", "dualpipe"])
 def test_schedule_flag_that_does_not_apply(capsys: pytest.CaptureFixture[str], name: str) -> None:
     err = fails(capsys, "performance", "--config", L70, "--schedule", name)

@@ -438,7 +438,8 @@ grids = {"tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2]), "zero"
 def _random(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int, sp: bool, schedule: str,
             nodes: int = 1) -> Scenario:
     return scenario(tp=tp, pp=pp, zero=zero, recompute=recompute, mbs=mbs, gbs=64 * mbs, nodes=nodes, sp=sp,
-                    schedule=schedule, overlap={"grad_reduce": overlap, "param_gather": overlap and zero >= 1, "tp_comm": overlap},
+                    schedule=schedule, overlap={"grad_reduce": overlap, "param_gather": overlap and zero >= 1,
+                                                "tp_comm": overlap},
                     hidden=512, layers=4, device=H100)
 
 
