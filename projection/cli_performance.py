@@ -212,7 +212,11 @@ def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Proj
         from projection.report.trace import write_chrome_trace
 
         sim = proj.sim
-        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace))]
+        tails = [(("optimizer", proj.optimizer_s[r] if r < len(proj.optimizer_s) else 0.0),
+                  ("param all-gather (exposed)",
+                   proj.param_gather_exposed_s[r] if r < len(proj.param_gather_exposed_s) else 0.0))
+                 for r in range(len(sim.timeline))]
+        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails))]
     return write_outputs(jobs)
 
 

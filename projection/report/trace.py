@@ -3,11 +3,15 @@
 One process per rank (pid = rank), one thread per stream (tid 0 compute, 1 p2p receives, 2 comm tasks); every
 interval is a complete event ("ph": "X") with microsecond timestamps, named like "F s2 mb5". Format: the Trace Event
 Format document (Google, "Trace Event Format", JSON Object Format with traceEvents and displayTimeUnit).
+`tails` (from `projection performance`): per rank, what the step adds after the simulated pipeline (the optimizer
+step, the exposed parameter all-gather), drawn on the compute thread after it, so that otherData's `step_time_s` is
+the projection's step time; `pipeline_s` is the simulated pipeline alone.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +20,10 @@ from projection.sim.result import SimResult
 STREAM_TID = {"compute": 0, "p2p": 1, "comm": 2}
 
 
-def chrome_trace(result: SimResult) -> dict[str, Any]:
-    """The trace as a JSON-ready dict."""
+def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]] = ()) -> dict[str, Any]:
+    """The trace as a JSON-ready dict; `tails[rank]`: (label, seconds) intervals after the pipeline."""
     events: list[dict[str, Any]] = []
+    after = [0.0] * len(result.timeline)
     for r, entries in enumerate(result.timeline):
         events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
@@ -31,13 +36,22 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
             events.append({"ph": "X", "name": e.label, "cat": e.action.kind if e.action else "comm", "pid": r,
                            "tid": STREAM_TID[e.stream], "ts": e.start_s * 1e6, "dur": (e.end_s - e.start_s) * 1e6,
                            "args": args})
-    meta = {"schedule": result.schedule.name, "engine": result.engine, "step_time_s": result.step_time_s,
+        t = result.step_time_s
+        for label, seconds in tails[r] if r < len(tails) else ():
+            if seconds > 0.0:
+                events.append({"ph": "X", "name": label, "cat": "step", "pid": r, "tid": STREAM_TID["compute"],
+                               "ts": t * 1e6, "dur": seconds * 1e6, "args": {"start_s": t, "end_s": t + seconds}})
+                t += seconds
+        after[r] = t - result.step_time_s
+    meta = {"schedule": result.schedule.name, "engine": result.engine,
+            "step_time_s": result.step_time_s + max(after, default=0.0), "pipeline_s": result.step_time_s,
             "bubble_ratio": result.bubble_ratio}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
 
 
-def write_chrome_trace(result: SimResult, path: str | Path) -> Path:
+def write_chrome_trace(result: SimResult, path: str | Path,
+                       tails: Sequence[Sequence[tuple[str, float]]] = ()) -> Path:
     """Write the trace to `path` (JSON); returns the path."""
     out = Path(path)
-    out.write_text(json.dumps(chrome_trace(result)))
+    out.write_text(json.dumps(chrome_trace(result, tails)))
     return out

@@ -143,6 +143,11 @@ def test_trace_is_valid_chrome_trace_json(capsys: pytest.CaptureFixture[str], tm
     assert {e["args"]["kind"] for e in spans if e.get("cat") in ("F", "B", "I", "W")} >= {"F"}
     assert max(e["ts"] + e["dur"] for e in spans) <= doc["step_time_s"] * 1e6 * (1 + 1e-9)
     assert trace["otherData"]["schedule"] == doc["schedule"]
+    # the step the JSON reports, optimizer included: the latest rank's last event ends there
+    assert trace["otherData"]["step_time_s"] == pytest.approx(doc["step_time_s"], rel=1e-12)
+    assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(doc["step_time_s"] * 1e6, rel=1e-9)
+    opt = [e for e in spans if e["name"] == "optimizer"]
+    assert sorted(e["dur"] for e in opt) == pytest.approx(sorted(s * 1e6 for s in doc["optimizer_s"]), rel=1e-9)
 
 
 @pytest.mark.parametrize("argv, needle", [
