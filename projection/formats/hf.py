@@ -133,9 +133,12 @@ def load_hf(path: Path, overrides: dict[str, Any] | None = None) -> RawScenario:
         raw.set(key, value, origin)
     default = Origin("default (config.json has no training settings; --set training.seq_length=N to change)")
     raw.set("training.seq_length", min(4096, data.get("max_position_embeddings") or 4096), default)
+    # The checkpoint's dtype: a 16-bit one is the mixed-precision dtype the model trains in; float32 is not taken as
+    # fp32 training (checkpoints of bf16/fp16 mixed-precision runs are often stored in float32), so it keeps the
+    # training default (bf16); --set training.params_dtype=fp32 for a true fp32 job.
     dtype = data.get("torch_dtype", data.get("dtype"))
-    if dtype in ("bfloat16", "float16", "float32"):
-        raw.set("training.params_dtype", {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype],
+    if dtype in ("bfloat16", "float16"):
+        raw.set("training.params_dtype", {"bfloat16": "bf16", "float16": "fp16"}[dtype],
                 Origin(str(path), lines.get(("torch_dtype",)), "torch_dtype"))
     apply_canonical_overrides(raw, overrides or {})
     return raw
