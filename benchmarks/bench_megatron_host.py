@@ -59,7 +59,9 @@ HIDDEN, HEADS, FFN, SEQ, VOCAB = 64, 4, 256, 16, 128
 MOE = (8, 2, 128)  # experts, top-k, expert FFN of the MoE cross-check
 
 
-def _setup() -> Any:
+def setup_megatron_cpu() -> Any:
+    """torch with one thread, a 1-rank gloo group and Megatron-Core's parallel state on the CPU (the CUDA-only calls
+    of the local path bypassed); also used by benchmarks/host_transfer_check.py."""
     import torch
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -205,7 +207,7 @@ def modelled_kernels(layers: int, moe: bool = False) -> tuple[int, int]:
 
 
 def measure(layers: tuple[int, int], rounds: int, per_round: int) -> dict[str, Any]:
-    torch = _setup()
+    torch = setup_megatron_cpu()
     lo, hi = layers
     n = hi - lo
     ref_lo, ref_hi = _reference(torch, lo), _reference(torch, hi)

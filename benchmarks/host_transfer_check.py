@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(REPO / "benchmarks"))
 TRACE_HOST_S = 31.6e-6  # hardware_specs/h100-sxm.yaml host_kernel_issue_s
 PUBLISHED = {  # seconds per forward call on a GPU host
     "torch.nn.Linear": (13.48e-6, "TransformerEngine issue #2053, DGX H100 (Xeon 8480C)"),
@@ -55,18 +56,12 @@ def _per_call(fn: Any, calls: int, rounds: int) -> float:
 
 
 def measure(calls: int, rounds: int) -> dict[str, float]:
-    import torch
+    from bench_megatron_host import setup_megatron_cpu
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29537")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    from megatron.core import parallel_state
+    torch = setup_megatron_cpu()
     from megatron.core.tensor_parallel import ColumnParallelLinear
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    parallel_state.initialize_model_parallel(1, 1)
     cfg = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, use_cpu_initialization=True,
                             params_dtype=torch.float32, gradient_accumulation_fusion=False)
     col = ColumnParallelLinear(HIDDEN, HIDDEN, config=cfg, init_method=torch.nn.init.xavier_normal_, bias=True,
