@@ -10,9 +10,13 @@
 - Collectives: the analytic alpha-beta model of projection/cost/collectives.py on the cluster's fabric.
 Curves are piecewise linear in log(size) between their points and flat beyond them; a missing curve means
 efficiency 1 (the bare datasheet roofline). A 16-bit or 8-bit dtype without a peak uses the nearest one and says
-so. fp32 is never priced at a half-precision tensor-core peak (15x the FP32 rate on an H100): it needs the device's
-`peak_flop_per_s.fp32` (or tf32), and without an fp32 efficiency curve it takes the bf16 curve (A: the same achieved
-fraction of peak at the same FLOP count), said in the cost sources.
+so. fp32 matrix math is never priced at a half-precision peak (15x the FP32 rate on an H100). Where the device has
+TF32 tensor cores (`peak_flop_per_s.tf32`) it runs there: Transformer Engine's fp32 GEMMs always do (its cuBLASLt
+GEMM uses TF32 for pure-fp32 inputs), and PyTorch's do in NVIDIA's containers (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1);
+it takes the bf16 efficiency curve (A: the same tensor-core efficiency at the same FLOP count). Otherwise it runs at
+`peak_flop_per_s.fp32` (AMD CDNA: the FP32 matrix rate), taking max(FLOP / FP32 peak, the same GEMM's bf16 time) (A:
+never faster than its FP32 peak, nor than the GEMM in bf16, which bounds its latency at small sizes); a device with
+neither peak is refused. The cost sources say which.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from projection.specs.plan import ParallelPlan
 from projection.workload.ops import Op
 
 FLASH_BACKWARD_FACTOR = 2.5 / 2.0  # hardware / model FLOPs of the attention backward (FlashAttention-2 §3.1.2)
-_FALLBACK_DTYPES = {"fp16": "bf16", "bf16": "fp16", "fp32": "tf32", "tf32": "fp32", "fp8": "bf16", "fp4": "fp8"}
+_FALLBACK_DTYPES = {"fp16": "bf16", "bf16": "fp16", "tf32": "fp32", "fp8": "bf16", "fp4": "fp8"}
 _FULL_PRECISION = ("fp32", "tf32")  # no half-precision peak stands in for these
+_PEAK_ORDER = {"fp32": ("tf32", "fp32"), "tf32": ("tf32", "fp32")}  # fp32 matrix math on TF32 tensor cores if any
 
 
 def interpolate_log(points: Sequence[tuple[float, float]], size: float) -> float:
@@ -78,14 +83,15 @@ class RooflineCostModel:
 
     def provenance(self, op: Op) -> str:
         notes = []
-        if op.kind in ("gemm", "grouped_gemm", "attention") and op.dtype not in self._peaks:
+        if op.kind in ("gemm", "grouped_gemm", "attention") and self.peak_dtype(op.dtype) != op.dtype:
             notes.append(f"{self.peak_dtype(op.dtype)} peak for {op.dtype}")
         if not self.has_curve(op):
             notes.append(NO_CURVE)
         elif op.kind in ("gemm", "grouped_gemm", "attention") and op.dtype in _FULL_PRECISION:
             table = self._attention if op.kind == "attention" else self._gemm
             if not any(d in table for d in _FULL_PRECISION):
-                notes.append(f"bf16 efficiency curve for {op.dtype}")
+                notes.append(f"bf16 efficiency curve for {op.dtype}" if not self._fp32_floor(op) else
+                             f"{op.dtype} at the FP32 peak, at least its bf16 time")
         return f"roofline ({'; '.join(notes)})" if notes else "roofline"
 
     def has_curve(self, op: Op) -> bool:
@@ -112,19 +118,27 @@ class RooflineCostModel:
             hw_flop = op.flop * (FLASH_BACKWARD_FACTOR if op.phase == "I" else 1.0)
             return max(hw_flop / (peak * self.attention_efficiency(op.dtype, forward_flop)), memory_s)
         if op.kind in ("gemm", "grouped_gemm"):
+            if self._fp32_floor(op):  # module docstring: FP32 peak, never faster than the bf16 GEMM
+                bf16_s = op.flop / (self._peaks["bf16"] * self.gemm_efficiency("bf16", op.flop))
+                return max(op.flop / peak, bf16_s, memory_s)
             return max(op.flop / (peak * self.gemm_efficiency(op.dtype, op.flop)), memory_s)
         raise ValueError(f"op kind {op.kind!r} has no compute roofline")
+
+    def _fp32_floor(self, op: Op) -> bool:
+        """An fp32 GEMM priced on the FP32 (not TF32) peak without an fp32 curve of its own."""
+        return (op.kind in ("gemm", "grouped_gemm") and op.dtype in _FULL_PRECISION and "bf16" in self._peaks
+                and self.peak_dtype(op.dtype) == "fp32" and not any(d in self._gemm for d in _FULL_PRECISION))
 
     def peak_dtype(self, dtype: str) -> str:
         """The dtype whose peak prices `dtype`: itself if the device lists it, else a same-speed or nearest class;
         fp32 / tf32 only each other (ConfigError when the device lists neither)."""
-        for candidate in (dtype, _FALLBACK_DTYPES.get(dtype, "bf16")):
+        for candidate in _PEAK_ORDER.get(dtype, (dtype, _FALLBACK_DTYPES.get(dtype, "bf16"))):
             if candidate in self._peaks:
                 return candidate
         if dtype in _FULL_PRECISION:
             raise ConfigError(Problem(
                 f"device {self.device.name!r} lists no fp32 (or tf32) peak, so {dtype} matrix math cannot be priced",
-                key="peak_flop_per_s.fp32", file=f"hardware_specs/{self.device.name}.yaml",
+                key="peak_flop_per_s.fp32", file=f"the {self.device.name} device YAML",
                 fix="add peak_flop_per_s.fp32 (the FP32 rate an fp32 GEMM runs at) to the device YAML, or train in "
                     "bf16 (--set training.params_dtype=bf16)"))
         return "bf16" if "bf16" in self._peaks else next(iter(self._peaks))
@@ -142,7 +156,7 @@ class RooflineCostModel:
     def _curve(curves: Mapping[str, list[tuple[float, float]]], dtype: str) -> list[tuple[float, float]]:
         if dtype in curves:
             return curves[dtype]
-        fallback = curves.get(_FALLBACK_DTYPES.get(dtype, ""), [])
-        if not fallback and dtype in _FULL_PRECISION:
-            return curves.get("bf16", [])  # A: the bf16 GEMMs' achieved fraction of peak at the same FLOP count
-        return fallback
+        if dtype in _FULL_PRECISION:
+            other = curves.get("tf32" if dtype == "fp32" else "fp32", [])
+            return other or curves.get("bf16", [])  # A: the bf16 GEMMs' achieved fraction of peak, same FLOP count
+        return curves.get(_FALLBACK_DTYPES.get(dtype, ""), [])

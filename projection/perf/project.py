@@ -30,7 +30,7 @@ from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
 # the peak MFU is quoted against: a same-speed class when the device lacks the dtype; fp32 never a 16-bit one
-_PEAK_FALLBACK = {"fp16": ("bf16",), "bf16": ("fp16",), "fp32": ("tf32",), "fp8": ("bf16",)}
+_PEAK_FALLBACK = {"fp16": ("bf16",), "bf16": ("fp16",), "fp32": ("tf32", "fp32"), "fp8": ("bf16",)}
 
 
 def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
@@ -153,7 +153,8 @@ def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:
 def _peak(sc: Scenario) -> tuple[str, float]:
     peaks = {str(k): v for k, v in sc.cluster.device.peak_flop_per_s.items()}
     want = "fp8" if sc.training.fp8 is not None else sc.training.params_dtype
-    for dtype in (want, *_PEAK_FALLBACK.get(want, ())):
+    # fp32: the TF32 peak first, where its GEMMs are priced (projection/cost/roofline.py)
+    for dtype in (_PEAK_FALLBACK[want] if want == "fp32" else (want, *_PEAK_FALLBACK.get(want, ()))):
         if dtype in peaks:
             return dtype, peaks[dtype]
     dtype = next(iter(peaks))

@@ -93,18 +93,23 @@ def test_roofline_memory_bound_and_missing_peaks() -> None:
 
 
 def test_fp32_matrix_math_is_priced_at_the_fp32_peak_never_a_16_bit_one() -> None:
-    """An fp32 GEMM runs at the device's FP32 rate (MI300X 163.4 TFLOP/s, 1/8 of bf16), with the bf16 curve's
-    efficiency at the same FLOP count when the YAML has no fp32 curve; a device with no fp32 peak is refused."""
+    """MI300X (no TF32): an fp32 GEMM at max(FLOP / FP32 peak 163.4 TFLOP/s, the bf16 GEMM's time); H100: on the
+    TF32 tensor cores (494.7) with the bf16 curve's efficiency; a device with neither peak is refused."""
     rf = RooflineCostModel(DEVICE)
-    fp32, bf16 = gemm(4096, 4096, 4096, "fp32"), gemm(4096, 4096, 4096)
     flop = 2 * 4096**3
-    assert rf.op_seconds(fp32) == pytest.approx(flop / (163.4e12 * rf.gemm_efficiency("bf16", flop)))
-    assert rf.op_seconds(fp32) == pytest.approx(rf.op_seconds(bf16) * PEAK / 163.4e12)
-    assert rf.provenance(fp32) == "roofline (bf16 efficiency curve for fp32)"
+    big, small = gemm(4096, 4096, 4096, "fp32"), gemm(64, 64, 64, "fp32")
+    assert rf.op_seconds(big) == pytest.approx(flop / 163.4e12)  # the FP32 peak binds at this size
+    assert rf.op_seconds(small) == pytest.approx(rf.op_seconds(gemm(64, 64, 64)))  # the bf16 time binds
+    assert rf.op_seconds(big) >= rf.op_seconds(gemm(4096, 4096, 4096)) * (1 - 1e-12)
+    assert rf.provenance(big) == "roofline (fp32 at the FP32 peak, at least its bf16 time)"
+    h100 = RooflineCostModel(load_device("h100-sxm"))
+    assert h100.peak_dtype("fp32") == "tf32"
+    assert h100.op_seconds(big) == pytest.approx(flop / (494.7e12 * h100.gemm_efficiency("bf16", flop)))
+    assert h100.provenance(big) == "roofline (tf32 peak for fp32; bf16 efficiency curve for fp32)"
     peaks = {k: v for k, v in MI300X.peak_flop_per_s.items() if k != "fp32"}
     no_fp32 = RooflineCostModel(MI300X.model_copy(update={"peak_flop_per_s": peaks}))
     with pytest.raises(ConfigError) as err:
-        no_fp32.op_seconds(fp32)
+        no_fp32.op_seconds(big)
     assert err.value.problems[0].key == "peak_flop_per_s.fp32"
 
 
