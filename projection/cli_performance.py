@@ -92,8 +92,9 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
                             primus_root=getattr(args, "primus_root", None), env=env,
                             default_nodes=min(counts) if counts else 1)
     except PlanError as err:
-        if args.target_nodes is None and not counts:
-            raise
+        target = args.target_nodes if args.target_nodes is not None else max(counts, default=None)
+        if target is None or not _loads_at(args, env, target):
+            raise  # not the starting point's problem: no count fixes it, or the target fails too
         flag = "--target-nodes" if args.target_nodes is not None else "--scaling"
         raise PlanError([replace(p, message=f"at the starting point {flag} scales from: {p.message}",
                                  fix=f"{p.fix}; or give --nodes N, a node count this plan fits, to start from"
@@ -139,6 +140,16 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
         doc["wrote"] = written
         return json.dumps(doc, indent=2)
     return "\n".join([proj.to_table(), *[f"wrote {w}" for w in written]])
+
+
+def _loads_at(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> bool:
+    """Whether the config loads as a plan at `nodes` nodes (the starting point, not the plan, is then the problem)."""
+    try:
+        api.load(args.config, hardware=args.hardware, nodes=nodes, gpus_per_node=getattr(args, "gpus_per_node", None),
+                 overrides=args.set, primus_root=getattr(args, "primus_root", None), env=env)
+    except ProjectionError:
+        return False
+    return True
 
 
 def _check_args(args: argparse.Namespace) -> list[int]:

@@ -25,6 +25,7 @@ from projection.formats.torchtitan_schema import (
     KNOWN_CONVERTERS,
     MX_LINEAR_CONVERTERS,
     SCHEDULES,
+    UNMODELLED_SCHEDULES,
     JobReader,
     check_schema,
 )
@@ -257,10 +258,14 @@ def _pipeline(job: JobReader, raw: RawScenario, pp: int, model: dict[str, Any]) 
         return
     sched_key = f"{p}.pipeline_parallel_schedule"
     name = str(job.get(sched_key, "1F1B"))
+    if name.lower() in UNMODELLED_SCHEDULES:
+        job.problem(sched_key, f"{name} (zero-bubble over several stages per rank) is not modelled: projection's "
+                    "zero-bubble schedules run one stage per rank (ZB-H1/H2) or two in a V (ZBVZeroBubble)",
+                    "project it as Interleaved1F1B or ZBVZeroBubble (--set parallelism.pipeline_parallel_schedule=...)")
+        return
     if name.lower() not in SCHEDULES:
         job.problem(sched_key, f"unsupported pipeline schedule {name!r}",
-                    "use one of: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, "
-                    "DualPipeV")
+                    "use one of: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ZBVZeroBubble, DualPipeV")
         return
     schedule, multi = SCHEDULES[name.lower()]
     n = model["num_layers"]

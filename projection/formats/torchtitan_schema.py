@@ -49,13 +49,14 @@ STRICT_KEYS: dict[str, frozenset[str]] = {
                             "early_step_in_backward"}),
 }
 # torch.distributed.pipelining schedule names (matched case-insensitively, as get_schedule_class does) ->
-# (canonical schedule, multi-stage). InterleavedZeroBubble (B split into input/weight grads, looped placement) maps to
-# zb_h1 with vpp = stages per rank; LoopedBFS (breadth-first looped) is approximated by interleaved_1f1b.
+# (canonical schedule, multi-stage). LoopedBFS (breadth-first looped) is gpipe with vpp = stages per rank.
+# InterleavedZeroBubble (input/weight gradients split over a looped placement) has no canonical schedule: zb_h1/zb_h2
+# run one stage per rank; the loader refuses it by name (UNMODELLED_SCHEDULES).
 SCHEDULES: dict[str, tuple[str, bool]] = {
     "gpipe": ("gpipe", False), "1f1b": ("1f1b", False), "interleaved1f1b": ("interleaved_1f1b", True),
-    "loopedbfs": ("interleaved_1f1b", True), "interleavedzerobubble": ("zb_h1", True),
-    "zbvzerobubble": ("zbv", True), "dualpipev": ("dualpipev", True),
+    "loopedbfs": ("gpipe", True), "zbvzerobubble": ("zbv", True), "dualpipev": ("dualpipev", True),
 }
+UNMODELLED_SCHEDULES = {"interleavedzerobubble": "InterleavedZeroBubble"}
 FLOAT8_LINEAR_CONVERTERS = frozenset({"float8", "quantize.linear.float8", "quantize.dense.float8"})
 MX_LINEAR_CONVERTERS = frozenset({"mx", "quantize.linear.mx", "quantize.dense.mx"})
 # Accepted but not projected: MoE grouped-GEMM quantization leaves the dense linears in bf16 (Fp8Spec has no per-module

@@ -10,7 +10,7 @@ Conventions, stated once:
   projection.workload.model_flops.model_flops_per_step (GQA, gated MLP, MoE top-k + shared experts, MLA, MTP); for
   GPT it is F72 = 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) of validation-public.md §0.2.
 - MFU = model FLOPs / (step time x world x peak), peak = the device's dense datasheet FLOP/s for the params dtype
-  (bf16 / fp16; fp32 uses tf32), the fp8 peak when fp8 is on.
+  (bf16 / fp16; fp32: TF32 where the device has it, else FP32), the fp8 peak when fp8 is on.
 - hardware FLOPs = model FLOPs + the recomputed forward FLOPs (activation recomputation, attention counted like the
   formula), HFU likewise (Korthikanti et al. 2022).
 - breakdown_s: one pipeline rank's step (the busiest; `breakdown_rank`), summing to step_time_s: compute by op class

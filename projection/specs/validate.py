@@ -128,26 +128,30 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
 
 def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
                     bad: Callable[[str, str, str], None]) -> None:
-    """Report (through `bad`) plans Megatron-Core refuses at start-up. TorchTitan jobs are exempt: their FSDP
-    prefetch is plan.overlap.param_gather without a separate gradient overlap flag."""
+    """Report (through `bad`) plans Megatron-Core refuses at start-up. TorchTitan jobs are exempt, and FSDP
+    (zero_stage 3) from the gradient-overlap rule: its prefetch is plan.overlap.param_gather, its reduce-scatter
+    overlaps the backward by itself."""
     if "torchtitan" in raw.framework:
         return
     if model.moe is not None and plan.ep > 1 and plan.tp > 1 and not plan.sp:
         # megatron/core/transformer/transformer_config.py: "When using expert parallelism and tensor parallelism,
         # sequence parallelism must be used"
         bad("plan.sp", f"expert parallelism (ep = {plan.ep}) with tensor parallelism (tp = {plan.tp}) needs sequence "
-            "parallelism (Megatron-Core refuses the plan)", "turn sequence parallelism on (--sequence-parallel)")
+            "parallelism (Megatron-Core refuses the plan)",
+            "turn sequence parallelism on (plan.sp: true; Megatron's --sequence-parallel)")
     if plan.overlap.param_gather and plan.sharding.zero_stage == 0:
         # megatron/training/arguments.py validate_args: "--overlap-param-gather only supported with distributed
         # optimizer or megatron fsdp"
         bad("plan.overlap.param_gather", "overlapping the parameter all-gather needs sharded parameters or optimizer "
             "state: there is no parameter all-gather without the distributed optimizer (zero_stage 0)",
-            "use the distributed optimizer (--use-distributed-optimizer, zero_stage 1) or turn the overlap off")
-    if plan.overlap.param_gather and not plan.overlap.grad_reduce:
+            "use the distributed optimizer (plan.sharding.zero_stage: 1; Megatron's --use-distributed-optimizer) or "
+            "turn the overlap off")
+    if plan.overlap.param_gather and not plan.overlap.grad_reduce and plan.sharding.zero_stage < 3:
         # validate_args: "Must use --overlap-param-gather with --overlap-grad-reduce"
         bad("plan.overlap.param_gather", "overlapping the parameter all-gather needs the gradient reduction "
             "overlapped too (Megatron refuses --overlap-param-gather without --overlap-grad-reduce)",
-            "turn on --overlap-grad-reduce, or turn --overlap-param-gather off")
+            "turn on the gradient overlap (plan.overlap.grad_reduce; --overlap-grad-reduce), or the parameter-gather "
+            "overlap off")
     for key, count in (("plan.first_stage_layers", plan.first_stage_layers),
                        ("plan.last_stage_layers", plan.last_stage_layers)):
         if count == 0 and plan.pp > 1:

@@ -114,6 +114,10 @@ def test_a_starting_point_the_plan_does_not_fit_is_named_as_such(capsys: pytest.
     err = fails(capsys, "performance", "--config", L70, "--gpus-per-node", "4", "--target-nodes", "16")
     assert "at the starting point --target-nodes scales from: world size 16" in err and "give --nodes N" in err
     assert main(["performance", "--config", L70, "--gpus-per-node", "4", "--nodes", "8", "--target-nodes", "16"]) == 0
+    capsys.readouterr()
+    # a plan no node count fixes (tp 3 does not divide the heads) keeps its own message, without the starting point
+    err = fails(capsys, "performance", "--config", L70, "--set", "plan.tp=3", "--target-nodes", "16")
+    assert "tp = 3 does not divide" in err and "starting point" not in err
 
 
 @pytest.mark.parametrize("name", ["foo", "zbv", "dualpipe"])

@@ -322,3 +322,13 @@ def test_yaml_nulls_mean_defaults() -> None:
                             framework="primus")
     assert raw.framework == "primus" and raw.get("training.global_batch_size") is None
     assert raw.origins["model.hidden_size"].line == 7
+
+
+def test_looped_bfs_is_gpipe_looped_and_interleaved_zero_bubble_is_refused() -> None:
+    """LoopedBFS is gpipe with several stages per rank (tests/oracle/test_schedules_vs_torch.py checks the order
+    against torch's ScheduleLoopedBFS); InterleavedZeroBubble over two or more stages per rank has no model here."""
+    raw = _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "LoopedBFS"}))
+    assert raw.get("plan.schedule") == "gpipe" and raw.get("plan.vpp") == 2
+    with pytest.raises(ConfigError, match="InterleavedZeroBubble .* is not modelled") as err:
+        _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "InterleavedZeroBubble"}))
+    assert err.value.problems[0].key == "parallelism.pipeline_parallel_schedule"
