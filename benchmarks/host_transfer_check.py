@@ -32,9 +32,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 if str(REPO / "benchmarks") not in sys.path:
     sys.path.insert(0, str(REPO / "benchmarks"))
-TRACE_HOST_S = 31.6e-6  # hardware_specs/h100-sxm.yaml host_kernel_issue_s
+def _trace_host_s() -> float:
+    """The device YAML's host time per kernel (h100-sxm: 31.6 us, from the TraceLens trace)."""
+    from projection.specs.hardware import load_device
+
+    return load_device("h100-sxm").host_kernel_issue_s or 0.0
 PUBLISHED = {  # seconds per forward call on a GPU host
     "torch.nn.Linear": (13.48e-6, "TransformerEngine issue #2053, DGX H100 (Xeon 8480C)"),
     "ColumnParallelLinear": (74e-6, "TransformerEngine PR #1191, GPU host not stated"),
@@ -91,8 +97,9 @@ def main() -> int:
         return 2
     ref = json.loads((REPO / "calibrations" / "framework_host.json").read_text())["measured"]["reference_s_per_kernel"]
     print(f"{'host work':<44} {'GPU host':>10} {'here':>9} {'scale':>6}  source")
-    print(f"{'eager kernel (trace / reference layer)':<44} {TRACE_HOST_S * 1e6:>8.2f}us {ref * 1e6:>7.2f}us "
-          f"{TRACE_HOST_S / ref:>6.2f}  device YAML trace; calibrations/framework_host.json")
+    trace_s = _trace_host_s()
+    print(f"{'eager kernel (trace / reference layer)':<44} {trace_s * 1e6:>8.2f}us {ref * 1e6:>7.2f}us "
+          f"{trace_s / ref:>6.2f}  device YAML trace; calibrations/framework_host.json")
     for name, (gpu_s, source) in PUBLISHED.items():
         print(f"{name + ' forward':<44} {gpu_s * 1e6:>8.2f}us {here[name] * 1e6:>7.2f}us {gpu_s / here[name]:>6.2f}  "
               f"{source}")

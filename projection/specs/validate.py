@@ -111,7 +111,7 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
     if plan.pp == 1 and plan.vpp_ > 1:  # Megatron validate_args; a virtual pipeline has no pipeline to interleave
         bad("plan.vpp", f"vpp = {plan.vpp_} with pp = 1: a virtual pipeline needs a pipeline (pp > 1)",
             "raise pp, or drop vpp")
-    if plan.pp > 1:
+    if plan.pp > 1 or plan.vpp_ == 1:  # (pp 1 with vpp > 1 is refused above)
         from projection.schedule.registry import stages_per_rank_problem
 
         stages = stages_per_rank_problem(plan.schedule, plan.vpp_)
