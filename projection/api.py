@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from projection.errors import COMMAND_LINE, count_of
+from projection.errors import COMMAND_LINE, ConfigError, Problem, count_of
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
 from projection.memory.report import MemoryReport
@@ -44,7 +44,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if isinstance(nested, Mapping):
         ov.update({f"cluster.{k}": v for k, v in nested.items()})
     elif nested is not None:
-        ov["cluster"] = nested  # not a mapping: left for the loader to refuse
+        raise ConfigError(Problem(f"cluster must be a mapping of cluster keys, got {nested!r}", key="--set cluster",
+                                  file=COMMAND_LINE, fix="set one key at a time, e.g. --set cluster.nodes=4"))
     cluster = {str(k): v for k, v in ov.items() if str(k).startswith("cluster.")}
     ov = {k: v for k, v in ov.items() if str(k) not in cluster}
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,

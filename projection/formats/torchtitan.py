@@ -218,11 +218,11 @@ def _recompute(job: JobReader, raw: RawScenario) -> None:
         option = str(job.get(opt_key, "2")).strip()
         if option == "op":
             modules: tuple[str, ...] = ("op",)
-        elif option.isdigit() and int(option) >= 1:  # every N-th block fully checkpointed
-            modules = (f"layer:{int(option)}",)
+        elif option.isdigit():  # every N-th block fully checkpointed; 0 means every block (`not ac_freq` in apply_ac)
+            modules = (f"layer:{max(1, int(option))}",)
         else:
-            job.problem(opt_key, f"selective_ac_option {option!r} is neither 'op' nor a positive integer",
-                        "use 'op' or an integer N >= 1 (checkpoint every N-th layer)")
+            job.problem(opt_key, f"selective_ac_option {option!r} is neither 'op' nor an integer",
+                        "use 'op' or an integer N >= 0 (checkpoint every N-th layer; 0: every layer)")
             return
         raw.set("plan.recompute", {"granularity": "selective", "modules": modules}, job.origin(opt_key))
     else:

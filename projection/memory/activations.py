@@ -181,7 +181,7 @@ def saved_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
         for mod in mods:
             if mod.startswith("layer:"):
                 n = int(mod.split(":", 1)[1])
-                if n > 0 and i % n == 0:
+                if (i + 1) % n == 0:  # TorchTitan's wrap counter starts at 1 (workload/ops.py)
                     return layer_input_bytes(model, training, plan)
                 continue
             for name in _SELECTIVE_DROPS.get(mod, ()):

@@ -125,7 +125,7 @@ def _saved_tensors(sc: Scenario, i: int, full: bool, chunk_head: bool) -> dict[s
         for mod in p.recompute.modules or ("core_attn",):
             if mod.startswith("layer:"):
                 n = int(mod.split(":", 1)[1])
-                if n > 0 and i % n == 0:
+                if (i + 1) % n == 0:  # TorchTitan's wrap counter starts at 1 (workload/ops.py)
                     return {"layer.input": layer_input_bytes(m, t, p)}
                 continue
             for name in _SELECTIVE_DROPS.get(mod, ()):

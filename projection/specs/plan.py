@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from projection.specs.base import Spec
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "v_half", "v_min", "dualpipe",
                        "dualpipev"]
+
+
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts", "op")
 
 
 class RecomputeSpec(Spec):
@@ -27,6 +30,18 @@ class RecomputeSpec(Spec):
     layer_ids: tuple[int, ...] | None = None
     modules: tuple[str, ...] = ()
     distribute_saved_activations: bool = False
+
+    @field_validator("modules")
+    @classmethod
+    def _known_modules(cls, modules: tuple[str, ...]) -> tuple[str, ...]:
+        """Megatron's --recompute-modules choices (megatron/training/arguments.py), TorchTitan's 'op', or 'layer:N'
+        with N >= 1 (TorchTitan selective_ac_option: every N-th block); anything else is refused, as Megatron does."""
+        for m in modules:
+            n = m[6:] if m.startswith("layer:") else None
+            if m not in RECOMPUTE_MODULES and not (n is not None and n.isdigit() and int(n) >= 1):
+                raise ValueError(f"unknown recompute module {m!r}: use {', '.join(RECOMPUTE_MODULES)} or 'layer:N' "
+                                 "(N >= 1)")
+        return modules
 
 
 class OffloadSpec(Spec):

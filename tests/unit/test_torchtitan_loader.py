@@ -150,8 +150,11 @@ def test_activation_checkpoint(section: dict[str, Any], expected: dict[str, Any]
 def test_activation_checkpoint_rejects_what_it_cannot_project() -> None:
     with pytest.raises(ConfigError, match="memory_budget"):
         _raw(_cfg(activation_checkpoint={"mode": "memory_budget"}))
-    with pytest.raises(ConfigError, match="neither 'op' nor a positive integer"):
-        _raw(_cfg(activation_checkpoint={"mode": "selective", "selective_ac_option": "0"}))
+    with pytest.raises(ConfigError, match="neither 'op' nor an integer"):
+        _raw(_cfg(activation_checkpoint={"mode": "selective", "selective_ac_option": "-1"}))
+    # 0 checkpoints every block: TorchTitan's apply_ac wraps when `not ac_freq or count % ac_freq == 0`
+    every = _raw(_cfg(activation_checkpoint={"mode": "selective", "selective_ac_option": "0"}))
+    assert every.get("plan.recompute")["modules"] == ("layer:1",)
 
 
 # ------------------------------------------------------------------------------------------------ PP stage split
