@@ -17,6 +17,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -132,9 +133,10 @@ class FittedFabric(Spec):
         return out
 
     def apply(self, fabric: Fabric) -> Fabric:
-        """`fabric` with these tier parameters and curves."""
+        """`fabric` with these tier parameters and curves; a curve whose largest-size segment is flat (latency only)
+        is not installed: extrapolated, it would price any larger message at that latency."""
         return fabric.with_fit({t.tier: TierParams(t.alpha_s, t.beta_bytes_per_s) for t in self.tiers},
-                               [c.to_curve() for c in self.curves])
+                               [c.to_curve() for c in self.curves if c.segments[-1].busbw_bytes_per_s < FLAT_BUSBW])
 
     def to_table(self) -> str:
         """Plain-text report: each curve with its segments and errors, quality per tier and kind, tiers, skips."""
@@ -260,19 +262,31 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
                                                                       for f in p.source_files})) or None,
                                        fix="import nccl-tests / rccl-tests sweeps (several message sizes), or run "
                                            "`projection calibrate collective`, into this calibration"))
-    return FittedFabric(curves=tuple(curves), tiers=_tiers(curves, fabric), skipped=tuple(skipped))
+    tiers = _tiers(curves, fabric)
+    skipped += [f"{c.tier} {c.kind} {c.n_ranks} ranks: its largest measured sizes fit a flat (latency-only) segment, "
+                "so the curve is reported but not used to price collectives (measure larger messages)"
+                for c in curves if c.segments[-1].busbw_bytes_per_s >= FLAT_BUSBW]
+    skipped += [f"{t} tier: no bandwidth (every ring-kind curve is flat, latency only, over its measured sizes: "
+                "measure larger messages)" for t in ("intra_node", "inter_node")
+                if any(c.tier == t and c.kind in _RING_KINDS for c in curves) and t not in {x.tier for x in tiers}]
+    return FittedFabric(curves=tuple(curves), tiers=tiers, skipped=tuple(skipped))
 
 
 def _tiers(curves: list[CurveFit], fabric: Fabric | None) -> tuple[TierFit, ...]:
-    """Per tier: from the ring-kind curve with the most rows (all_reduce first), its implied alpha and beta."""
+    """Per tier: from the ring-kind curve with the most rows (all_reduce first), its implied alpha and beta, the
+    bandwidth from its largest-size segment that is not flat (FLAT_BUSBW marks latency-only segments: they carry no
+    bandwidth); a tier whose curves are all flat gets no parameters."""
     fabric = fabric or Fabric(gpus_per_node=8, intra=TierParams(0.0, 1.0), inter=TierParams(0.0, 1.0))
     out = []
     for tier in ("intra_node", "inter_node"):
-        usable = [c for c in curves if c.tier == tier and c.kind in _RING_KINDS]
+        usable = [c for c in curves if c.tier == tier and c.kind in _RING_KINDS
+                  and any(s.busbw_bytes_per_s < FLAT_BUSBW for s in c.segments)]
         if not usable:
             continue
         c = max(usable, key=lambda c: (c.kind == "all_reduce", len(c.residuals), c.n_ranks))
-        params = tier_from_curve(c.to_curve(), fabric)
+        curve = c.to_curve()
+        last = max(i for i, s in enumerate(c.segments) if s.busbw_bytes_per_s < FLAT_BUSBW)
+        params = tier_from_curve(replace(curve, segments=curve.segments[:last + 1]), fabric)
         out.append(TierFit(tier=c.tier, alpha_s=params.alpha_s, beta_bytes_per_s=params.beta_bytes_per_s,
                            from_kind=c.kind, n_ranks=c.n_ranks, n_nodes=c.n_nodes))
     return tuple(out)

@@ -164,3 +164,19 @@ def test_inter_node_tier_from_the_two_node_mi300x_sweep() -> None:
     t4, t2 = collective_time_s("all_reduce", big, four, priced), collective_time_s("all_reduce", big,
                                                                                    GroupPlacement(16, 8, 2), priced)
     assert bus_factor("all_reduce", 32) * big / t4 == pytest.approx(bus_factor("all_reduce", 16) * big / t2, rel=0.05)
+
+
+def test_a_sweep_that_ends_flat_gives_no_tier_bandwidth_and_prices_nothing_at_latency_only() -> None:
+    """Two sizes whose larger one ran (by noise) a little faster fit one flat, latency-only segment. That segment
+    carries no bandwidth: no tier gets 1e18 B/s, and the curve is not installed, so a 1 GiB all-reduce is not priced
+    at the small messages' latency."""
+    rows = rows_from("all_reduce", 2, 1, [4096, 65536], [5.12e-4, 4.68e-4], "noisy")
+    fitted = fit_calibration(Calibration(collective=rows))
+    (curve,) = fitted.curves
+    assert curve.segments[-1].busbw_bytes_per_s >= FLAT_BUSBW
+    assert fitted.tiers == () and any("flat" in s for s in fitted.skipped)
+    base = Fabric.from_specs(load_device("h100-sxm"), ClusterSpec(device=load_device("h100-sxm"), nodes=1))
+    place = GroupPlacement(2, 2, 1)
+    assert fitted.apply(base).curves == ()
+    assert collective_time_s("all_reduce", GIB, place, fitted.apply(base)) == collective_time_s("all_reduce", GIB,
+                                                                                                place, base)
