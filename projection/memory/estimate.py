@@ -368,9 +368,12 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
                 "buffers": sum(bufs.values()), "other": 0}
         fwd_bwd = {**base, "activations": round(sum(act_terms.values()) + sum(work.values()))}
         opt_step = {**base, "activations": 0, "other": base["other"] + sum(step.values())}
-        by = fwd_bwd if sum(fwd_bwd.values()) >= sum(opt_step.values()) else opt_step
-        terms = {**states.terms, **{k: round(v) for k, v in act_terms.items()},
-                 **{k: round(v) for k, v in work.items()}, **bufs, **step}
+        at_step = sum(fwd_bwd.values()) < sum(opt_step.values())
+        by = opt_step if at_step else fwd_bwd
+        # the addends of the moment the peak is at: the forward/backward's activations and working set, or the
+        # optimizer step's own buffers
+        terms = {**states.terms, **bufs, **(step if at_step else {**{k: round(v) for k, v in act_terms.items()},
+                                                                   **{k: round(v) for k, v in work.items()}})}
         peak = sum(by.values())
         ranks.append(RankMemory(pp_rank=r, bytes=by, terms=terms, peak_bytes=peak,
                                 reserved_bytes=reserved_bytes(peak, by["activations"]), cpu_bytes=states.cpu_optimizer,

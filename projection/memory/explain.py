@@ -56,11 +56,24 @@ def state_formulas(sc: Scenario, pp_rank: int) -> list[tuple[str, sp.Expr, Mappi
     g_bytes = (DTYPE_BYTES[opt.main_params_dtype if fsdp2 else opt.main_grads_dtype]) if mixed else pbytes
     experts = rp.by_component.get("experts", 0)
     subs: dict[sp.Symbol, float] = {P_d: rp.params - experts, P_e: experts, G_d: g_d, G_e: g_e}
+    off = sc.plan.offload
+    # the share kept on the CPU (projection/memory/model_states.py): the optimizer's offload fraction; with FSDP2 CPU
+    # offload the sharded params, grads and optimizer state
+    f_cpu = 1.0 if off.fsdp_params else off.optimizer_fraction if off.optimizer else 0.0
+    F = sp.Symbol("f_cpu", nonnegative=True)
+    on_gpu: sp.Expr = 1 - F if f_cpu else sp.Integer(1)
+    if f_cpu:
+        subs[F] = f_cpu
+    state_gpu: sp.Expr = on_gpu if off.fsdp_params else sp.Integer(1)
     return [
-        ("weights (params)", n(3) * w_bytes, subs),
-        ("gradients (main grads)", n(2) * g_bytes, subs),
-        ("optimizer (master + moments)", n(1) * (master + moment_bytes), subs),
+        ("weights (params)", n(3) * w_bytes * state_gpu, subs),
+        ("gradients (main grads)", n(2) * g_bytes * state_gpu, subs),
+        ("optimizer (master + moments)", n(1) * (master + moment_bytes) * on_gpu, subs),
     ]
+
+
+_MAIN_TERMS = {"weights": ("weights.params", "weights.sharded"), "gradients": ("gradients.main",),
+               "optimizer": ("optimizer.master", "optimizer.moments")}
 
 
 def explain(report: MemoryReport) -> str:
@@ -69,9 +82,15 @@ def explain(report: MemoryReport) -> str:
              "s local sequence, h hidden, e bytes per activation element.", ""]
     for r in report.ranks:
         lines.append(f"pp_rank {r.pp_rank}:")
-        for name, expr, subs in state_formulas(sc, r.pp_rank):
+        for (name, expr, subs), category in zip(state_formulas(sc, r.pp_rank), _MAIN_TERMS, strict=True):
             value = float(expr.subs(subs))
             lines.append(f"  {name:<30} {sp.sstr(expr):<44} = {_subs_text(subs)} -> {value:,.0f}")
+            extra = {k: v for k, v in r.terms.items() if k.startswith(category + ".") and k not in
+                     _MAIN_TERMS[category]}
+            for k, v in extra.items():  # addends the formula does not hold (fp8 copies, FSDP units in flight, ...)
+                lines.append(f"    + {k:<48} {v:,.0f}")
+            if extra:
+                lines.append(f"    = {category:<48} {r.bytes[category]:,.0f}")
         done: set[str] = set()
         layers = per_rank_params(sc.model, sc.plan)[r.pp_rank].layers
         for i in layers:

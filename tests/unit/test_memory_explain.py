@@ -9,21 +9,30 @@ import pytest
 from projection import api
 from projection.memory.activations import layer_tensors
 from projection.memory.estimate import estimate_memory
-from projection.memory.explain import explain, layer_formula, state_formulas
+from projection.memory.explain import _MAIN_TERMS, explain, layer_formula, state_formulas
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("overrides", [[], ["plan.sharding.zero_stage=3", "plan.sharding.fsdp=megatron_fsdp"],
-                                       ["plan.sharding.zero_stage=2"], ["training.params_dtype=fp32"]])
+                                       ["plan.sharding.zero_stage=2"], ["training.params_dtype=fp32"],
+                                       ["plan.offload.optimizer=true", "plan.offload.optimizer_fraction=0.5"],
+                                       ["training.fp8.format=hybrid"]])
 def test_state_formulas_equal_terms(overrides: list[str]) -> None:
+    """Each formula equals its main term, and with the addends --explain lists under it (fp8 copies, FSDP units in
+    flight, ...) the table's category: what --explain shows adds up to what the table and JSON report."""
     sc = api.load(REPO / "examples/llama3.1_70B-mi300x.yaml", overrides=overrides)
     rep = estimate_memory(sc)
+    text = explain(rep)
     for r in rep.ranks:
         (_, w, ws), (_, g, gs), (_, o, os_) = state_formulas(sc, r.pp_rank)
         assert float(w.subs(ws)) == pytest.approx(r.terms.get("weights.params", r.terms.get("weights.sharded")))
         assert float(g.subs(gs)) == pytest.approx(r.bytes["gradients"])
-        assert float(o.subs(os_)) == pytest.approx(r.bytes["optimizer"])
+        assert float(o.subs(os_)) == pytest.approx(r.bytes["optimizer"], abs=2)
+        extra = sum(v for k, v in r.terms.items() if k.startswith("weights.") and k not in _MAIN_TERMS["weights"])
+        assert float(w.subs(ws)) + extra == pytest.approx(r.bytes["weights"], abs=2)
+        if extra:
+            assert f"{r.bytes['weights']:,.0f}" in text
 
 
 def test_layer_formula_equals_inventory() -> None:
@@ -32,3 +41,20 @@ def test_layer_formula_equals_inventory() -> None:
     assert float(expr.subs(subs)) == pytest.approx(sum(layer_tensors(sc.model, sc.training, sc.plan, 0).values()))
     text = explain(estimate_memory(sc))
     assert "pp_rank 3" in text and "b*s*" in text
+
+
+FP16_TP4 = REPO.parent / "shared/fixtures/megatron/gpt3_mcore_tp4_pp1_resume_torch_dist/model_config.yaml"
+
+
+@pytest.mark.parametrize(("config", "overrides"), [
+    ("examples/llama3.1_70B-mi300x.yaml", []), ("examples/llama3.1_70B-mi300x.yaml", ["training.seq_length=128"]),
+    (str(FP16_TP4), []), (str(FP16_TP4), ["seq_length=128"])])  # fp16: 16-bit main grads, fp32 copies at the step
+def test_terms_are_the_addends_of_the_peak(config: str, overrides: list[str]) -> None:
+    """`terms` names every addend of the peak: those of the moment it is at (the forward/backward with its
+    activations and working set, or the optimizer step with its own buffers), never both."""
+    if config == str(FP16_TP4) and not FP16_TP4.is_file():
+        pytest.skip("shared/fixtures/megatron absent (user clone)")
+    sc = api.load(REPO / config, overrides=overrides, nodes=1 if config == str(FP16_TP4) else None,
+                  gpus_per_node=8 if config == str(FP16_TP4) else None)
+    for r in estimate_memory(sc).ranks:
+        assert sum(r.terms.values()) == pytest.approx(r.peak_bytes, abs=len(r.terms))
