@@ -100,7 +100,7 @@ def test_path_and_name_give_the_same_spec() -> None:
 
 def test_unit_strings_and_plain_numbers_agree(tmp_path: Path) -> None:
     text = MI300X_TEXT
-    for old, new in [("1307.4 TFLOP/s", "1.3074e+15"), ("2614.9 TFLOP/s", "2614.9e12"), ("192GB", "192000000000"),
+    for old, new in [("1307.4 TFLOP/s", "1.3074e+15"), ("2614.9 TFLOP/s", "2614.9e12"), ("196592MiB", "206141652992"),
                      ("5.3TB/s", "5.3e+12"), ("448GB/s", "4.48e+11"), ("400Gbps", "50e9"), ("2us", "2.0e-6"),
                      ("5us", "0.000005")]:
         assert old in text
@@ -110,7 +110,7 @@ def test_unit_strings_and_plain_numbers_agree(tmp_path: Path) -> None:
 
 def test_si_values_of_mi300x() -> None:
     dev = load_device("mi300x")
-    assert dev.hbm_bytes == 192 * 10**9
+    assert dev.hbm_bytes == 196592 * 2**20  # hardware_specs/README.md § Device memory
     assert dev.hbm_bandwidth_bytes_per_s == pytest.approx(5.3e12)
     assert dev.intra_node.bandwidth_per_direction_bytes_per_s == pytest.approx(448e9)
     assert dev.nic.bandwidth_bytes_per_s == pytest.approx(400e9 / 8)  # 400 Gb/s in bytes/s
@@ -118,7 +118,7 @@ def test_si_values_of_mi300x() -> None:
 
 
 def test_binary_prefix_is_honoured(tmp_path: Path) -> None:
-    assert load_device(_write(tmp_path, _edited("192GB", "64GiB"))).hbm_bytes == 64 * 2**30
+    assert load_device(_write(tmp_path, _edited("196592MiB", "64GiB"))).hbm_bytes == 64 * 2**30
 
 
 # ------------------------------------------------------------------------------------------------ user errors
@@ -139,7 +139,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_unknown_key_names_file_line_and_fix(tmp_path: Path) -> None:
-    text = _edited("hbm_bytes: 192GB", "hbm_bytse: 192GB")
+    text = _edited("hbm_bytes: 196592MiB", "hbm_bytse: 196592MiB")
     msg, path = _error(tmp_path, text)
     assert f"{path}:{_line_of(text, 'hbm_bytse')}" in msg
     assert "'hbm_bytse'" in msg and "unknown key" in msg and "hbm_bytes" in msg  # the fix lists the allowed keys
@@ -162,9 +162,9 @@ def test_unknown_dtype(tmp_path: Path) -> None:
     [("links_per_gpu: 7", "links_per_gpu: seven", "intra_node.links_per_gpu"),
      ("links_per_gpu: 7", "links_per_gpu: 7.5", "intra_node.links_per_gpu"),
      ("tdp_w: 750", "tdp_w: true", "tdp_w"),
-     ("hbm_bytes: 192GB", "hbm_bytes: [192]", "hbm_bytes"),
-     ("hbm_bytes: 192GB", "hbm_bytes: -192GB", "hbm_bytes"),
-     ("hbm_bytes: 192GB", "hbm_bytes: 0", "hbm_bytes"),
+     ("hbm_bytes: 196592MiB", "hbm_bytes: [192]", "hbm_bytes"),
+     ("hbm_bytes: 196592MiB", "hbm_bytes: -192GB", "hbm_bytes"),
+     ("hbm_bytes: 196592MiB", "hbm_bytes: 0", "hbm_bytes"),
      ("5.3TB/s", "5.3 furlongs", "hbm_bandwidth_bytes_per_s"),
      ("  latency_s: 5us", "  latency_s: soon", "nic.latency_s"),
      ("vendor: amd", "vendor: intel", "vendor"),
