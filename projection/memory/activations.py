@@ -180,8 +180,7 @@ def saved_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
         mods = plan.recompute.modules or ("core_attn",)
         for mod in mods:
             if mod.startswith("layer:"):
-                n = int(mod.split(":", 1)[1])
-                if (i + 1) % n == 0:  # TorchTitan's wrap counter starts at 1 (workload/ops.py)
+                if plan.recompute.every_nth_checkpoints(i):
                     return layer_input_bytes(model, training, plan)
                 continue
             for name in _SELECTIVE_DROPS.get(mod, ()):

@@ -124,8 +124,7 @@ def _saved_tensors(sc: Scenario, i: int, full: bool, chunk_head: bool) -> dict[s
     if p.recompute.granularity == "selective":
         for mod in p.recompute.modules or ("core_attn",):
             if mod.startswith("layer:"):
-                n = int(mod.split(":", 1)[1])
-                if (i + 1) % n == 0:  # TorchTitan's wrap counter starts at 1 (workload/ops.py)
+                if p.recompute.every_nth_checkpoints(i):
                     return {"layer.input": layer_input_bytes(m, t, p)}
                 continue
             for name in _SELECTIVE_DROPS.get(mod, ()):
@@ -156,13 +155,12 @@ def layer_offload_splits(sc: Scenario, slot: StageSlot,
     (offload_split; the chunk's last layer keeps everything when the loss follows it, module docstring)."""
     memo = {} if memo is None else memo
     m, p = sc.model, sc.plan
-    every = [int(mod[6:]) for mod in p.recompute.modules if mod.startswith("layer:")]
     full = recomputed_layers(p, slot.layers)
     chunk = max(1, p.recompute.num_layers or 1) if p.recompute.method == "uniform" else 1
     keep_last = slot.loss and not slot.mtp_layers  # backwarded right after its forward: not offloaded
     out = []
     for n, i in enumerate(slot.layers):
-        key = (m.is_moe_layer(i), i in full, n % chunk == 0, tuple(k > 0 and i % k == 0 for k in every))
+        key = (m.is_moe_layer(i), i in full, n % chunk == 0, p.recompute.every_nth_checkpoints(i))
         if key not in memo:
             memo[key] = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
         resident, off = memo[key]

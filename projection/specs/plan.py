@@ -43,6 +43,12 @@ class RecomputeSpec(Spec):
                                  "(N >= 1)")
         return modules
 
+    def every_nth_checkpoints(self, layer_index: int) -> bool:
+        """Whether a 'layer:N' module checkpoints decoder layer `layer_index` whole: every N-th block, counted from 1
+        as TorchTitan's apply_ac wrap counter does ((i + 1) % N == 0). The one place the memory estimate and the op
+        list read this rule from."""
+        return any((layer_index + 1) % int(m[6:]) == 0 for m in self.modules if m.startswith("layer:"))
+
 
 class OffloadSpec(Spec):
     """CPU offload. optimizer_fraction: share of the optimizer state and master params kept on the CPU."""

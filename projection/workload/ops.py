@@ -169,7 +169,7 @@ def _recompute_mode(model: ModelSpec, plan: ParallelPlan, layer_index: int) -> s
         if module == "op":
             return "op"
         if module.startswith("layer:"):
-            if (layer_index + 1) % int(module.split(":", 1)[1]) == 0:
+            if r.every_nth_checkpoints(layer_index):
                 return "full"
             continue
         tags |= _MODULE_TAGS.get(module, set())

@@ -46,3 +46,22 @@ def test_cluster_given_as_a_scalar_is_refused() -> None:
                           str(REPO / "examples" / "llama3_8b_inline.yaml"), "--set", "cluster=x"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "--set cluster.nodes=4" in res.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_per_stage_memo_keeps_every_nth_layers_apart(n: int, tmp_path: Path) -> None:
+    """layer_offload_splits caches by layer kind: a layer:N-checkpointed layer must not share a cache entry with one
+    that is not (the stage's bytes equal the layer-by-layer ones)."""
+    from projection import api
+    from projection.memory.estimate import layer_offload_splits, offload_split
+    from projection.workload.stages import split_stages
+
+    path = tmp_path / "exp.yaml"
+    path.write_text("model: {num_layers: 10, hidden_size: 512, num_attention_heads: 8, ffn_hidden_size: 2048, "
+                    "vocab_size: 1024}\ntraining: {seq_length: 256, micro_batch_size: 1, global_batch_size: 8}\n"
+                    f"plan: {{recompute: {{granularity: selective, modules: ['layer:{n}']}}}}\n"
+                    "cluster: {hardware: h100-sxm, nodes: 1, gpus_per_node: 1}\n")
+    sc = api.load(path)
+    (slot,) = split_stages(sc.model, sc.plan)
+    got = [(i, r + o) for i, r, o in layer_offload_splits(sc, slot)[:-1]]  # the last layer keeps its loss-side bytes
+    assert got == [(i, sum(offload_split(sc, i))) for i, _ in got]
