@@ -53,6 +53,23 @@ def interpolate_log(points: Sequence[tuple[float, float]], size: float) -> float
 NO_CURVE = "at 100 % of the datasheet: the device YAML has no efficiency curve for it"
 
 
+def peak_dtype(device: DeviceSpec, dtype: str) -> str:
+    """The dtype whose peak prices `dtype` on `device` (and that MFU is quoted against): itself if the device lists
+    it, else a same-speed or nearest class; fp32 / tf32 only each other, TF32 first (ConfigError when the device lists
+    neither)."""
+    peaks = device.peak_flop_per_s
+    for candidate in _PEAK_ORDER.get(dtype, (dtype, _FALLBACK_DTYPES.get(dtype, "bf16"))):
+        if candidate in peaks:
+            return candidate
+    if dtype in _FULL_PRECISION:
+        raise ConfigError(Problem(
+            f"device {device.name!r} lists no fp32 (or tf32) peak, so {dtype} matrix math cannot be priced",
+            key="peak_flop_per_s.fp32", file=f"the {device.name} device YAML",
+            fix="add peak_flop_per_s.fp32 (the FP32 rate an fp32 GEMM runs at) to the device YAML, or train in "
+                "bf16 (--set training.params_dtype=bf16)"))
+    return "bf16" if "bf16" in peaks else str(next(iter(peaks)))
+
+
 class RooflineCostModel:
     """Peaks and efficiency curves of one device; collectives on `fabric` (default: analytic, from the specs)."""
 
@@ -130,18 +147,7 @@ class RooflineCostModel:
                 and self.peak_dtype(op.dtype) == "fp32" and not any(d in self._gemm for d in _FULL_PRECISION))
 
     def peak_dtype(self, dtype: str) -> str:
-        """The dtype whose peak prices `dtype`: itself if the device lists it, else a same-speed or nearest class;
-        fp32 / tf32 only each other (ConfigError when the device lists neither)."""
-        for candidate in _PEAK_ORDER.get(dtype, (dtype, _FALLBACK_DTYPES.get(dtype, "bf16"))):
-            if candidate in self._peaks:
-                return candidate
-        if dtype in _FULL_PRECISION:
-            raise ConfigError(Problem(
-                f"device {self.device.name!r} lists no fp32 (or tf32) peak, so {dtype} matrix math cannot be priced",
-                key="peak_flop_per_s.fp32", file=f"the {self.device.name} device YAML",
-                fix="add peak_flop_per_s.fp32 (the FP32 rate an fp32 GEMM runs at) to the device YAML, or train in "
-                    "bf16 (--set training.params_dtype=bf16)"))
-        return "bf16" if "bf16" in self._peaks else next(iter(self._peaks))
+        return peak_dtype(self.device, dtype)
 
     def gemm_efficiency(self, dtype: str, flop: float) -> float:
         return interpolate_log(self._curve(self._gemm, dtype), flop)

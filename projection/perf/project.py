@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from projection.cost.model import CostModel
+from projection.cost.roofline import peak_dtype
 from projection.errors import ConfigError, PlanError, Problem
 from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
@@ -29,9 +30,6 @@ from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
-# the peak MFU is quoted against: a same-speed class when the device lacks the dtype; fp32 never a 16-bit one
-_PEAK_FALLBACK = {"fp16": ("bf16",), "bf16": ("fp16",), "fp32": ("tf32", "fp32"), "fp8": ("bf16",)}
-
 
 def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
     """The scenario with another pipeline schedule (same pp, vpp, microbatches)."""
@@ -151,14 +149,10 @@ def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:
 
 
 def _peak(sc: Scenario) -> tuple[str, float]:
-    peaks = {str(k): v for k, v in sc.cluster.device.peak_flop_per_s.items()}
-    want = "fp8" if sc.training.fp8 is not None else sc.training.params_dtype
-    # fp32: the TF32 peak first, where its GEMMs are priced (projection/cost/roofline.py)
-    for dtype in (_PEAK_FALLBACK[want] if want == "fp32" else (want, *_PEAK_FALLBACK.get(want, ()))):
-        if dtype in peaks:
-            return dtype, peaks[dtype]
-    dtype = next(iter(peaks))
-    return dtype, peaks[dtype]
+    """The peak MFU is quoted against: the one the compute dtype's GEMMs are priced at (cost/roofline.peak_dtype)."""
+    device = sc.cluster.device
+    dtype = peak_dtype(device, "fp8" if sc.training.fp8 is not None else sc.training.params_dtype)
+    return dtype, {str(k): v for k, v in device.peak_flop_per_s.items()}[dtype]
 
 
 def _assemble(sc: Scenario, sched: Schedule, engine: str, priced: PricedStages, dp: DPComm, sim: SimResult,

@@ -491,3 +491,18 @@ def test_a_schedule_the_config_accepts_is_one_perf_accepts(vpp: int, tmp_path: P
         assert (sc is not None) == builds, (name, vpp)
         if sc is not None:
             assert name in applicable_schedules(sc) or name == "interleaved_1f1b" and vpp == 1
+
+
+@pytest.mark.parametrize(("device", "params_dtype", "peak"), [("h100-sxm", "fp32", "tf32"), ("mi300x", "fp32", "fp32"),
+                                                              ("h100-sxm", "bf16", "bf16")])
+def test_mfu_is_quoted_against_the_peak_the_gemms_are_priced_at(device: str, params_dtype: str, peak: str) -> None:
+    """MFU's peak is the one the cost model prices the job's GEMMs at (fp32 on TF32 tensor cores where the part has
+    them), so an fp32 job never reads as more than 100 % of a peak it was priced above."""
+    dev = load_device(device).model_copy(update={"host_kernel_issue_s": None})
+    sc = scenario(device=dev, hidden=2048, layers=4)
+    sc = sc.model_copy(update={"training": sc.training.model_copy(update={"params_dtype": params_dtype})})
+    p = project(sc)
+    from projection.cost.roofline import RooflineCostModel
+
+    assert p.to_dict()["peak_dtype"] == peak == RooflineCostModel(dev).peak_dtype(params_dtype)
+    assert 0.0 < p.mfu < 1.0
