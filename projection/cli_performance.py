@@ -87,10 +87,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     counts = _check_args(args)
     # a file that gives no cluster size is scaled from the smallest --scaling count rather than from 1 node
     try:
-        scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes,
-                            gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
-                            primus_root=getattr(args, "primus_root", None), env=env,
-                            default_nodes=min(counts) if counts else 1)
+        scenario = _load(args, env, args.nodes, default_nodes=min(counts) if counts else 1)
     except PlanError as err:
         target = args.target_nodes if args.target_nodes is not None else max(counts, default=None)
         if target is None or not _loads_at(args, env, target):
@@ -142,11 +139,17 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     return "\n".join([proj.to_table(), *[f"wrote {w}" for w in written]])
 
 
+def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | None,
+          default_nodes: int = 1) -> Scenario:
+    return api.load(args.config, hardware=args.hardware, nodes=nodes,
+                    gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
+                    primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes)
+
+
 def _loads_at(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> bool:
     """Whether the config loads as a plan at `nodes` nodes (the starting point, not the plan, is then the problem)."""
     try:
-        api.load(args.config, hardware=args.hardware, nodes=nodes, gpus_per_node=getattr(args, "gpus_per_node", None),
-                 overrides=args.set, primus_root=getattr(args, "primus_root", None), env=env)
+        _load(args, env, nodes)
     except ProjectionError:
         return False
     return True
