@@ -117,6 +117,24 @@ def test_si_values_of_mi300x() -> None:
     assert dev.intra_node.latency_s == pytest.approx(2e-6)
 
 
+# Device memory totals as the drivers print them in public logs (hardware_specs/README.md § Device memory gives each
+# source): nvidia-smi MiB on NVIDIA parts, amd-smi MiB / rocm-smi bytes on AMD parts.
+MEASURED_HBM_BYTES = {
+    "h100-sxm": 81559 * 2**20,    # nvidia-smi, modal-labs/modal-client #2797, NVIDIA/nccl #1264
+    "a100-80g": 81920 * 2**20,    # nvidia-smi, modal-labs/modal-client #2797
+    "h200": 143771 * 2**20,       # nvidia-smi, sgl-project/sglang #3196
+    "b200": 183359 * 2**20,       # nvidia-smi, NVIDIA/TensorRT-LLM #10278
+    "mi300x": 206141652992,       # rocm-smi VRAM Total Memory (B), ROCm/legacy-rocm-build #4750
+    "mi325x": 274861129728,       # torch total_memory on an MI325X; amd-smi 262128 MiB
+    "mi355x": 309220868096,       # rocm-smi --showmeminfo vram on an MI355X; amd-smi 294896 MiB
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED_HBM_BYTES))
+def test_hbm_is_the_measured_total(name: str) -> None:
+    assert load_device(name).hbm_bytes == MEASURED_HBM_BYTES[name]
+
+
 def test_binary_prefix_is_honoured(tmp_path: Path) -> None:
     assert load_device(_write(tmp_path, _edited("196592MiB", "64GiB"))).hbm_bytes == 64 * 2**30
 
