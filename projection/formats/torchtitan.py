@@ -190,7 +190,8 @@ def _fp8(job: JobReader, raw: RawScenario, fsdp: bool) -> None:
         # FP8 all-gather applies to tensorwise scaling under FSDP only.
         gather = recipe == "tensorwise" and fsdp and job.flag(f"{sec}.enable_fsdp_float8_all_gather", False)
         fp8 = {"format": "hybrid" if recipe == "tensorwise" else "e4m3",
-               "recipe": "tensorwise" if recipe == "tensorwise" else "rowwise", "param_gather": gather}
+               "recipe": "tensorwise" if recipe == "tensorwise" else "rowwise", "param_gather": gather,
+               "library": "torchao"}
     elif MX_LINEAR_CONVERTERS & set(converters):
         sec = "quantize.linear.mx" if job.has("quantize.linear.mx") or not job.has("mx") else "mx"
         recipe = str(job.get(f"{sec}.recipe_name", "mxfp8_cublas"))
@@ -198,7 +199,9 @@ def _fp8(job: JobReader, raw: RawScenario, fsdp: bool) -> None:
             job.problem(f"{sec}.recipe_name", f"MX recipe {recipe!r} is not MXFP8; only fp8 GEMMs can be projected",
                         "use an mxfp8 recipe (e.g. mxfp8_cublas) or remove the mx converter")
             return
-        fp8 = {"format": "e4m3", "recipe": "mxfp8", "param_gather": False}  # MX block scales, e4m3 elements
+        # MX block scales, e4m3 elements; torchao's mxfp8 linear, like Float8Linear, saves the high-precision input
+        # (torchao 0.18 prototype/moe_training/mxfp8_linear.py: ctx.save_for_backward(input_hp, weight_hp))
+        fp8 = {"format": "e4m3", "recipe": "mxfp8", "param_gather": False, "library": "torchao"}
     if fp8 is not None:
         raw.set("training.fp8", fp8, job.origin("model.converters"))
 

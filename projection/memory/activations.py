@@ -42,7 +42,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
     b = training.micro_batch_size
     e = 4 if training.params_dtype == "fp32" else 2
     return Dims(b=b, s=s, seq=training.seq_length, T=b * s, h=model.hidden_size, t=plan.tp,
-                r=1 / plan.tp if plan.sp_ else 1.0, e=e, e_lin=1 if training.fp8 is not None else e,
+                r=1 / plan.tp if plan.sp_ else 1.0, e=e,
+                e_lin=1 if training.fp8 is not None and training.fp8.saves_fp8_inputs else e,
                 dropout=training.dropout > 0, unfused=training.attention_backend == "unfused")
 
 
@@ -195,7 +196,9 @@ def loss_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -
     D = dims(model, training, plan)
     v = model.padded_vocab(plan.tp) / D.t
     ce = (D.e if training.fused_loss else 4) * D.T * v
-    return {"loss.norm_in": D.e * D.T * D.h * D.r, "loss.linear_in": D.e_lin * D.T * D.h * D.r, "loss.softmax": ce}
+    # The output layer is not an FP8 GEMM (Megatron builds it as a plain ColumnParallelLinear, TorchTitan's float8
+    # converter filters out "output"), so it saves its input in the activation dtype.
+    return {"loss.norm_in": D.e * D.T * D.h * D.r, "loss.linear_in": D.e * D.T * D.h * D.r, "loss.softmax": ce}
 
 
 def loss_working_set(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:

@@ -78,7 +78,7 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
             terms["weights.params"] -= round(_linear_params(rank) * (pbytes - 1) / (g_dense if zero == 3 else 1))
         if zero == 3:
             terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank)
-    if training.fp8 is not None:
+    if training.fp8 is not None and training.fp8.caches_weights:
         terms["weights.fp8_copies"] = fp8_weight_bytes(model, training, plan, rank)
     # Gradients: Megatron's main_grad buffer (fp32 by default); FSDP2 reduce-scatters into sharded grads of the
     # parameter dtype.
@@ -118,16 +118,26 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
     (the whole stage). The shard held by this rank is already counted in the sharded weights."""
     pbytes = DTYPE_BYTES[training.params_dtype]
     sh = Sharding(plan.tp, plan.ep, plan.etp_)
-    sizes = sorted((sum(layer_params(model, i, sh).values()) for i in rank.layers), reverse=True)
+    # FP8 all-gather (torchao enable_fsdp_float8_all_gather / --fp8-param-gather): the GEMM weights are gathered and
+    # held unsharded in fp8, 1 B per element (torchao fsdp_utils fsdp_post_all_gather); the rest in the params dtype.
+    fp8_gather = training.fp8 is not None and training.fp8.param_gather
+
+    def unit_bytes(i: int) -> float:
+        parts = layer_params(model, i, sh)
+        linear = sum(v for k, v in parts.items() if k in LINEAR_COMPONENTS) if fp8_gather else 0
+        return linear * 1 + (sum(parts.values()) - linear) * pbytes
+
+    sizes = sorted((unit_bytes(i) for i in rank.layers), reverse=True)
     held = sum(sizes) if not plan.sharding.reshard_after_forward else sum(sizes[:2])
     g_dense, _ = shard_groups(plan)
-    return round(held * pbytes * (1 - 1 / g_dense))
+    return round(held * (1 - 1 / g_dense))
 
 
 def fp8_weight_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams) -> int:
     """FP8 weight caches of the linear layers (Transformer Engine): an fp8 copy and its transpose (1 B each) per
     GEMM weight. With fp8 param gather the fp8 copy is the parameter itself (counted in weights.params at the params
-    dtype), so only the transpose is extra. Norms, router and embeddings stay in high precision."""
+    dtype), so only the transpose is extra. Norms, router and embeddings stay in high precision. torchao caches
+    nothing (`Fp8Spec.caches_weights`): its per-GEMM casts are freed with the GEMM."""
     assert training.fp8 is not None
     copies = 1 if training.fp8.param_gather else 2
     return _linear_params(rank) * copies
@@ -135,8 +145,11 @@ def fp8_weight_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPla
 
 def _linear_params(rank: RankParams) -> int:
     """GEMM weights of a rank (attention, MLPs, experts, MTP); norms and the router are a negligible share."""
-    return sum(v for k, v in rank.by_component.items()
-               if k in ("attention", "dense_mlp", "experts", "shared_experts", "mtp"))
+    return sum(v for k, v in rank.by_component.items() if k in LINEAR_COMPONENTS)
+
+
+# Parameter components made of GEMM weights (FP8 casts them); norms and the router are a negligible share.
+LINEAR_COMPONENTS = ("attention", "dense_mlp", "experts", "shared_experts", "mtp")
 
 
 def step_counter_bytes_total(model: ModelSpec, plan: ParallelPlan, rank: RankParams, bytes_each: int) -> int:

@@ -16,12 +16,30 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 class Fp8Spec(Spec):
     """FP8 GEMMs (Transformer Engine / torchao). `param_gather` keeps compute weights in fp8 (Megatron
-    --fp8-param-gather, TorchTitan enable_fsdp_float8_all_gather)."""
+    --fp8-param-gather, TorchTitan enable_fsdp_float8_all_gather).
+
+    `library` decides what FP8 keeps in memory (README § projection memory, FP8):
+    * transformer_engine (Megatron-LM, Primus, NeMo): an fp8 copy of every GEMM weight and its transpose cached for
+      the whole step (TE's `is_first_microbatch` workspaces), and the linear inputs saved for backward in fp8;
+    * torchao (TorchTitan's float8 / MX converters): weights cast on the fly in every forward and backward, nothing
+      cached, and the linear inputs saved in the high-precision dtype (`matmul_with_hp_or_float8_args` saves
+      `input_hp, weight_hp_t`; eager mode, torchao >= 0.13)."""
 
     format: Literal["e4m3", "hybrid"] = "hybrid"
     recipe: Literal["delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"] = "delayed"
     param_gather: bool = False
     amax_history_len: int = Field(1, gt=0)
+    library: Literal["transformer_engine", "torchao"] = "transformer_engine"
+
+    @property
+    def caches_weights(self) -> bool:
+        """True where fp8 weight copies live for the whole step (Transformer Engine)."""
+        return self.library == "transformer_engine"
+
+    @property
+    def saves_fp8_inputs(self) -> bool:
+        """True where linear layers save their inputs for backward in fp8 (1 B) rather than high precision."""
+        return self.library == "transformer_engine"
 
 
 class OptimizerSpec(Spec):

@@ -51,7 +51,7 @@ def grouped_linear(name: str, d: Dims, groups: int, rows: int, n_out: int, k_in:
     """Expert linears as one grouped GEMM: `groups` experts, `rows` token rows in total, rows/groups per expert
     (BLAS shapes as a linear's: forward (out, rows/groups, in) "TN", dgrad "NN", wgrad "NT"). FLOPs use the exact
     row total; the per-group row count is rounded for the shape."""
-    dt, ab = d.gemm, d.act_bytes
+    dt, ab = d.expert_gemm, d.act_bytes
     b_in = DTYPE_BYTES.get(dt, 2)
     acc = d.main_grad_bytes if d.fused_wgrad else 0
     per = max(1, round(rows / groups))

@@ -250,7 +250,8 @@ V01 = """\
 
 def test_v01_layout(tmp_path: Path) -> None:
     raw = load_torchtitan(_write(tmp_path, V01))
-    assert raw.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True}
+    assert raw.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True,
+                                         "library": "torchao"}
     assert raw.get("plan.overlap.tp_comm") is True  # async TP with training.compile (v0.1)
     assert raw.get("model.ffn_hidden_size") == 14336 and raw.framework == "torchtitan"
 
@@ -259,12 +260,14 @@ def test_fp8_only_through_converters() -> None:
     section = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
     assert _raw({**_cfg(), **section}).get("training.fp8") is None  # the table alone does nothing
     on = _raw({**_cfg(model={"converters": ["quantize.linear.float8"]}), **section})
-    assert on.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True}
+    assert on.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True,
+                                      "library": "torchao"}
     rowwise = {"quantize": {"linear": {"float8": {"recipe_name": "rowwise", "enable_fsdp_float8_all_gather": True}}}}
     assert _raw({**_cfg(model={"converters": ["float8"]}), **rowwise}).get("training.fp8") == {
-        "format": "e4m3", "recipe": "rowwise", "param_gather": False}
+        "format": "e4m3", "recipe": "rowwise", "param_gather": False, "library": "torchao"}
     mx = _raw(_cfg(model={"converters": ["quantize.linear.mx"]}))
-    assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False}
+    assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False,
+                                      "library": "torchao"}
     with pytest.raises(ConfigError, match="unknown model converter 'int4'"):
         _raw(_cfg(model={"converters": ["int4"]}))
 
