@@ -27,8 +27,14 @@ Case construction (native scenarios; tag A = assumed, not stated by the source):
   "sel" = TP + SP + selective (core attention) recompute.
 * Megatron-LM 2024: bf16 (A), MBS 1 (A), no recompute (A), distributed optimizer, SP, overlap of gradient reduce,
   parameter gather and TP communication (R: README flags), flash attention, dropout 0.1 (A: Megatron default).
-* NeMo 24.07: FP8 (hybrid, delayed scaling) with bf16 params, distributed optimizer, SP, overlap of gradient reduce,
-  parameter gather and TP communication, no recompute (all A: recipe defaults, not in the table), flash attention;
+* NeMo 24.07: FP8 (hybrid, delayed scaling) with bf16 params (no fp8 params), distributed optimizer, no recompute
+  (R2: NVIDIA/NeMo-Framework-Launcher training YAMLs of the period: `fp8_params` absent (NeMo default False),
+  `activations_checkpoint_granularity: null`); gradients reduced in bf16 (R2: the launcher's H100 FP8 example
+  scripts examples/training/{gpt,llama}/h100/*_fp8.sh pass `+optim.grad_sync_dtype=bf16`, and nemotron_340b.yaml
+  sets `grad_sync_dtype: bf16`) except Nemotron-8B and -22B, whose scripts do not (fp32, Apex DistributedFusedAdam's
+  default); A: those scripts and YAMLs are the runs' (the table names no config), and the word/output embeddings'
+  gradients, which NeMo keeps in fp32, are priced in bf16 with the rest; SP, overlap of gradient reduce, parameter
+  gather and TP communication (A: the stored YAMLs disagree between versions on `ub_tp_comm_overlap`); flash attention;
   Llama-2/3 from the bundled presets, Nemotron from NeMo's NemotronConfig (LayerNorm, squared-ReLU 4h MLP, no
   biases, RoPE, untied, vocab 256,000; 8B/22B MHA, 340B 8 KV heads), GPT3 from NeMo's GPTConfig (dropout 0 for 175B).
 Not scored: the Korthikanti 530B / 2240-GPU MFU (global batch not published), the Megatron-LM strong-scaling plot (no
@@ -102,9 +108,11 @@ def _nemotron(name: str, layers: int, hidden: int, heads: int, kv: int | None) -
 def _scenario(model: Any, *, gpus: int, hardware: str, seq: int, mbs: int, gbs: int, tp: int, pp: int = 1,
               vpp: int = 1, cp: int = 1, sp: bool = False, dtype: str = "bf16", recompute: dict[str, Any] | None = None,
               zero: int = 0, overlap: dict[str, bool] | None = None, attention: str = "flash", dropout: float = 0.0,
-              fp8: bool = False) -> dict[str, Any]:
+              fp8: bool = False, grad_reduce: str = "fp32") -> dict[str, Any]:
     training: dict[str, Any] = {"seq_length": seq, "micro_batch_size": mbs, "global_batch_size": gbs,
                                 "params_dtype": dtype, "dropout": dropout, "attention_backend": attention}
+    if grad_reduce != "fp32":
+        training["optimizer"] = {"main_grads_dtype": grad_reduce}
     if fp8:
         training["fp8"] = {"format": "hybrid", "recipe": "delayed"}
     plan: dict[str, Any] = {"tp": tp, "sp": sp and tp > 1, "pp": pp, "cp": cp,
@@ -231,7 +239,8 @@ def cases() -> list[Case]:
         if isinstance(model, dict):
             model = {**model, "max_position_embeddings": seq}
         sc = _scenario(model, gpus=gpus, hardware="h100-sxm", seq=seq, mbs=mbs, gbs=gbs, tp=tp, pp=pp, vpp=vp, cp=cp,
-                       sp=True, zero=1, overlap=OVERLAP_ALL, dropout=dropout, fp8=True)
+                       sp=True, zero=1, overlap=OVERLAP_ALL, dropout=dropout, fp8=True,
+                       grad_reduce="fp32" if name in ("Nemotron-8B", "Nemotron-22B") else "bf16")
         out.append(Case("NeMo 24.07 FP8", f"{name} {gpus}g tp{tp} pp{pp} cp{cp} vp{vp}", gpus, sc, "tokens/s/GPU",
                         float(tokens), _tokens))
     return out
