@@ -57,6 +57,19 @@ def _extra(name: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A reader that closes the pipe early (`| head`) ends it quietly, as SIGPIPE ends `cat`."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush cannot raise a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, the status a shell reports for a writer whose reader went away
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     if args.command in _EXTRA:
