@@ -139,6 +139,12 @@ def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
         bad("plan.sp", f"expert parallelism (ep = {plan.ep}) with tensor parallelism (tp = {plan.tp}) needs sequence "
             "parallelism (Megatron-Core refuses the plan)",
             "turn sequence parallelism on (plan.sp: true; Megatron's --sequence-parallel)")
+    if plan.overlap.tp_comm and plan.tp > 1 and not plan.sp:
+        # megatron/training/arguments.py validate_args: "Tensor parallel communication/GEMM overlap can happen only
+        # when sequence parallelism is enabled" (at tp 1 there is no TP communication to overlap)
+        bad("plan.overlap.tp_comm", f"overlapping tensor-parallel communication (tp = {plan.tp}) needs sequence "
+            "parallelism (Megatron refuses --tp-comm-overlap without --sequence-parallel)",
+            "turn sequence parallelism on (plan.sp: true; --sequence-parallel) or the TP overlap off")
     if plan.overlap.param_gather and plan.sharding.zero_stage == 0:
         # megatron/training/arguments.py validate_args: "--overlap-param-gather only supported with distributed
         # optimizer or megatron fsdp"

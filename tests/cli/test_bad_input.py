@@ -225,18 +225,20 @@ def test_expert_grid_on_the_assumed_single_node(tmp_path: Path) -> None:
 def test_plans_megatron_core_refuses_at_start_up(tmp_path: Path) -> None:
     """Megatron's own start-up checks (transformer_config.py, arguments.py validate_args), all listed at once: EP with
     TP needs sequence parallelism; --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce;
-    a first pipeline stage with no layers."""
+    a first pipeline stage with no layers; --tp-comm-overlap needs sequence parallelism."""
     text = GOOD.replace("  ffn_hidden_size: 14336", "  ffn_hidden_size: 14336\n  moe: {num_experts: 8, top_k: 2, "
                         "expert_ffn_hidden_size: 1024}").replace(
         "  tp: 2\n  pp: 2", "  tp: 2\n  pp: 2\n  ep: 2\n  sp: false\n  first_stage_layers: 0\n"
-        "  overlap: {param_gather: true}")
+        "  overlap: {param_gather: true, tp_comm: true}")
     res = run("inspect", "--config", str(write(tmp_path, text)))
     assert_user_error(res, "needs sequence parallelism", "without the distributed optimizer",
-                      "without --overlap-grad-reduce", "a pipeline stage with no transformer layers", "problems:")
+                      "without --overlap-grad-reduce", "a pipeline stage with no transformer layers", "problems:",
+                      "without --sequence-parallel")
     assert "key 'plan.sp'" in res.stderr and "key 'plan.first_stage_layers'" in res.stderr
+    assert "key 'plan.overlap.tp_comm'" in res.stderr
     fixed = text.replace("sp: false", "sp: true").replace("first_stage_layers: 0", "first_stage_layers: 8").replace(
-        "overlap: {param_gather: true}", "overlap: {param_gather: true, grad_reduce: true}\n  sharding: "
-        "{zero_stage: 1}")
+        "overlap: {param_gather: true, tp_comm: true}", "overlap: {param_gather: true, grad_reduce: true, "
+        "tp_comm: true}\n  sharding: {zero_stage: 1}")
     assert run("inspect", "--config", str(write(tmp_path, fixed))).returncode == 0
 
 

@@ -439,7 +439,7 @@ def _random(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int
             nodes: int = 1) -> Scenario:
     return scenario(tp=tp, pp=pp, zero=zero, recompute=recompute, mbs=mbs, gbs=64 * mbs, nodes=nodes, sp=sp,
                     schedule=schedule, overlap={"grad_reduce": overlap, "param_gather": overlap and zero >= 1,
-                                                "tp_comm": overlap},
+                                                "tp_comm": overlap and (sp or tp == 1)},
                     hidden=512, layers=4, device=H100)
 
 
