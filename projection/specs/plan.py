@@ -6,7 +6,7 @@ Dense grid: world = tp * cp * dp * pp. MoE grid (Megatron "parallel folding"): w
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -102,6 +102,16 @@ class ParallelPlan(Spec):
     overlap: OverlapSpec = OverlapSpec()
     schedule: ScheduleName = "1f1b"
     microbatch_group_size: int | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_pipeline_no_schedule(cls, data: Any) -> Any:
+        """Without a pipeline (pp 1) every framework runs the microbatches one after another, forward then backward
+        (Megatron's forward_backward_no_pipelining; TorchTitan builds no pipeline schedule): 1f1b whatever the
+        config names."""
+        if isinstance(data, dict) and data.get("pp", 1) == 1 and data.get("schedule", "1f1b") != "1f1b":
+            return {**data, "schedule": "1f1b"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ParallelPlan:

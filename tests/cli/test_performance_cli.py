@@ -108,6 +108,21 @@ def test_schedule_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "<- fastest" in out and all(n in out for n in names)
 
 
+
+def test_without_a_pipeline_there_is_one_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    """pp 1: microbatches run one after another whatever schedule is named (Megatron forward_backward_no_pipelining;
+    TorchTitan builds no pipeline schedule), so `all` is one row and a named one is that row, memory included
+    (gpipe's all-forwards-first order used to hold every microbatch's activations)."""
+    flat = ("--config", str(LLAMA), "--set", "plan.pp=1")
+    doc = perf_json(capsys, *flat, "--schedule", "all")
+    assert [d["schedule"] for d in doc["schedules"]] == ["1f1b"]
+    base = perf_json(capsys, *flat)
+    for name in ("gpipe", "zb_h1"):
+        for how in (("--schedule", name), ("--set", f"plan.schedule={name}")):
+            other = perf_json(capsys, *flat, *how)
+            assert other["step_time_s"] == base["step_time_s"], (name, how)
+            assert other["memory"]["peak_bytes"] == base["memory"]["peak_bytes"], (name, how)
+
 def test_one_named_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     doc = perf_json(capsys, "--config", str(LLAMA), "--schedule", "gpipe")
     assert doc["schedule"] == "gpipe"
