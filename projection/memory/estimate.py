@@ -26,6 +26,12 @@ min_offloaded_tensor_size = 2**20 elements stay. Backward reloads a group ahead 
 backward comes right after its forward (the chunk with the loss on the last stage) is not offloaded
 (ChunkOffloadHandler.should_bulk_offload). So an in-flight microbatch keeps only the tensors of modules not listed;
 one layer's offloaded tensors are resident at any time (copy in progress, or reload prefetched).
+
+Megatron's layer-level CPU offloading (--cpu-offloading --cpu-offloading-num-layers N, Transformer Engine's
+get_cpu_offload_context; pp 1 and no recompute only, transformer_config.py): Transformer Engine's group offload
+handler offloads the saved activations of the first N decoder layers (one offload group per layer, counted from the
+first, while its current group is below N) and reloads them ahead of their backward; taken here as every tensor the
+layer saves, with one layer's resident at any time like the fine-grained path.
 """
 
 from __future__ import annotations
@@ -137,6 +143,8 @@ def offload_split(sc: Scenario, i: int, full: bool = False, chunk_head: bool = T
     offloading (module docstring); (saved, 0) without it."""
     m, t, p = sc.model, sc.training, sc.plan
     total = saved_layer_bytes(m, t, p, i, full, chunk_head=chunk_head)
+    if is_megatron(sc) and i < p.offload.activation_layers:
+        return 0.0, total  # layer-level CPU offloading of the first N layers (module docstring)
     names = _offloaded_names(sc) if is_megatron(sc) else set()
     if not names:
         return total, 0.0
@@ -160,7 +168,8 @@ def layer_offload_splits(sc: Scenario, slot: StageSlot,
     keep_last = slot.loss and not slot.mtp_layers  # backwarded right after its forward: not offloaded
     out = []
     for n, i in enumerate(slot.layers):
-        key = (m.is_moe_layer(i), i in full, n % chunk == 0, p.recompute.every_nth_checkpoints(i))
+        key = (m.is_moe_layer(i), i in full, n % chunk == 0, p.recompute.every_nth_checkpoints(i),
+               i < p.offload.activation_layers)
         if key not in memo:
             memo[key] = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
         resident, off = memo[key]

@@ -237,12 +237,13 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
 
 def _offload_seconds(scenario: Scenario, slot: StageSlot,
                      memo: dict[tuple[object, ...], tuple[float, float]]) -> dict[str, float]:
-    """Seconds to copy each decoder layer's offloaded activations (Megatron fine-grained activation offloading,
-    projection.memory.estimate.layer_offload_splits: the same bytes the memory estimate moves off the GPU) over the
-    device's host link, one direction: device to host after the layer's forward, back before its backward. Without
+    """Seconds to copy each decoder layer's offloaded activations (Megatron fine-grained or layer-level
+    activation offloading, projection.memory.estimate.layer_offload_splits: the same bytes the memory estimate
+    moves off the GPU) over the device's host link, one direction: device to host after the layer's forward, back before its backward. Without
     a host link in the device YAML the copies are not priced (projection notes)."""
     bw = scenario.cluster.device.host_link_bytes_per_s
-    if not scenario.plan.offload.activation_modules or not bw:
+    off = scenario.plan.offload
+    if not (off.activation_modules or off.activation_layers) or not bw:
         return {}
     return {f"layer{i}": off / bw for i, _, off in layer_offload_splits(scenario, slot, memo) if off > 0}
 

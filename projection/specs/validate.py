@@ -158,6 +158,20 @@ def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
             "overlapped too (Megatron refuses --overlap-param-gather without --overlap-grad-reduce)",
             "turn on the gradient overlap (plan.overlap.grad_reduce; --overlap-grad-reduce), or the parameter-gather "
             "overlap off")
+    n_off = plan.offload.activation_layers
+    if n_off:
+        # megatron/core/transformer/transformer_config.py __post_init__: layer-level CPU offloading
+        if n_off >= model.num_layers:
+            bad("plan.offload.activation_layers", f"CPU offloading of {n_off} layers: Megatron-Core offloads fewer "
+                f"than the model's {model.num_layers} layers", f"offload at most {model.num_layers - 1} layers")
+        if plan.pp > 1:
+            bad("plan.offload.activation_layers", "layer-level CPU offloading with pipeline parallelism "
+                "(Megatron-Core: 'no support for Pipeline parallelism with CPU offloading')",
+                "use pp 1, or fine-grained activation offloading (--fine-grained-activation-offloading)")
+        if plan.recompute.granularity != "none":
+            bad("plan.offload.activation_layers", "layer-level CPU offloading with activation recomputation "
+                "(Megatron-Core: 'CPU offloading does not work when activation recomputation is enabled')",
+                "turn recomputation off or offload no layers")
     for key, count in (("plan.first_stage_layers", plan.first_stage_layers),
                        ("plan.last_stage_layers", plan.last_stage_layers)):
         if count == 0 and plan.pp > 1:

@@ -247,3 +247,15 @@ def test_virtual_pipeline_without_a_pipeline(tmp_path: Path) -> None:
     text = GOOD.replace("  tp: 2\n  pp: 2", "  tp: 2\n  pp: 1\n  vpp: 2\n  schedule: interleaved_1f1b")
     assert_user_error(run("performance", "--config", str(write(tmp_path, text))), "key 'plan.vpp'",
                       "a virtual pipeline needs a pipeline (pp > 1)")
+
+
+def test_layer_cpu_offloading_plans_megatron_core_refuses(tmp_path: Path) -> None:
+    """transformer_config.py's checks on --cpu-offloading-num-layers, all listed at once: fewer layers than the model,
+    no pipeline parallelism, no recomputation."""
+    text = GOOD.replace("  pp: 2", "  pp: 2\n  offload: {activation_layers: 32}\n  recompute: {granularity: selective}")
+    assert_user_error(run("memory", "--config", str(write(tmp_path, text))), "3 problems:",
+                      "offloads fewer than the model's 32 layers",
+                      "no support for Pipeline parallelism with CPU offloading",
+                      "does not work when activation recomputation is enabled")
+    fixed = GOOD.replace("  pp: 2", "  pp: 1\n  offload: {activation_layers: 16}")
+    assert run("memory", "--config", str(write(tmp_path, fixed))).returncode == 0

@@ -125,3 +125,33 @@ def test_fsdp_cpu_offload_copies_each_shard_beside_its_collectives() -> None:
     p = project(off, cm)
     assert any("FSDP CPU offload" in n for n in p.notes)
     assert optimizer_step_seconds(off, cm)[0] < optimizer_step_seconds(on_gpu, cm)[0]
+
+
+# ---- layer-level CPU offloading (--cpu-offloading --cpu-offloading-num-layers N) --------------------------------
+
+def layer_scenario(n: int, **plan: object) -> Scenario:
+    model = ModelSpec(num_layers=4, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=8192, vocab_size=32000)
+    training = TrainingSpec(seq_length=4096, micro_batch_size=2, global_batch_size=16)
+    return Scenario(model=model, training=training, framework="megatron",
+                    plan=ParallelPlan(tp=1, pp=1, dp=8, offload={"activation_layers": n}, **plan),  # type: ignore[arg-type]
+                    cluster=ClusterSpec(device=H100, nodes=1, gpus_per_node=8))
+
+
+def test_layer_offloading_moves_the_first_layers_whole() -> None:
+    """Transformer Engine's group offload handler takes the first N layers' saved tensors off the GPU: the in-flight
+    activations lose exactly those layers' saved bytes (activations.saved_layer_bytes, the unoffloaded inventory),
+    one offloaded layer stays resident in transit, and the step pays the copies over the host link."""
+    from projection.memory.activations import saved_layer_bytes
+    from projection.memory.estimate import estimate_memory
+
+    plain, off = layer_scenario(0), layer_scenario(2)
+    (slot,) = split_stages(off.model, off.plan)
+    splits = layer_offload_splits(off, slot)
+    per_layer = [saved_layer_bytes(off.model, off.training, off.plan, i, False) for i in range(4)]
+    assert [(i, r, o) for i, r, o in splits] == [(0, 0.0, per_layer[0]), (1, 0.0, per_layer[1]),
+                                                (2, per_layer[2], 0.0), (3, per_layer[3], 0.0)]
+    (r0,), (r1,) = estimate_memory(plain).ranks, estimate_memory(off).ranks
+    assert r0.terms["activations.dense_layers"] - r1.terms["activations.dense_layers"] == pytest.approx(
+        per_layer[0] + per_layer[1])
+    assert r1.terms.get("working.offload_transit") == pytest.approx(per_layer[0])
+    assert project(off).step_time_s > project(plain).step_time_s
