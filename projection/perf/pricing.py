@@ -239,8 +239,8 @@ def _offload_seconds(scenario: Scenario, slot: StageSlot,
                      memo: dict[tuple[object, ...], tuple[float, float]]) -> dict[str, float]:
     """Seconds to copy each decoder layer's offloaded activations (Megatron fine-grained or layer-level
     activation offloading, projection.memory.estimate.layer_offload_splits: the same bytes the memory estimate
-    moves off the GPU) over the device's host link, one direction: device to host after the layer's forward, back before its backward. Without
-    a host link in the device YAML the copies are not priced (projection notes)."""
+    moves off the GPU) over the device's host link, one direction: device to host after the layer's forward, back
+    before its backward. Without a host link in the device YAML the copies are not priced (projection notes)."""
     bw = scenario.cluster.device.host_link_bytes_per_s
     off = scenario.plan.offload
     if not (off.activation_modules or off.activation_layers) or not bw:
