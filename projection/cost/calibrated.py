@@ -153,7 +153,13 @@ class CalibratedCostModel:
     # ---- lookups
     def _priced(self, op: Op) -> tuple[float, str]:
         if op not in self._cache:
-            self._cache[op] = self._lookup(op)
+            seconds, label = self._lookup(op)
+            # A measured rate above the device's datasheet peak cannot be this device's (another part's table, or a
+            # bad row): never price a compute op faster than its peak.
+            bound = self.fallback.peak_seconds(op) if self.fallback is not None else 0.0
+            if seconds < bound:
+                seconds, label = bound, f"{label} (above the datasheet peak: capped at it)"
+            self._cache[op] = (seconds, label)
         return self._cache[op]
 
     def _lookup(self, op: Op) -> tuple[float, str]:

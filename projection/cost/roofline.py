@@ -141,6 +141,14 @@ class RooflineCostModel:
             return max(op.flop / (peak * self.gemm_efficiency(op.dtype, op.flop)), memory_s)
         raise ValueError(f"op kind {op.kind!r} has no compute roofline")
 
+    def peak_seconds(self, op: Op) -> float:
+        """The least time a compute op can take: its FLOPs at the datasheet peak of its dtype (flash backward's
+        recompute counted). 0 for other kinds: a memory-bound op small enough to stay in cache can beat HBM."""
+        if op.kind not in ("gemm", "grouped_gemm", "attention"):
+            return 0.0
+        hw_flop = op.flop * (FLASH_BACKWARD_FACTOR if op.kind == "attention" and op.phase == "I" else 1.0)
+        return hw_flop / self._peaks[self.peak_dtype(op.dtype)]
+
     def _fp32_floor(self, op: Op) -> bool:
         """An fp32 GEMM priced on the FP32 (not TF32) peak without an fp32 curve of its own."""
         return (op.kind in ("gemm", "grouped_gemm") and op.dtype in _FULL_PRECISION and "bf16" in self._peaks

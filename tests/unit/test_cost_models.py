@@ -161,6 +161,21 @@ def test_calibrated_is_exact_at_measured_points() -> None:
     assert cm.op_seconds(swapped) == pytest.approx(2.0 * 1024 * 4096 * 2048 / 6e14, rel=1e-12)
 
 
+def test_a_row_faster_than_the_datasheet_peak_is_capped_at_it() -> None:
+    """A GEMM measured above the device's peak (another part's table, or a bad row) cannot be this device's: the op
+    takes its FLOPs at the peak, said in the provenance, so MFU cannot pass 100 %."""
+    peak = MI300X.peak_flop_per_s["bf16"]
+    n = 4096
+    fast = Calibration(gemm=(GemmRow(m=n, n=n, k=n, dtype="bf16", layout="TN", time_s=2.0 * n**3 / (3 * peak),
+                                     flop_per_s=3 * peak, source="too fast"),))
+    cm = CalibratedCostModel(fast, RooflineCostModel(DEVICE), name="t")
+    op = gemm(n, n, n)
+    assert cm.op_seconds(op) == pytest.approx(op.flop / peak, rel=1e-12)
+    assert cm.provenance(op) == "calibrated: t gemm bf16 TN (above the datasheet peak: capped at it)"
+    ok = CalibratedCostModel(table(), RooflineCostModel(DEVICE), name="t")  # below the peak: untouched
+    assert "capped" not in ok.provenance(gemm(1024, 1024, 1024))
+
+
 def test_calibrated_is_monotone_between_measured_points() -> None:
     cm = CalibratedCostModel(table(), RooflineCostModel(DEVICE))
     sizes = [round(512 * 2 ** (i / 16)) for i in range(49)]  # 512 .. 4096
