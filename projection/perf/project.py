@@ -131,11 +131,14 @@ def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
     dev = sc.cluster.device
     names = {_squash(n) for n in (dev.name, dev.marketing_name, *dev.aliases) if n}
     names = {n for n in names if len(n) >= 3}
-    foreign = [m for m in measured if not any(n in _squash(m) or _squash(m) in n for n in names)]
+    arch = _squash(dev.gpu_arch) if dev.gpu_arch else None
+    foreign = [m for m in measured if not any(n in _squash(m) or _squash(m) in n for n in names)
+               and not (arch and arch in _squash(m))]
     if not foreign:
         return []
     return [f"calibration {getattr(cm, 'name', '')} was measured on {', '.join(foreign)}, not on {dev.name}: its "
-            "seconds are used as they are (calibrate on this device, or pass --hardware for the measured one)"]
+            "seconds are used as they are (calibrate on this device, or pass --hardware with the device it was "
+            "measured on)"]
 
 
 def _squash(text: str) -> str:

@@ -118,6 +118,10 @@ class DeviceSpec(Spec):
     marketing_name: str = Field(min_length=1)
     aliases: tuple[str, ...] = ()
     """Other names `load_device` accepts (compared case-insensitively, ignoring '-', '_' and spaces)."""
+    gpu_arch: str | None = None
+    """The ISA name a ROCm tool prints for the part (gfx942, gfx950; not unique: MI300X and MI325X share gfx942).
+    A calibration whose device name carries it is taken as measured on this part (benchmark logs often print
+    'AMD Radeon Graphics gfx942' rather than the product name)."""
     peak_flop_per_s: dict[Dtype, FlopPerS] = Field(min_length=1)
     """Datasheet peak, dense, FLOP/s per dtype. A dtype the part cannot run (or whose peak is unknown) is absent."""
     hbm_bytes: Bytes

@@ -28,3 +28,22 @@ def test_foreign_calibration_is_named() -> None:
     notes = _calibration_notes("mi300x", REPO / "calibrations" / "h100-sxm.json")
     assert len(notes) == 1
     assert "measured on NVIDIA H100 80GB HBM3, not on mi300x" in notes[0]
+
+
+FIXTURES = REPO.parent / "shared" / "fixtures" / "gemm"
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is absent (a user's clone)")
+@pytest.mark.parametrize(("log", "same", "other"), [
+    ("mi300x_hipblaslt_bench_fp16_896.txt", "mi300x", "mi355x"),  # 'AMD Radeon Graphics gfx942' (304 CUs)
+    ("tune_gemm_results-v26.5.txt", "mi355x", "mi300x"),          # gfx950 (256 CUs)
+])
+def test_rocm_logs_name_the_isa_not_the_product(tmp_path: Path, log: str, same: str, other: str) -> None:
+    """hipBLASLt logs print the ISA (gfx942, gfx950), not the product: the device YAML's gpu_arch matches it, so the
+    part it was measured on gets no note and another part still does."""
+    from projection.calibrate.importers import import_file
+
+    out = tmp_path / "c.json"
+    import_file(FIXTURES / log).save(out)
+    assert _calibration_notes(same, out) == []
+    assert len(_calibration_notes(other, out)) == 1
