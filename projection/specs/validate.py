@@ -104,10 +104,18 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         try:  # Megatron's interleaved schedule: pp <= group size <= microbatches (arithmetic only)
             megatron_group_size(plan.pp, m, plan.microbatch_group_size)
         except ValueError as e:
-            bad("plan.schedule", f"{e} (global batch {training.resolved_global_batch(plan.dp)} / (micro batch "
-                f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
-                f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
-                "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
+            g = plan.microbatch_group_size
+            if g is not None and (g < plan.pp or g > m or (0 < m % g < plan.pp)) and m >= plan.pp:
+                # the group size given is what is wrong; the microbatch count admits another
+                ok = [k for k in range(plan.pp, m + 1) if not 0 < m % k < plan.pp]
+                bad("plan.microbatch_group_size", f"{e} ({m} microbatches per data-parallel rank)",
+                    f"use a group size in [{plan.pp}, {m}] that leaves no remainder below pp, e.g. "
+                    f"{', '.join(map(str, ok[:4]))}{', ...' if len(ok) > 4 else ''}, or leave it unset (pp)")
+            else:
+                bad("plan.schedule", f"{e} (global batch {training.resolved_global_batch(plan.dp)} / (micro batch "
+                    f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
+                    f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
+                    "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
     if plan.pp == 1 and plan.vpp_ > 1:  # Megatron validate_args; a virtual pipeline has no pipeline to interleave
         bad("plan.vpp", f"vpp = {plan.vpp_} with pp = 1: a virtual pipeline needs a pipeline (pp > 1)",
             "raise pp, or drop vpp")

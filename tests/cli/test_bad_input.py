@@ -207,6 +207,17 @@ def test_interleaved_schedule_needs_pp_microbatches(tmp_path: Path) -> None:
                           "= 1 microbatches", "at least 2 microbatches per data-parallel rank")
 
 
+@pytest.mark.parametrize("group", [1, 33, 31])
+def test_a_bad_microbatch_group_size_is_named(tmp_path: Path, group: int) -> None:
+    """Enough microbatches, but a group size outside [pp, microbatches] (1, 33) or one leaving a remainder below pp
+    (32 % 31 = 1 < pp): the error names plan.microbatch_group_size and lists sizes that work."""
+    text = GOOD.replace("  pp: 2", f"  pp: 2\n  vpp: 2\n  schedule: interleaved_1f1b\n  microbatch_group_size: {group}")
+    res = run("performance", "--config", str(write(tmp_path, text)))  # dp 2: 32 microbatches per rank
+    assert_user_error(res, "key 'plan.microbatch_group_size'", "(32 microbatches per data-parallel rank)",
+                      "use a group size in [2, 32]", "e.g. 2, 3, 4")
+    assert "key 'plan.schedule'" not in res.stderr
+
+
 def test_fp8_on_a_device_without_fp8(tmp_path: Path) -> None:
     p = write(tmp_path, GOOD.replace("global_batch_size: 64", "global_batch_size: 64\n  fp8: {format: hybrid}"))
     assert_user_error(run("performance", "--config", str(p), "--hardware", "a100-80g"), "training.fp8",
