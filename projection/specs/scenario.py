@@ -145,6 +145,14 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
         raise ConfigError(problems)
     plan, dp_problems = resolve_dp(raw, specs["plan"], cluster.world_size)
     problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
+    if cluster.gpus_per_node > device.gpus_per_node:
+        # the device YAML's node is what its intra-node fabric (NVLink / xGMI island) joins; more GPUs per node would
+        # be priced as one island that the part does not build
+        problems.append(origin_problem(
+            raw, "cluster.gpus_per_node", f"{cluster.gpus_per_node} GPUs per node: a {device.name} node holds "
+            f"{device.gpus_per_node} (the device YAML's gpus_per_node; its intra-node fabric joins no more)",
+            f"use at most {device.gpus_per_node} GPUs per node (--gpus-per-node) and more nodes, or a device YAML "
+            "describing the larger node"))
     if specs["training"].fp8 is not None and "fp8" not in device.peak_flop_per_s:  # no FP8 tensor cores (A100)
         problems.append(origin_problem(
             raw, "training.fp8", f"{device.name} has no fp8 peak in its device YAML (the part does not run fp8 GEMMs)",

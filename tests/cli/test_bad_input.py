@@ -270,3 +270,10 @@ def test_layer_cpu_offloading_plans_megatron_core_refuses(tmp_path: Path) -> Non
                       "does not work when activation recomputation is enabled")
     fixed = GOOD.replace("  pp: 2", "  pp: 1\n  offload: {activation_layers: 16}")
     assert run("memory", "--config", str(write(tmp_path, fixed))).returncode == 0
+
+
+def test_more_gpus_per_node_than_the_part_builds(tmp_path: Path) -> None:
+    """An MI300X node holds 8 GPUs on one xGMI island: 64 per node would be priced as an island that does not exist."""
+    res = run("performance", "--config", str(write(tmp_path, GOOD)), "--gpus-per-node", "64")
+    assert_user_error(res, "key '--gpus-per-node'", "a mi300x node holds 8", "use at most 8 GPUs per node")
+    assert run("memory", "--config", str(write(tmp_path, GOOD)), "--gpus-per-node", "4").returncode == 0
