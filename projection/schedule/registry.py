@@ -47,6 +47,11 @@ def stages_per_rank_problem(name: str, vpp: int) -> str | None:
     return None
 
 
+# Largest pp x vpp x microbatches a schedule is built for: 256 ranks x 4096 microbatches (about 1M) take ~1 GB and
+# ~8 s in `projection schedule` on one core; 2M keeps a pathological request from exhausting memory.
+MAX_STAGE_MICROBATCHES = 2_000_000
+
+
 @lru_cache(maxsize=256)
 def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
                    microbatch_group_size: int | None = None,
@@ -60,6 +65,11 @@ def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
     require_positive(pp, n_microbatches, vpp)
+    if pp * n_microbatches * vpp > MAX_STAGE_MICROBATCHES:
+        raise ValueError(f"pp x vpp x microbatches = {pp} x {vpp} x {n_microbatches} = "
+                         f"{pp * vpp * n_microbatches:,} forward actions: more than the {MAX_STAGE_MICROBATCHES:,} "
+                         "this simulator builds (each is a few hundred bytes of action lists and timeline); "
+                         "simulate fewer microbatches: the steady state repeats")
     if style not in ("megatron", "torch"):
         raise ValueError(f"unknown style {style!r} (expected 'megatron' or 'torch')")
     if name == "gpipe":

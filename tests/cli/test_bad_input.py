@@ -277,3 +277,9 @@ def test_more_gpus_per_node_than_the_part_builds(tmp_path: Path) -> None:
     res = run("performance", "--config", str(write(tmp_path, GOOD)), "--gpus-per-node", "64")
     assert_user_error(res, "key '--gpus-per-node'", "a mi300x node holds 8", "use at most 8 GPUs per node")
     assert run("memory", "--config", str(write(tmp_path, GOOD)), "--gpus-per-node", "4").returncode == 0
+
+
+def test_a_schedule_too_large_to_build_is_refused_before_it_is_built() -> None:
+    """10,000 ranks x 20,000 microbatches used to exhaust memory (the OOM killer ended it); now it is a user error."""
+    res = run("schedule", "--schedule", "1f1b", "--pp", "10000", "--microbatches", "20000")
+    assert_user_error(res, "200,000,000 forward actions", "more than the 2,000,000")
