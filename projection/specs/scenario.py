@@ -7,11 +7,12 @@ collecting every schema problem and every layout violation before raising one er
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from projection.errors import ConfigError, PlanError, Problem
 from projection.specs.base import Spec
@@ -102,6 +103,19 @@ def closest(origins: Mapping[str, T], dotted: str) -> T | None:
     return None
 
 
+def _nested_keys(section: str, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the sub-table at `loc` of a section's spec (e.g. training.fp8 -> format, recipe, ...)."""
+    cls: Any = {"model": ModelSpec, "training": TrainingSpec, "plan": ParallelPlan}.get(section)
+    for part in loc:
+        fields = getattr(cls, "model_fields", None)
+        if not isinstance(part, str) or fields is None or part not in fields:
+            return []
+        annotation = fields[part].annotation
+        cls = next((a for a in (annotation, *typing.get_args(annotation))
+                    if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return list(getattr(cls, "model_fields", {}))
+
+
 def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> list[Problem]:
     out = []
     for e in err.errors():
@@ -116,6 +130,10 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             fix = "change the values named above so that they agree"
+        elif e["type"] in ("model_type", "dict_type") and (keys := _nested_keys(section, e["loc"])):
+            msg = f"{dotted} is a table of settings, not a single value (got {e.get('input')!r})"
+            fix = (f"give its keys instead, as a nested table in the file or e.g. --set {dotted}.{keys[0]}=... "
+                   f"(keys: {', '.join(keys)})")
         else:
             fix = f"give {dotted} a valid value (got {e.get('input')!r})"
         out.append(origin_problem(raw, dotted, msg, fix))

@@ -283,3 +283,10 @@ def test_a_schedule_too_large_to_build_is_refused_before_it_is_built() -> None:
     """10,000 ranks x 20,000 microbatches used to exhaust memory (the OOM killer ended it); now it is a user error."""
     res = run("schedule", "--schedule", "1f1b", "--pp", "10000", "--microbatches", "20000")
     assert_user_error(res, "200,000,000 forward actions", "more than the 2,000,000")
+
+
+def test_a_single_value_for_a_table_lists_its_keys(tmp_path: Path) -> None:
+    """`--set training.fp8=hybrid` (fp8 is a table): the error says so and names the keys to set instead."""
+    res = run("performance", "--config", str(write(tmp_path, GOOD)), "--set", "training.fp8=hybrid")
+    assert_user_error(res, "key 'training.fp8'", "a table of settings, not a single value (got 'hybrid')",
+                      "--set training.fp8.format=...", "keys: format, recipe, param_gather")
