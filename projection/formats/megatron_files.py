@@ -37,9 +37,11 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     text = read_text(path)
     file = str(path)
     cluster: dict[str, tuple[Any, Origin]] = {}
+    flat = False  # a flat YAML of dests (a models/ preset) rather than a functional test's MODEL_ARGS
     if path.suffix.lower() in (".yaml", ".yml"):
         hits = _yaml_hits(path, text, env or {})
         data, lines = load_yaml(path, text)
+        flat = isinstance(data, dict) and "MODEL_ARGS" not in data
         ws = _env_vars(data.get("ENV_VARS") if isinstance(data, dict) else None).get("CUBLAS_WORKSPACE_CONFIG")
         if ws is not None and parse_cublas_workspace_config(ws) is not None:
             cluster["training.kernels.gemm_workspace_bytes"] = (
@@ -77,6 +79,8 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
             canonical[key] = value
             continue
         dest, inverted = flag_to_dest(key) if "-" in key else (canonical_dest(key), False)
+        if dest not in DESTS and dest in args:
+            continue  # a Megatron argument the file itself sets that nothing here reads (--lr): accepted, unused
         if dest not in DESTS:
             close = difflib.get_close_matches(dest, list(DESTS), n=3)
             problems.append(Problem(f"--set {key}: not a Megatron argument this projection reads", key=key,
@@ -88,6 +92,14 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         args[dest] = _invert(hit, SET_ORIGIN, problems) if inverted else value
         origins[dest] = Origin(SET_ORIGIN, None, key)
         unresolved.pop(dest, None)
+    training = ("seq_length", "micro_batch_size", "global_batch_size", "bf16", "fp16")
+    if flat and not any(d in args for d in training) and not any(k.startswith("training.") for k in canonical):
+        raise ConfigError(Problem(
+            "this file describes a model only (a flat preset of model arguments: no sequence length, batch sizes "
+            "or precision), so there is no training step to project", file=file,
+            fix=f"name it from a scenario (model: {path.stem}, with training, plan and cluster; see "
+                "examples/llama3_8b_inline.yaml), or add seq_length, micro_batch_size, global_batch_size and bf16: "
+                "true to the file (or --set them)"))
     for dest, h in unresolved.items():
         names = ", ".join(f"${n}" for n in sorted(h.unresolved))
         problems.append(Problem(f"{h.flag} uses {names}, which is not set in the file or the environment",

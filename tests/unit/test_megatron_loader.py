@@ -396,9 +396,13 @@ def test_model_args_yaml_with_env(tmp_path: Path) -> None:
 def test_flat_yaml_of_dests(tmp_path: Path) -> None:
     path = write(tmp_path, "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nswiglu: true\n"
                            "tokenizer_model: meta-llama/Llama-2-7b-hf\n", "preset.yaml")
-    raw = load_megatron(path)
+    raw = load_megatron(path, {"seq_length": 128})
     assert raw.data["model"]["vocab_size"] == 32000 and raw.data["model"]["ffn_hidden_size"] == 128
-    assert "seq_length" not in raw.data["training"]  # left for build_scenario to report
+    assert "micro_batch_size" not in raw.data["training"]  # left for build_scenario to report
+    # with no training argument at all the file is a model preset: said as such, not as a missing seq_length
+    with pytest.raises(ConfigError, match="describes a model only") as err:
+        load_megatron(path)
+    assert "model: preset" in (err.value.problems[0].fix or "")
 
 
 def test_missing_file() -> None:
@@ -417,3 +421,15 @@ def test_builds_into_a_scenario(tmp_path: Path) -> None:
     raw = load_megatron(write(tmp_path, SCRIPT))
     sc = build_scenario(raw, load_device("mi300x"))
     assert sc.world_size == 16 and sc.plan.dp == 8
+
+
+def test_set_of_an_argument_the_file_sets_is_accepted_even_if_unused(tmp_path: Path) -> None:
+    """`--set lr=1` on a file that has `--lr`: a real Megatron argument of this job that nothing here reads is accepted
+    (as the file's own line is); a name neither read nor in the file is still refused, with a suggestion."""
+    path = write(tmp_path, "MODEL_ARGS:\n  --num-layers: 2\n  --hidden-size: 64\n  --num-attention-heads: 4\n"
+                           "  --seq-length: 128\n  --lr: 0.0001\n  --tokenizer-model: meta-llama/Llama-2-7b-hf\n",
+                 "model_config.yaml")
+    assert load_megatron(path, {"lr": 1}).data == load_megatron(path).data
+    with pytest.raises(ConfigError, match="not a Megatron argument this projection reads") as err:
+        load_megatron(path, {"tensor_model_paralel_size": 2})
+    assert "tensor_model_parallel_size" in (err.value.problems[0].fix or "")
