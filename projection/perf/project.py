@@ -118,7 +118,14 @@ def _unmodelled(sc: Scenario) -> list[str]:
     if off.fsdp_params:
         notes.append("FSDP CPU offload: the host's optimizer step is not priced, only the shards' copies over the "
                      "host link beside each all-gather and reduce-scatter")
-    if (off.activation_modules or off.optimizer or off.fsdp_params) and not sc.cluster.device.host_link_bytes_per_s:
+    if sc.training.optimizer.name == "muon":
+        # Muon orthogonalises each weight matrix's update with Newton-Schulz iterations (Jordan et al. 2024: 5
+        # iterations of A = X X^T, B = bA + cA^2, X = aX + BX, about 5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix)
+        notes.append("Muon: the Newton-Schulz orthogonalisation of each weight matrix (about 5 x (4 m^2 n + 2 m^3) "
+                     "FLOPs for an m x n matrix, m <= n) is not priced; the optimizer step is priced as its "
+                     "elementwise update with one moment")
+    if (off.activation_modules or off.activation_layers or off.optimizer or off.fsdp_params) \
+            and not sc.cluster.device.host_link_bytes_per_s:
         notes.append(f"offload copies not priced: device '{sc.cluster.device.name}' has no host_link_bytes_per_s")
     return notes
 

@@ -506,3 +506,13 @@ def test_mfu_is_quoted_against_the_peak_the_gemms_are_priced_at(device: str, par
 
     assert p.to_dict()["peak_dtype"] == peak == RooflineCostModel(dev).peak_dtype(params_dtype)
     assert 0.0 < p.mfu < 1.0
+
+
+def test_muon_says_its_orthogonalisation_is_not_priced() -> None:
+    """Muon's Newton-Schulz matmuls are not in the optimizer step: the projection says so rather than passing Muon
+    off as SGD silently."""
+    base = scenario()
+    muon = base.model_copy(update={"training": base.training.model_copy(
+        update={"optimizer": base.training.optimizer.model_copy(update={"name": "muon"})})})
+    assert not [n for n in project(base).notes if "Newton-Schulz" in n]
+    assert [n for n in project(muon).notes if "Newton-Schulz" in n]
