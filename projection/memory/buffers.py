@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from projection.memory.model_states import shard_groups
 from projection.specs.hardware import DeviceSpec
-from projection.specs.scenario import Scenario
+from projection.specs.scenario import Scenario, runs_megatron
 from projection.specs.training import DTYPE_BYTES
 from projection.workload.params import RankParams
 from projection.workload.stages import StageSlot
@@ -72,11 +72,8 @@ GEMM_THREADS = 2
 _SM90_PLUS = ("h100", "h200", "h800", "gh200", "b100", "b200", "gb200", "b300", "gb300")
 _GFX94_95 = ("mi300", "mi325", "mi350", "mi355")
 
-MEGATRON_FRAMEWORKS = ("megatron", "primus")
-
-
 def is_megatron(sc: Scenario) -> bool:
-    return sc.framework.startswith(MEGATRON_FRAMEWORKS)
+    return runs_megatron(sc.framework)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from projection.cost.model import CostModel
 from projection.cost.roofline import RooflineCostModel
 from projection.paths import REPO_ROOT
 from projection.perf.placement import op_placements
-from projection.specs.scenario import Scenario
+from projection.specs.scenario import Scenario, runs_megatron
 
 CALIBRATIONS_DIR = REPO_ROOT / "calibrations"
 
@@ -57,7 +57,6 @@ def host_issue(scenario: Scenario, cost_model: CostModel) -> tuple[float, str]:
 
 
 FRAMEWORK_HOST_FILE = CALIBRATIONS_DIR / "framework_host.json"
-MEGATRON_FRAMEWORKS = ("megatron", "primus-megatron")
 
 
 def framework_host_factors(scenario: Scenario, host_source: str,
@@ -73,7 +72,7 @@ def framework_host_factors(scenario: Scenario, host_source: str,
     trace of the job's step, or `projection calibrate host`) are used as they are. Other frameworks get factor 1
     (calibrations/README.md says why that understates them too)."""
     path = FRAMEWORK_HOST_FILE if path is None else path
-    if scenario.framework not in MEGATRON_FRAMEWORKS or not host_source.startswith("device") or not path.is_file():
+    if not runs_megatron(scenario.framework) or not host_source.startswith("device") or not path.is_file():
         return 1.0, 1.0, ""
     row = json.loads(path.read_text(encoding="utf-8")).get("megatron") or {}
     fwd, bwd = float(row.get("forward", 1.0)), float(row.get("backward", 1.0))

@@ -182,6 +182,15 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
                     framework=raw.framework, source=raw.source, origins=origins)
 
 
+# Scenario.framework values whose jobs run Megatron-Core's code (Megatron-LM launches and Primus's Megatron trainer);
+# "primus-torchtitan" runs TorchTitan's. The one list every framework-dependent rule reads.
+MEGATRON_FRAMEWORKS = ("megatron", "primus-megatron")
+
+
+def runs_megatron(framework: str) -> bool:
+    return framework in MEGATRON_FRAMEWORKS
+
+
 def origin_of(scenario: Scenario, dotted: str) -> str:
     """Where a resolved value came from: its own origin, the closest parent's, or 'default'."""
     return closest(scenario.origins, dotted) or "default"
