@@ -197,7 +197,12 @@ def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_cou
     """ConfigError when the schedule (--schedule's, else the plan's) does not apply to a scenario's pp, vpp and
     microbatches: located at the config file, key '--schedule' (or 'plan.schedule'), the applicable ones in the fix."""
     from projection.perf import applicable_schedules
-    from projection.schedule.registry import SCHEDULE_NAMES, build_schedule
+    from projection.schedule.registry import (
+        SCHEDULE_NAMES,
+        TOO_MANY_MICROBATCHES_FIX,
+        ScheduleTooLarge,
+        build_schedule,
+    )
 
     problems = []
     for sc in scenarios:
@@ -207,7 +212,12 @@ def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_cou
         try:
             if chosen not in SCHEDULE_NAMES:
                 raise ValueError(f"unknown schedule {chosen!r}")
+            if plan.pp == 1:
+                chosen = "1f1b"  # no pipeline: every schedule name runs as one (ParallelPlan._no_pipeline_no_schedule)
             build_schedule(chosen, plan.pp, m, plan.vpp_, microbatch_group_size=plan.microbatch_group_size)
+        except ScheduleTooLarge as e:
+            problems.append(Problem(str(e), key="training.global_batch_size", file=sc.source,
+                                    fix=TOO_MANY_MICROBATCHES_FIX))
         except ValueError as e:
             at = f"at {sc.cluster.nodes} nodes ({m} microbatches): " if each_count else ""
             ok = applicable_schedules(sc)

@@ -64,6 +64,7 @@ from projection.memory.buffers import (
 )
 from projection.memory.model_states import model_state_bytes
 from projection.memory.report import MemoryReport, RankMemory, verdict
+from projection.schedule.registry import TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge
 from projection.specs.scenario import Scenario
 from projection.workload.params import per_rank_params
 from projection.workload.stages import StageSlot, split_stages
@@ -304,6 +305,9 @@ def _default_matrices(sc: Scenario) -> Matrices:
     m = sc.training.num_microbatches(p.dp_())
     try:
         return _schedule_matrices(p.schedule, p.pp, m, p.vpp_, p.microbatch_group_size)
+    except ScheduleTooLarge as e:
+        raise ConfigError(Problem(str(e), key="training.global_batch_size", file=sc.source,
+                                  fix=TOO_MANY_MICROBATCHES_FIX)) from None
     except ValueError as e:  # the schedule's own rule (e.g. a V schedule's microbatch count): a user error
         raise ConfigError(Problem(str(e), key="plan.schedule", file=sc.source,
                                   fix=f"pick a schedule that accepts pp {p.pp}, vpp {p.vpp_} and {m} microbatches "

@@ -21,7 +21,7 @@ from projection.perf.optimizer import optimizer_step_seconds
 from projection.perf.pricing import PricedStages, price_stages
 from projection.perf.result import BREAKDOWN_KEYS, COMM_GROUPS, Projection, category_key
 from projection.schedule.action import Schedule
-from projection.schedule.registry import SCHEDULE_NAMES, build_schedule
+from projection.schedule.registry import SCHEDULE_NAMES, TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge, build_schedule
 from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.result import SimResult, uncovered_length, union_intervals
@@ -48,6 +48,9 @@ def build_plan_schedule(scenario: Scenario) -> Schedule:
     m = scenario.training.num_microbatches(p.dp_())
     try:
         return build_schedule(p.schedule, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size)
+    except ScheduleTooLarge as e:
+        raise ConfigError(Problem(str(e), key="training.global_batch_size", file=scenario.source,
+                                  fix=TOO_MANY_MICROBATCHES_FIX)) from e
     except ValueError as e:
         raise ConfigError(Problem(str(e), key="plan.schedule", fix="pick a schedule that accepts this pp, vpp and "
                                   f"number of microbatches ({m})")) from e

@@ -51,6 +51,13 @@ def stages_per_rank_problem(name: str, vpp: int) -> str | None:
 # ~8 s in `projection schedule` on one core; 2M keeps a pathological request from exhausting memory.
 MAX_STAGE_MICROBATCHES = 2_000_000
 
+TOO_MANY_MICROBATCHES_FIX = ("use fewer microbatches per data-parallel rank (a smaller global batch, a larger micro "
+                             "batch or more data-parallel ranks): the pipeline's steady state repeats")
+
+
+class ScheduleTooLarge(ValueError):
+    """pp x vpp x microbatches beyond MAX_STAGE_MICROBATCHES: fixed by the batch, not by another schedule."""
+
 
 @lru_cache(maxsize=256)
 def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
@@ -66,10 +73,9 @@ def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
     require_positive(pp, n_microbatches, vpp)
     if pp * n_microbatches * vpp > MAX_STAGE_MICROBATCHES:
-        raise ValueError(f"pp x vpp x microbatches = {pp} x {vpp} x {n_microbatches} = "
+        raise ScheduleTooLarge(f"pp x vpp x microbatches = {pp} x {vpp} x {n_microbatches} = "
                          f"{pp * vpp * n_microbatches:,} forward actions: more than the {MAX_STAGE_MICROBATCHES:,} "
-                         "this simulator builds (each is a few hundred bytes of action lists and timeline); "
-                         "simulate fewer microbatches: the steady state repeats")
+                         "this simulator builds (each is a few hundred bytes of action lists and timeline)")
     if style not in ("megatron", "torch"):
         raise ValueError(f"unknown style {style!r} (expected 'megatron' or 'torch')")
     if name == "gpipe":

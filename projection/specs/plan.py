@@ -6,6 +6,7 @@ Dense grid: world = tp * cp * dp * pp. MoE grid (Megatron "parallel folding"): w
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -109,7 +110,8 @@ class ParallelPlan(Spec):
         """Without a pipeline (pp 1) every framework runs the microbatches one after another, forward then backward
         (Megatron's forward_backward_no_pipelining; TorchTitan builds no pipeline schedule): 1f1b whatever the
         config names."""
-        if isinstance(data, dict) and data.get("pp", 1) == 1 and data.get("schedule", "1f1b") != "1f1b":
+        if isinstance(data, dict) and data.get("pp", 1) == 1 and data.get("schedule", "1f1b") != "1f1b" \
+                and data.get("schedule") in typing.get_args(ScheduleName):  # an unknown name is still refused
             return {**data, "schedule": "1f1b"}
         return data
 

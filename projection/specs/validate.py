@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from projection.errors import Problem, count_of
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import runs_megatron
 from projection.specs.training import TrainingSpec
 from projection.workload.stages import LayoutError, layer_counts
 
@@ -104,13 +105,15 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         try:  # Megatron's interleaved schedule: pp <= group size <= microbatches (arithmetic only)
             megatron_group_size(plan.pp, m, plan.microbatch_group_size)
         except ValueError as e:
-            g = plan.microbatch_group_size
-            if g is not None and (g < plan.pp or g > m or (0 < m % g < plan.pp)) and m >= plan.pp:
-                # the group size given is what is wrong; the microbatch count admits another
+            if m >= plan.pp:
+                # enough microbatches: the group size (given, or the default pp) is what is wrong
                 ok = [k for k in range(plan.pp, m + 1) if not 0 < m % k < plan.pp]
+                unset = plan.microbatch_group_size is not None and plan.pp in ok
                 bad("plan.microbatch_group_size", f"{e} ({m} microbatches per data-parallel rank)",
                     f"use a group size in [{plan.pp}, {m}] that leaves no remainder below pp, e.g. "
-                    f"{', '.join(map(str, ok[:4]))}{', ...' if len(ok) > 4 else ''}, or leave it unset (pp)")
+                    f"{', '.join(map(str, ok[:4]))}{', ...' if len(ok) > 4 else ''}"
+                    + (", or leave it unset (pp)" if unset else "")
+                    + " (Megatron's --microbatch-group-size-per-vp-stage)")
             else:
                 bad("plan.schedule", f"{e} (global batch {training.resolved_global_batch(plan.dp)} / (micro batch "
                     f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
@@ -147,11 +150,14 @@ def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
         bad("plan.sp", f"expert parallelism (ep = {plan.ep}) with tensor parallelism (tp = {plan.tp}) needs sequence "
             "parallelism (Megatron-Core refuses the plan)",
             "turn sequence parallelism on (plan.sp: true; Megatron's --sequence-parallel)")
-    if plan.overlap.tp_comm and plan.tp > 1 and not plan.sp:
-        # megatron/training/arguments.py validate_args: "Tensor parallel communication/GEMM overlap can happen only
-        # when sequence parallelism is enabled" (at tp 1 there is no TP communication to overlap)
+    # megatron/training/arguments.py validate_args turns sequence parallelism off at tp 1, then asserts "Tensor parallel
+    # communication/GEMM overlap can happen only when sequence parallelism is enabled": a Megatron launch with
+    # --tp-comm-overlap fails at tp 1 too. A native scenario at tp 1 has no TP communication to overlap: accepted.
+    if plan.overlap.tp_comm and (not plan.sp_ if runs_megatron(raw.framework) else plan.tp > 1 and not plan.sp):
         bad("plan.overlap.tp_comm", f"overlapping tensor-parallel communication (tp = {plan.tp}) needs sequence "
-            "parallelism (Megatron refuses --tp-comm-overlap without --sequence-parallel)",
+            "parallelism (Megatron refuses --tp-comm-overlap without --sequence-parallel"
+            + (", and turns sequence parallelism off at tp 1)" if plan.tp == 1 else ")"),
+            "turn the TP overlap off" if plan.tp == 1 else
             "turn sequence parallelism on (plan.sp: true; --sequence-parallel) or the TP overlap off")
     if plan.overlap.param_gather and plan.sharding.zero_stage == 0:
         # megatron/training/arguments.py validate_args: "--overlap-param-gather only supported with distributed

@@ -290,3 +290,34 @@ def test_a_single_value_for_a_table_lists_its_keys(tmp_path: Path) -> None:
     res = run("performance", "--config", str(write(tmp_path, GOOD)), "--set", "training.fp8=hybrid")
     assert_user_error(res, "key 'training.fp8'", "a table of settings, not a single value (got 'hybrid')",
                       "--set training.fp8.format=...", "keys: format, recipe, param_gather")
+
+
+def test_default_group_size_that_fails_names_the_size_that_works(tmp_path: Path) -> None:
+    """pp 4, 6 microbatches, no group size: the default (pp = 4) leaves 6 % 4 = 2 < pp; 6 works, and the fix says so
+    rather than asking for at least 4 microbatches (there are 6)."""
+    text = GOOD.replace("  tp: 2\n  pp: 2", "  tp: 1\n  pp: 4\n  vpp: 2\n  schedule: interleaved_1f1b").replace(
+        "global_batch_size: 64", "global_batch_size: 12")  # dp 2: 6 microbatches per rank
+    res = run("inspect", "--config", str(write(tmp_path, text)))
+    assert_user_error(res, "key 'plan.microbatch_group_size'", "6 % 4 = 2", "e.g. 6")
+    assert "at least 4 microbatches" not in res.stderr and "leave it unset" not in res.stderr
+
+
+def test_too_many_microbatches_is_a_batch_problem(tmp_path: Path) -> None:
+    """memory and performance: the fix is fewer microbatches (the batch), not another schedule."""
+    text = GOOD.replace("global_batch_size: 64", "global_batch_size: 5000000")  # dp 2, pp 2: 2.5M per rank
+    for command in ("memory", "performance"):
+        res = run(command, "--config", str(write(tmp_path, text)))
+        assert_user_error(res, "key 'training.global_batch_size'", "forward actions", "use fewer microbatches")
+
+
+def test_tp_comm_overlap_at_tp_1_in_a_megatron_launch(tmp_path: Path) -> None:
+    """Megatron turns sequence parallelism off at tp 1 and then refuses --tp-comm-overlap; a native scenario at tp 1
+    has no TP communication and is accepted."""
+    fixture = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "megatron" / \
+        "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer" / "model_config.yaml"
+    if not fixture.is_file():
+        pytest.skip("../shared/fixtures is absent (a user's clone)")
+    assert_user_error(run("memory", "--config", str(fixture), "--set", "tp_comm_overlap=true"),
+                      "key 'tp_comm_overlap'", "turns sequence parallelism off at tp 1", "turn the TP overlap off")
+    native = GOOD.replace("  tp: 2", "  tp: 1\n  overlap: {tp_comm: true}")
+    assert run("memory", "--config", str(write(tmp_path, native))).returncode == 0

@@ -117,11 +117,13 @@ def test_without_a_pipeline_there_is_one_schedule(capsys: pytest.CaptureFixture[
     doc = perf_json(capsys, *flat, "--schedule", "all")
     assert [d["schedule"] for d in doc["schedules"]] == ["1f1b"]
     base = perf_json(capsys, *flat)
-    for name in ("gpipe", "zb_h1"):
+    for name in ("gpipe", "zb_h1", "zbv", "dualpipe"):
         for how in (("--schedule", name), ("--set", f"plan.schedule={name}")):
             other = perf_json(capsys, *flat, *how)
             assert other["step_time_s"] == base["step_time_s"], (name, how)
             assert other["memory"]["peak_bytes"] == base["memory"]["peak_bytes"], (name, how)
+    code, _, err = perf(capsys, *flat, "--set", "plan.schedule=bogus")  # an unknown name is still refused
+    assert code == 2 and "plan.schedule" in err
 
 def test_one_named_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     doc = perf_json(capsys, "--config", str(LLAMA), "--schedule", "gpipe")
