@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import TrainingSpec
+from projection.workload.params import Sharding, layer_params
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ def layer_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         out.update(moe_tensors(model, plan, D))
     else:
         out.update(mlp_tensors(model, D, model.ffn_hidden_size))
+    f8 = training.fp8
+    if f8 is not None and f8.saves_fp8_weights:
+        # Primus-Turbo saves each forward's fp8 weight (1 B per converted GEMM weight after TP/EP sharding, whole:
+        # FSDP gathers it for the GEMM) with the fp8 input, until that microbatch's backward
+        parts = layer_params(model, i, Sharding(plan.tp, plan.ep, plan.etp_))
+        out["fp8.weights"] = float(sum(v for k, v in parts.items() if f8.converts(k)))
     return out
 
 
@@ -196,9 +203,12 @@ def loss_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -
     D = dims(model, training, plan)
     v = model.padded_vocab(plan.tp) / D.t
     ce = (D.e if training.fused_loss else 4) * D.T * v
-    # The output layer is not an FP8 GEMM (Megatron builds it as a plain ColumnParallelLinear, TorchTitan's float8
-    # converter filters out "output"), so it saves its input in the activation dtype.
-    return {"loss.norm_in": D.e * D.T * D.h * D.r, "loss.linear_in": D.e * D.T * D.h * D.r, "loss.softmax": ce}
+    # The output layer is an FP8 GEMM only where Fp8Spec.output_layer says so (Megatron builds it as a plain
+    # ColumnParallelLinear; TorchTitan converts it unless filter_fqns names it); otherwise its input is saved in the
+    # activation dtype.
+    f8 = training.fp8
+    e_out = D.e_lin if f8 is not None and f8.output_layer else D.e
+    return {"loss.norm_in": D.e * D.T * D.h * D.r, "loss.linear_in": e_out * D.T * D.h * D.r, "loss.softmax": ce}
 
 
 def loss_working_set(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:

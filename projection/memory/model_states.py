@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
-from projection.specs.training import DTYPE_BYTES, TrainingSpec
+from projection.specs.training import DTYPE_BYTES, Fp8Spec, TrainingSpec
 from projection.workload.params import RankParams, Sharding, layer_params
 from projection.workload.stages import split_stages
 
@@ -75,7 +75,8 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
         terms["weights.params"] = round(sharded(dense_p, expert_p, 3) * pbytes)
         if training.fp8 is not None and training.fp8.param_gather:
             # --fp8-param-gather: the linear weights themselves are fp8 (1 B) instead of the params dtype
-            terms["weights.params"] -= round(_linear_params(rank) * (pbytes - 1) / (g_dense if zero == 3 else 1))
+            terms["weights.params"] -= round(_linear_params(rank, training.fp8) * (pbytes - 1)
+                                             / (g_dense if zero == 3 else 1))
         if zero == 3:
             terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank)
     if training.fp8 is not None and training.fp8.caches_weights:
@@ -120,11 +121,11 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
     sh = Sharding(plan.tp, plan.ep, plan.etp_)
     # FP8 all-gather (torchao enable_fsdp_float8_all_gather / --fp8-param-gather): the GEMM weights are gathered and
     # held unsharded in fp8, 1 B per element (torchao fsdp_utils fsdp_post_all_gather); the rest in the params dtype.
-    fp8_gather = training.fp8 is not None and training.fp8.param_gather
+    f8 = training.fp8 if training.fp8 is not None and training.fp8.param_gather else None
 
     def unit_bytes(i: int) -> float:
         parts = layer_params(model, i, sh)
-        linear = sum(v for k, v in parts.items() if k in LINEAR_COMPONENTS) if fp8_gather else 0
+        linear = sum(v for k, v in parts.items() if f8.converts(k)) if f8 is not None else 0
         return linear * 1 + (sum(parts.values()) - linear) * pbytes
 
     sizes = sorted((unit_bytes(i) for i in rank.layers), reverse=True)
@@ -140,16 +141,12 @@ def fp8_weight_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPla
     nothing (`Fp8Spec.caches_weights`): its per-GEMM casts are freed with the GEMM."""
     assert training.fp8 is not None
     copies = 1 if training.fp8.param_gather else 2
-    return _linear_params(rank) * copies
+    return _linear_params(rank, training.fp8) * copies
 
 
-def _linear_params(rank: RankParams) -> int:
-    """GEMM weights of a rank (attention, MLPs, experts, MTP); norms and the router are a negligible share."""
-    return sum(v for k, v in rank.by_component.items() if k in LINEAR_COMPONENTS)
-
-
-# Parameter components made of GEMM weights (FP8 casts them); norms and the router are a negligible share.
-LINEAR_COMPONENTS = ("attention", "dense_mlp", "experts", "shared_experts", "mtp")
+def _linear_params(rank: RankParams, fp8: Fp8Spec) -> int:
+    """GEMM weights of a rank the FP8 library converts (Fp8Spec.converts); norms and the router are not."""
+    return sum(v for k, v in rank.by_component.items() if fp8.converts(k))
 
 
 def step_counter_bytes_total(model: ModelSpec, plan: ParallelPlan, rank: RankParams, bytes_each: int) -> int:

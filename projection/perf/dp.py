@@ -33,6 +33,7 @@ from projection.cost.collectives import CollectiveKind, GroupPlacement
 from projection.cost.model import CostModel
 from projection.perf.placement import boundary_placement, expert_dp_placement, shard_placements
 from projection.perf.pricing import PricedStages
+from projection.perf.stage_params import gather_bytes
 from projection.schedule.action import Action, Schedule
 from projection.sim.costs import CommTask
 from projection.sim.result import SimResult
@@ -121,6 +122,10 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
             sp = priced.stages[schedule.model_stage(s)]
             bucketed = is_bucketed(scenario, sp.pp_rank, sp.chunk) and s == schedule.model_stage(s)
             mine: list[Bucket] = []
+            # bytes per gathered element of each group (fp8 param gather: 1 B per converted GEMM weight)
+            wire = [gather_bytes(training, name, d, e) for name, d, e in sp.params.components]
+            per_elem = {"dp": sum(b for b, _ in wire) / sp.params.dense if sp.params.dense else param_b,
+                        "edp": sum(b for _, b in wire) / sp.params.expert if sp.params.expert else param_b}
             for group, n, place in (("dp", sp.params.dense, dense_place), ("edp", sp.params.expert, expert_place)):
                 if place is None or zero == 3:
                     continue
@@ -128,8 +133,9 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                     mine.append(Bucket(r, s, kind, group, elems, elems * grad_b, sec(kind, elems * grad_b, place),
                                        order))
                     if zero in (1, 2):
-                        params_ag.append(Bucket(r, s, "all_gather", group, elems, elems * param_b,
-                                                sec("all_gather", elems * param_b, place), order))
+                        ag = round(elems * per_elem[group])
+                        params_ag.append(Bucket(r, s, "all_gather", group, elems, ag, sec("all_gather", ag, place),
+                                                order))
             grads += mine
             grad_s[r] += sum(b.seconds for b in mine)
             if not mine:

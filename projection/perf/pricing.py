@@ -37,7 +37,7 @@ from projection.perf.checks import scalar_check_items, token_count_syncs
 from projection.perf.costmodel import framework_host_factors, host_issue
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
 from projection.perf.placement import boundary_placement, expert_dp_placement, op_placements, shard_placements
-from projection.perf.stage_params import StageParams, stage_params
+from projection.perf.stage_params import StageParams, gather_bytes, stage_params
 from projection.schedule.action import Schedule
 from projection.sim.costs import CommTask, StageCosts
 from projection.specs.scenario import Scenario
@@ -297,6 +297,7 @@ class _FsdpSizes:
         if self.on:
             self.dense, _ = shard_placements(scenario.cluster, plan)
             self.expert = expert_dp_placement(scenario.cluster, plan) if scenario.model.moe is not None else None
+        self.training = training
         self.param_b = DTYPE_BYTES[training.params_dtype]
         self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
         self.link = scenario.cluster.device.host_link_bytes_per_s if plan.offload.fsdp_params else None
@@ -309,21 +310,25 @@ class _FsdpSizes:
             return [()] * len(names), [()] * len(names)
         sizes = {name: (d, e) for name, d, e in params.components}
         per = [sizes.pop(n, (0, 0)) for n in names]
+        # all-gather bytes of each unit (fp8 all-gather: 1 B per converted GEMM weight, stage_params.gather_bytes)
+        wire = [gather_bytes(self.training, n, d, e) for n, (d, e) in zip(names, per, strict=True)]
         if sizes and per:  # params without an op component of their own (an MTP stage's embedding)
             d0, e0 = per[0]
             per[0] = (d0 + sum(d for d, _ in sizes.values()), e0 + sum(e for _, e in sizes.values()))
+            extra = [gather_bytes(self.training, n, d, e) for n, (d, e) in sizes.items()]
+            wire[0] = (wire[0][0] + sum(b for b, _ in extra), wire[0][1] + sum(b for _, b in extra))
         gathers, scatters = [], []
-        for dense, expert in per:
-            g, r = [self._gather(dense, self.dense)], [self._scatter(dense, self.dense)]
+        for (dense, expert), (dense_b, expert_b) in zip(per, wire, strict=True):
+            g, r = [self._gather(dense, dense_b, self.dense)], [self._scatter(dense, self.dense)]
             if expert and self.expert is not None:
-                g.append(self._gather(expert, self.expert))
+                g.append(self._gather(expert, expert_b, self.expert))
                 r.append(self._scatter(expert, self.expert))
             gathers.append(tuple(g))
             scatters.append(tuple(r))
         return gathers, scatters
 
-    def _gather(self, elements: float, group: GroupPlacement) -> float:
-        return self._s("all_gather", elements * self.param_b, group) + self._copy(elements, self.shard_b, group)
+    def _gather(self, elements: float, nbytes: float, group: GroupPlacement) -> float:
+        return self._s("all_gather", nbytes, group) + self._copy(elements, self.shard_b, group)
 
     def _scatter(self, elements: float, group: GroupPlacement) -> float:
         return self._s("reduce_scatter", elements * self.grad_b, group) + self._copy(elements, self.grad_b, group)

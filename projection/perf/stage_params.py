@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
+from projection.specs.training import DTYPE_BYTES, TrainingSpec
 from projection.workload.params import Sharding, embedding_params, layer_params, mtp_params, output_params
 from projection.workload.stages import StageSlot
 
@@ -117,3 +118,17 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, slot: StageSlot) -> Stage
     dense = sum(c[1] for c in comps)
     expert = sum(c[2] for c in comps)
     return StageParams(dense, expert, tuple(comps), tensors, tuple(hooked), expert_tensors)
+
+
+def gather_bytes(training: TrainingSpec, component: str, dense: float, expert: float) -> tuple[float, float]:
+    """Bytes a parameter all-gather moves for one component's (dense, expert) elements: the params dtype, or 1 B per
+    GEMM weight the FP8 library converts when parameters are gathered in fp8 (Megatron --fp8-param-gather, torchao
+    enable_fsdp_float8_all_gather: the unsharded weight is the fp8 tensor). A decoder layer's norms and biases are a
+    negligible share and go at 1 B with its weights; embeddings, and the output layer unless it is an FP8 GEMM, keep
+    the params dtype."""
+    pb = DTYPE_BYTES[training.params_dtype]
+    f = training.fp8
+    if f is None or not f.param_gather:
+        return dense * pb, expert * pb
+    gemm = component.startswith(("layer", "mtp")) or (component == "output" and f.output_layer)
+    return dense * (1 if gemm else pb), expert * (1 if f.experts_in_fp8 else pb)

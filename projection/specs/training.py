@@ -15,21 +15,31 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
 class Fp8Spec(Spec):
-    """FP8 GEMMs (Transformer Engine / torchao). `param_gather` keeps compute weights in fp8 (Megatron
-    --fp8-param-gather, TorchTitan enable_fsdp_float8_all_gather).
+    """FP8 GEMMs. `param_gather` keeps compute weights in fp8 (Megatron --fp8-param-gather, TorchTitan
+    enable_fsdp_float8_all_gather): parameter all-gathers move, and gathered units hold, 1 B per GEMM weight.
 
-    `library` decides what FP8 keeps in memory (README § projection memory, FP8):
-    * transformer_engine (Megatron-LM, Primus, NeMo): an fp8 copy of every GEMM weight and its transpose cached for
-      the whole step (TE's `is_first_microbatch` workspaces), and the linear inputs saved for backward in fp8;
+    `library` decides what FP8 keeps in memory and which casts run (README § projection memory, FP8):
+    * transformer_engine (Megatron-LM, Primus Megatron, NeMo): an fp8 copy of every GEMM weight and its transpose
+      cached for the whole step (TE's `is_first_microbatch` workspaces), linear inputs saved for backward in fp8;
+      the routed experts' grouped GEMMs run in fp8 too;
     * torchao (TorchTitan's float8 / MX converters): weights cast on the fly in every forward and backward, nothing
-      cached, and the linear inputs saved in the high-precision dtype (`matmul_with_hp_or_float8_args` saves
-      `input_hp, weight_hp_t`; eager mode, torchao >= 0.13)."""
+      cached, linear inputs saved in the high-precision dtype (`matmul_with_hp_or_float8_args` saves
+      `input_hp, weight_hp_t`; eager mode, torchao >= 0.13); only nn.Linear modules are converted, so routed experts
+      stay in the activation dtype unless a grouped-GEMM converter is listed (`grouped_experts`);
+    * primus_turbo (Primus TorchTitan with Primus-Turbo's float8 / MX linear): cast on the fly like torchao, but the
+      fp8 input and the fp8 weight are what is saved for backward (FP8GemmTensorFunction
+      `ctx.save_for_backward(a_fp8, a_scale_inv, b_fp8, b_scale_inv)`), so every in-flight microbatch holds an fp8
+      copy of each layer's GEMM weights; it does no fp8 all-gather.
+    `output_layer`: the logits GEMM runs in fp8 too (TorchTitan converts every nn.Linear its filter_fqns do not
+    name; Megatron's output layer is never an FP8 GEMM)."""
 
     format: Literal["e4m3", "hybrid"] = "hybrid"
     recipe: Literal["delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"] = "delayed"
     param_gather: bool = False
     amax_history_len: int = Field(1, gt=0)
-    library: Literal["transformer_engine", "torchao"] = "transformer_engine"
+    library: Literal["transformer_engine", "torchao", "primus_turbo"] = "transformer_engine"
+    grouped_experts: bool = False
+    output_layer: bool = False
 
     @property
     def caches_weights(self) -> bool:
@@ -39,7 +49,23 @@ class Fp8Spec(Spec):
     @property
     def saves_fp8_inputs(self) -> bool:
         """True where linear layers save their inputs for backward in fp8 (1 B) rather than high precision."""
-        return self.library == "transformer_engine"
+        return self.library in ("transformer_engine", "primus_turbo")
+
+    @property
+    def saves_fp8_weights(self) -> bool:
+        """True where each forward saves its own fp8 weight copy for backward (Primus-Turbo)."""
+        return self.library == "primus_turbo"
+
+    @property
+    def experts_in_fp8(self) -> bool:
+        """Whether the routed experts' grouped GEMMs run in fp8."""
+        return self.library == "transformer_engine" or self.grouped_experts
+
+    def converts(self, component: str) -> bool:
+        """Whether the GEMM weights of a parameter component (workload.params names) are FP8 GEMMs."""
+        if component == "experts":
+            return self.experts_in_fp8
+        return component in ("attention", "dense_mlp", "shared_experts", "mtp")
 
 
 class OptimizerSpec(Spec):

@@ -68,7 +68,7 @@ def embedding_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) 
 
 
 def output_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> tuple[Op, ...]:
-    """Final norm, logits GEMM (vocab-parallel, in the activation dtype even under fp8) and cross-entropy loss."""
+    """Final norm, logits GEMM (vocab-parallel; fp8 only where Fp8Spec.output_layer) and cross-entropy loss."""
     d = dims(model, training, plan)
     return _assemble(_output_pieces(model, training, d, "output"))
 
@@ -148,7 +148,8 @@ def _output_pieces(model: ModelSpec, training: TrainingSpec, d: Dims, name: str)
     loss_b = mem(f"{name}.loss.bwd", "I", b_r, b_w, d.act, fn="cross_entropy", rows=t, width=v)
     reduce = (coll(f"{name}.loss.ar", "F", "all_reduce", t * 4, "tp", count=3),) if d.tp > 1 else ()
     return [pointwise(f"{name}.norm", d, d.tokens_sp * h, d.tokens_sp * h, "layernorm", fn=d.norm, width=h),
-            column_linear(name, d, t, model.padded_vocab(d.tp) // d.tp, h, dtype=d.act, tag="output"),
+            column_linear(name, d, t, model.padded_vocab(d.tp) // d.tp, h, tag="output",
+                          dtype="fp8" if training.fp8 is not None and training.fp8.output_layer else d.act),
             Piece("loss", (loss_f, *reduce), (loss_b,))]
 
 

@@ -127,11 +127,9 @@ class Dims:
     norm: str = "rmsnorm"
     act_fn: str = "silu"
     expert_gemm: str = "bf16"  # dtype of the routed experts' grouped GEMMs
-    # torchao FP8 (TorchTitan): backward re-casts the saved high-precision input for the weight gradient, and every
-    # pass casts the weight unless FSDP gathered it in fp8 already (Transformer Engine casts the weight once per step
-    # into its cache and saves fp8 inputs)
-    fp8_recast: bool = False
-    fp8_weight_cast: bool = False
+    # Which FP8 casts a linear runs (Fp8Spec.library; `_fp8_casts`), and whether FSDP gathered its weight in fp8
+    fp8_library: str = ""
+    fp8_weight_gathered: bool = False
     allgather_dispatch: bool = False  # Megatron's allgather MoE token dispatcher (else all-to-all)
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
 
@@ -145,10 +143,10 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 sp=sp, ep=plan.ep, etp=plan.etp_, tokens=tokens, tokens_sp=tokens // plan.tp if sp else tokens,
                 act=act, act_bytes=DTYPE_BYTES[act], gemm="fp8" if fp8 is not None else act,
                 # torchao's float8 / MX linear converters swap nn.Linear only; TorchTitan's grouped experts keep the
-                # activation dtype unless a grouped-GEMM converter is listed (not modelled)
-                expert_gemm="fp8" if fp8 is not None and fp8.library == "transformer_engine" else act,
-                fp8_recast=fp8 is not None and not fp8.caches_weights,
-                fp8_weight_cast=fp8 is not None and not fp8.caches_weights and not fp8.param_gather,
+                # activation dtype unless a grouped-GEMM converter is listed (Fp8Spec.experts_in_fp8)
+                expert_gemm="fp8" if fp8 is not None and fp8.experts_in_fp8 else act,
+                fp8_library=fp8.library if fp8 is not None else "",
+                fp8_weight_gathered=fp8 is not None and fp8.param_gather,
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
                 flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
@@ -185,35 +183,38 @@ def linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dtype: str
     """A Linear layer (BLAS shapes in the module docstring): forward GEMM, then in backward the input-gradient GEMM
     (I) and the weight-gradient GEMM (W, accumulating into the main-grad buffer when gradient accumulation is fused).
     FP8 GEMMs also cast their inputs: x (and its transpose for wgrad) in F, dy (and its transpose) in I (Transformer
-    Engine's fused cast-transpose); torchao's casts are `_torchao_casts`."""
+    Engine's fused cast-transpose); torchao's and Primus-Turbo's are `_fp8_casts`."""
     dt = dtype or d.gemm
     ab = d.act_bytes
     acc = d.main_grad_bytes if d.fused_wgrad else 0
     fwd = [gemm(name, "F", n_out, tokens, k_in, dt, ab, layout="TN", tag=tag)]
     bwd = [gemm(f"{name}.dgrad", "I", k_in, tokens, n_out, dt, ab, layout="NN", tag=tag),
            gemm(f"{name}.wgrad", "W", k_in, n_out, tokens, dt, ab, layout="NT", acc_bytes=acc, tag=tag)]
-    if dt == "fp8" and d.fp8_recast:
-        fwd[:0], bwd[1:1], bwd[:0] = _torchao_casts(name, d, tokens, n_out, k_in, tag)
+    if dt == "fp8" and d.fp8_library in ("torchao", "primus_turbo"):
+        fwd[:0], bwd[1:1], bwd[:0] = _fp8_casts(name, d, tokens, n_out, k_in, tag)
     elif dt == "fp8":
         fwd.insert(0, mem(f"{name}.cast", "F", tokens * k_in * ab, 2 * tokens * k_in, "fp8", tag))
         bwd.insert(0, mem(f"{name}.dgrad.cast", "I", tokens * n_out * ab, 2 * tokens * n_out, "fp8", tag))
     return Piece(tag, tuple(fwd), tuple(bwd))
 
 
-def _torchao_casts(name: str, d: Dims, tokens: int, n_out: int, k_in: int,
-                   tag: str) -> tuple[list[Op], list[Op], list[Op]]:
-    """The fp8 casts of one torchao Float8Linear (tensorwise; torchao 0.18 float8_linear.py, dispatched ops checked in
-    tests/oracle/test_fp8_torchao.py): forward casts x and the weight; backward casts dy for dgrad (I), the
-    weight again, then dy again and the saved 16-bit x for wgrad (W). With FSDP's fp8 all-gather the weight arrives
-    in fp8 and is not cast. Each cast is priced as torch.compile fuses it: an amax pass and a cast pass over the 16-bit
-    tensor (2 reads), one fp8 write. Returns (forward, before wgrad, start of backward)."""
+def _fp8_casts(name: str, d: Dims, tokens: int, n_out: int, k_in: int,
+               tag: str) -> tuple[list[Op], list[Op], list[Op]]:
+    """The fp8 casts of one linear that casts on the fly (tensorwise). torchao Float8Linear (torchao 0.18
+    float8_linear.py; dispatched ops checked in tests/oracle/test_fp8_torchao.py): forward casts x and the weight;
+    backward casts dy for dgrad (I), the weight again, then dy again and the saved 16-bit x for wgrad (W). Primus-Turbo
+    (FP8GemmTensorFunction) saves the fp8 x and weight, so backward casts dy only. With FSDP's fp8 all-gather the
+    weight arrives in fp8 and is not cast. Each cast is priced as torch.compile fuses it: an amax pass and a cast pass
+    over the 16-bit tensor (2 reads), one fp8 write. Returns (forward, before wgrad, start of backward)."""
     ab, w = d.act_bytes, n_out * k_in
 
     def cast(suffix: str, phase: Phase, n: int) -> Op:
         return mem(f"{name}{suffix}", phase, 2 * n * ab, n, "fp8", tag)
 
-    weights = d.fp8_weight_cast
+    weights = not d.fp8_weight_gathered
     fwd = [cast(".cast", "F", tokens * k_in)] + ([cast(".weight.cast", "F", w)] if weights else [])
+    if d.fp8_library == "primus_turbo":
+        return fwd, [], [cast(".dgrad.cast", "I", tokens * n_out)]
     start = [cast(".dgrad.cast", "I", tokens * n_out)] + ([cast(".dgrad.weight.cast", "I", w)] if weights else [])
     wgrad = [cast(".wgrad.dy.cast", "W", tokens * n_out), cast(".wgrad.x.cast", "W", tokens * k_in)]
     return fwd, wgrad, start

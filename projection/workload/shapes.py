@@ -121,15 +121,20 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
     rp = per_rank_params(model, plan)[pp_rank]
     experts = rp.by_component.get("experts", 0)
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
+    f8 = training.fp8 if training.fp8 is not None and training.fp8.param_gather else None
+    # gathered bytes: 1 B per GEMM weight the FP8 library converts when parameters are gathered in fp8
+    wire = {c: n * (1 if f8 is not None and (f8.converts(c) or (c == "output" and f8.output_layer)) else act)
+            for c, n in rp.by_component.items()}
+    gathered = {"dp": sum(v for c, v in wire.items() if c != "experts"), "edp": wire.get("experts", 0)}
     for group, params, ways in (("dp", rp.params - experts, plan.dp_() * plan.cp), ("edp", experts, plan.edp())):
         if params <= 0 or ways <= 1:
             continue
         zero = plan.sharding.zero_stage
         rows = [("W", "all_reduce", params * grad_b, 1)] if zero == 0 else [("W", "reduce_scatter", params * grad_b, 1)]
         if zero in (1, 2):
-            rows.append(("F", "all_gather", params * act, 1))  # updated parameters after the optimizer step
+            rows.append(("F", "all_gather", gathered[group], 1))  # updated parameters after the optimizer step
         if zero == 3:
-            rows.append(("F", "all_gather", params * act, 1 + int(plan.sharding.reshard_after_forward)))
+            rows.append(("F", "all_gather", gathered[group], 1 + int(plan.sharding.reshard_after_forward)))
         for phase, kind, size, count in rows:
             out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, kind, group, int(size), "")] += count
     return out

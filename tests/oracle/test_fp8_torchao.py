@@ -11,7 +11,7 @@ and weight (`matmul_with_hp_or_float8_args`: `ctx.save_for_backward(input_hp, we
 * nothing cached: the tensors alive after backward besides parameters and gradients, measured by MemTracker, are the
   same with and without the conversion, and the projected weights equal the projected bf16 weights.
 * the casts: every fp8 tensor aten produces in one Float8Linear forward and backward (its bytes) against the fp8
-  cast ops of the op list's `linear` (projection/workload/ops_base.py `_torchao_casts`).
+  cast ops of the op list's `linear` (projection/workload/ops_base.py `_fp8_casts`).
 
 Needs torchao (a test dependency in pyproject.toml); skipped, saying so, where it is not installed.
 """

@@ -290,7 +290,11 @@ def test_torchtitan_scenarios() -> None:
         8192, 4, 8, 3)
     assert s.plan.recompute.granularity == "none"
     s = scenario(TITAN / "llama3.1_8B-FP8-pretrain.yaml")
-    assert s.training.fp8 is not None and s.training.fp8.param_gather and s.training.local_batch_size == 5
+    # Primus-Turbo's float8 linear (primus_turbo.use_turbo_float8_linear, on by default) replaces torchao's: fp8
+    # inputs and weights saved, and the file's enable_fsdp_float8_all_gather has no effect on it
+    f8 = s.training.fp8
+    assert f8 is not None and f8.library == "primus_turbo" and not f8.param_gather and not f8.output_layer
+    assert s.training.local_batch_size == 5
     s = scenario(TITAN / "deepseek_v3_671b-pretrain.yaml")
     assert s.model.moe is not None and (s.model.moe.num_experts, s.model.moe.top_k) == (256, 8)
     assert (s.model.num_layers, s.training.seq_length, s.training.local_batch_size) == (61, 4096, 16)

@@ -251,7 +251,7 @@ V01 = """\
 def test_v01_layout(tmp_path: Path) -> None:
     raw = load_torchtitan(_write(tmp_path, V01))
     assert raw.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True,
-                                         "library": "torchao"}
+                                         "library": "torchao", "grouped_experts": False, "output_layer": False}
     assert raw.get("plan.overlap.tp_comm") is True  # async TP with training.compile (v0.1)
     assert raw.get("model.ffn_hidden_size") == 14336 and raw.framework == "torchtitan"
 
@@ -260,14 +260,20 @@ def test_fp8_only_through_converters() -> None:
     section = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
     assert _raw({**_cfg(), **section}).get("training.fp8") is None  # the table alone does nothing
     on = _raw({**_cfg(model={"converters": ["quantize.linear.float8"]}), **section})
-    assert on.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True,
-                                      "library": "torchao"}
+    base = {"library": "torchao", "grouped_experts": False, "output_layer": True}
+    assert on.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True, **base}
+    # a named recipe with fp8 all-gather: TorchTitan's float8 converter asserts the pair away
     rowwise = {"quantize": {"linear": {"float8": {"recipe_name": "rowwise", "enable_fsdp_float8_all_gather": True}}}}
+    with pytest.raises(ConfigError, match="TorchTitan refuses the pair"):
+        _raw({**_cfg(model={"converters": ["float8"]}), **rowwise})
+    rowwise = {"quantize": {"linear": {"float8": {"recipe_name": "rowwise", "filter_fqns": ["output"]}}}}
     assert _raw({**_cfg(model={"converters": ["float8"]}), **rowwise}).get("training.fp8") == {
-        "format": "e4m3", "recipe": "rowwise", "param_gather": False, "library": "torchao"}
-    mx = _raw(_cfg(model={"converters": ["quantize.linear.mx"]}))
-    assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False,
-                                      "library": "torchao"}
+        "format": "e4m3", "recipe": "rowwise", "param_gather": False, **base, "output_layer": False}
+    mx = _raw(_cfg(model={"converters": ["quantize.linear.mx"]}))  # MX's default filter_fqns names the output layer
+    assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False, **base,
+                                      "output_layer": False}
+    grouped = _raw(_cfg(model={"converters": ["float8", "quantize.grouped_mm.float8"]}))
+    assert grouped.get("training.fp8")["grouped_experts"] is True
     with pytest.raises(ConfigError, match="unknown model converter 'int4'"):
         _raw(_cfg(model={"converters": ["int4"]}))
 

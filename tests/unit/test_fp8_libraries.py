@@ -1,0 +1,98 @@
+"""What each FP8 library converts, keeps and moves, from the library's own rules (Fp8Spec docstring):
+
+* fp8 parameter gather (torchao enable_fsdp_float8_all_gather): the gathered GEMM weights are 1 B in memory (the
+  FSDP units in flight) and on the wire (the all-gathers `projection shapes` lists and the performance prices), while
+  routed experts, which torchao's linear converter does not touch, stay in the params dtype;
+* a grouped-GEMM converter beside the linear one runs the experts' grouped GEMMs in fp8;
+* Primus-Turbo saves each forward's fp8 weights with its fp8 inputs;
+* the output layer is an FP8 GEMM where the converter's filter does not name it.
+The expected bytes are counted from the parameter inventory by component (projection.workload.params), not from the
+code under test's own per-unit arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from projection.memory.activations import layer_tensors
+from projection.memory.model_states import unsharded_unit_bytes
+from projection.perf import project
+from projection.specs.hardware import ClusterSpec, load_device
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import Scenario
+from projection.specs.training import Fp8Spec, TrainingSpec
+from projection.workload.ops import layer_ops, output_ops
+from projection.workload.params import Sharding, layer_params, per_rank_params
+from projection.workload.shapes import step_shapes
+
+H100 = load_device("h100-sxm")
+MOE = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, num_kv_heads=4, ffn_hidden_size=4096,
+                vocab_size=32000, moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 512})
+
+
+def scenario(fp8: Fp8Spec | None, *, fsdp: bool = True) -> Scenario:
+    training = TrainingSpec(seq_length=1024, micro_batch_size=1, global_batch_size=16, fp8=fp8)
+    sharding: dict[str, Any] = {"zero_stage": 3, "fsdp": "torch_fsdp2"} if fsdp else {"zero_stage": 1}
+    plan = ParallelPlan(tp=1, pp=1, dp=16, sharding=sharding)
+    return Scenario(model=MOE, training=training, plan=plan, framework="torchtitan",
+                    cluster=ClusterSpec(device=H100, nodes=2, gpus_per_node=8))
+
+
+def torchao(**kw: Any) -> Fp8Spec:
+    return Fp8Spec(format="hybrid", recipe="tensorwise", library="torchao", **kw)
+
+
+def test_fp8_gather_holds_converted_weights_in_one_byte_and_experts_in_two() -> None:
+    sc = scenario(torchao(param_gather=True))
+    (rank,) = per_rank_params(sc.model, sc.plan)
+    parts = layer_params(MOE, 3, Sharding(1, 1, 1))  # a MoE layer: the largest unit
+    dense = parts["attention"]
+    expected = (dense * 1 + (sum(parts.values()) - dense) * 2) * 2 * (1 - 1 / 16)  # two units in flight
+    assert unsharded_unit_bytes(sc.model, sc.training, sc.plan, rank) == pytest.approx(expected, rel=1e-9)
+    plain = unsharded_unit_bytes(sc.model, scenario(torchao()).training, sc.plan, rank)
+    assert plain == pytest.approx(sum(parts.values()) * 2 * 2 * (1 - 1 / 16), rel=1e-9)
+
+
+def _all_gather_bytes(sc: Scenario) -> int:
+    rows = step_shapes(sc)
+    return sum(r.size_bytes * r.count_per_step for r in rows if r.collective == "all_gather")
+
+
+def test_fp8_gather_moves_converted_weights_in_one_byte() -> None:
+    on, off = scenario(torchao(param_gather=True)), scenario(torchao())
+    (rank,) = per_rank_params(MOE, on.plan)
+    comps = rank.by_component
+    converted = sum(v for k, v in comps.items() if k in ("attention", "dense_mlp"))
+    assert _all_gather_bytes(off) - _all_gather_bytes(on) == pytest.approx(converted * (2 - 1) * 2)  # 2 gathers
+    dp_on, dp_off = (project(s).breakdown_s.get("comm.dp", 0.0) for s in (on, off))
+    total_on, total_off = (sum(project(s).comm_total_s.values()) for s in (on, off))
+    assert total_on < total_off and dp_on <= dp_off
+
+
+def test_grouped_gemm_converter_puts_experts_in_fp8() -> None:
+    def expert_dtypes(fp8: Fp8Spec) -> set[str]:
+        sc = scenario(fp8)
+        return {op.dtype for op in layer_ops(sc.model, sc.training, sc.plan, 3) if op.kind == "grouped_gemm"}
+
+    assert expert_dtypes(torchao()) == {"bf16"}
+    assert expert_dtypes(torchao(grouped_experts=True)) == {"fp8"}
+    assert expert_dtypes(Fp8Spec()) == {"fp8"}  # Transformer Engine's grouped linear runs under fp8 autocast
+
+
+def test_primus_turbo_saves_fp8_weights_with_fp8_inputs() -> None:
+    turbo = scenario(Fp8Spec(library="primus_turbo"), fsdp=False)
+    tensors = layer_tensors(MOE, turbo.training, turbo.plan, 0)  # a dense layer
+    parts = layer_params(MOE, 0, Sharding(1, 1, 1))
+    assert tensors["fp8.weights"] == parts["attention"] + parts["dense_mlp"]
+    ao = layer_tensors(MOE, scenario(torchao(), fsdp=False).training, turbo.plan, 0)
+    assert "fp8.weights" not in ao and ao["attn.linear_in"] == 2 * tensors["attn.linear_in"]
+
+
+@pytest.mark.parametrize(("output_layer", "dtype"), [(False, "bf16"), (True, "fp8")])
+def test_output_layer_is_fp8_only_when_converted(output_layer: bool, dtype: str) -> None:
+    sc = scenario(torchao(output_layer=output_layer))
+    gemms = {op.dtype for op in output_ops(sc.model, sc.training, sc.plan) if op.kind == "gemm"}
+    assert gemms == {dtype}
