@@ -264,6 +264,9 @@ def working_moments(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None
         transit = max(offload_split(sc, i)[1] for i in probe)
         if transit:
             backward["working.offload_transit"] = transit
+        casts = _fp8_cast_bytes(sc, probe)
+        if casts:
+            backward["working.fp8_casts"] = casts
     loss: dict[str, float] = {}
     if any(s.loss for s in slots):
         loss["working.loss"] = _loss_working(sc, rt)
@@ -273,6 +276,20 @@ def working_moments(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None
         if "working.offload_transit" in backward:
             loss["working.offload_transit"] = backward["working.offload_transit"]
     return loss, backward
+
+
+def _fp8_cast_bytes(sc: Scenario, layers: set[int]) -> float:
+    """FP8 libraries that cast on the fly (torchao, Primus-Turbo) hold the fp8 copies of one GEMM's operands while it
+    runs: the largest of (weight + input) elements at 1 B over the layers' FP8 GEMMs (BLAS m x k weight, n x k input
+    in the op list's forward GEMMs). Transformer Engine's copies are cached or saved, counted elsewhere."""
+    f8 = sc.training.fp8
+    if f8 is None or f8.caches_weights:
+        return 0.0
+    from projection.workload.ops import layer_ops
+
+    return float(max((op.batch * (op.m * op.k + op.n * op.k) for i in layers
+                      for op in layer_ops(sc.model, sc.training, sc.plan, i)
+                      if op.kind in ("gemm", "grouped_gemm") and op.dtype == "fp8" and op.phase == "F"), default=0))
 
 
 def _loss_freed_in_backward(sc: Scenario, slots: Sequence[StageSlot], counts: dict[int, int],

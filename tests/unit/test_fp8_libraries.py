@@ -96,3 +96,16 @@ def test_output_layer_is_fp8_only_when_converted(output_layer: bool, dtype: str)
     sc = scenario(torchao(output_layer=output_layer))
     gemms = {op.dtype for op in output_ops(sc.model, sc.training, sc.plan) if op.kind == "gemm"}
     assert gemms == {dtype}
+
+
+def test_casting_on_the_fly_holds_one_gemms_fp8_operands() -> None:
+    """torchao holds the fp8 copies of the running GEMM's weight and input: in this all-MoE model with bf16 experts
+    the largest FP8 GEMM is the fused QKV projection, (16 + 2 x 4) heads x 64 by 1024, over 1024 tokens."""
+    from projection.memory.estimate import working_moments
+    from projection.workload.stages import split_stages
+
+    qkv_weight, tokens_in = (16 + 2 * 4) * 64 * 1024, 1024 * 1024
+    sc = scenario(torchao())
+    assert working_moments(sc, split_stages(MOE, sc.plan))[1]["working.fp8_casts"] == qkv_weight + tokens_in
+    te = scenario(Fp8Spec())
+    assert "working.fp8_casts" not in working_moments(te, split_stages(MOE, te.plan))[1]
