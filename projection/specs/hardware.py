@@ -122,6 +122,9 @@ class DeviceSpec(Spec):
     """The ISA name a ROCm tool prints for the part (gfx942, gfx950; not unique: MI300X and MI325X share gfx942).
     A calibration whose device name carries it is taken as measured on this part (benchmark logs often print
     'AMD Radeon Graphics gfx942' rather than the product name)."""
+    mx_formats: bool = False
+    """Whether the matrix cores run OCP microscaling (MXFP8) GEMMs natively (Blackwell, CDNA4): torchao's and
+    Transformer Engine's MXFP8 recipes need it."""
     peak_flop_per_s: dict[Dtype, FlopPerS] = Field(min_length=1)
     """Datasheet peak, dense, FLOP/s per dtype. A dtype the part cannot run (or whose peak is unknown) is absent."""
     hbm_bytes: Bytes

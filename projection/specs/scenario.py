@@ -171,6 +171,12 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
             f"{device.gpus_per_node} (the device YAML's gpus_per_node; its intra-node fabric joins no more)",
             f"use at most {device.gpus_per_node} GPUs per node (--gpus-per-node) and more nodes, or a device YAML "
             "describing the larger node"))
+    f8 = specs["training"].fp8
+    if f8 is not None and f8.recipe == "mxfp8" and not device.mx_formats:
+        problems.append(origin_problem(
+            raw, "training.fp8", f"MXFP8 needs matrix cores that run microscaled fp8 (Blackwell, CDNA4); "
+            f"{device.name}'s device YAML says it has none (mx_formats)",
+            "use a tensorwise, delayed or blockwise fp8 recipe on this device, or an MX-capable one (b200, mi355x)"))
     if specs["training"].fp8 is not None and "fp8" not in device.peak_flop_per_s:  # no FP8 tensor cores (A100)
         problems.append(origin_problem(
             raw, "training.fp8", f"{device.name} has no fp8 peak in its device YAML (the part does not run fp8 GEMMs)",

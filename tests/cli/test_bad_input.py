@@ -321,3 +321,11 @@ def test_tp_comm_overlap_at_tp_1_in_a_megatron_launch(tmp_path: Path) -> None:
                       "key 'tp_comm_overlap'", "turns sequence parallelism off at tp 1", "turn the TP overlap off")
     native = GOOD.replace("  tp: 2", "  tp: 1\n  overlap: {tp_comm: true}")
     assert run("memory", "--config", str(write(tmp_path, native))).returncode == 0
+
+
+def test_mxfp8_needs_mx_matrix_cores(tmp_path: Path) -> None:
+    """MXFP8 on an MI300X (CDNA3, no microscaling) is refused; on an MI355X (CDNA4) it runs."""
+    text = GOOD.replace("global_batch_size: 64", "global_batch_size: 64\n  fp8: {format: e4m3, recipe: mxfp8}")
+    assert_user_error(run("memory", "--config", str(write(tmp_path, text))), "key 'training.fp8'",
+                      "MXFP8 needs matrix cores", "mi300x's device YAML says it has none")
+    assert run("memory", "--config", str(write(tmp_path, text)), "--hardware", "mi355x").returncode == 0
