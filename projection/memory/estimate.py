@@ -30,8 +30,9 @@ one layer's offloaded tensors are resident at any time (copy in progress, or rel
 Megatron's layer-level CPU offloading (--cpu-offloading --cpu-offloading-num-layers N, Transformer Engine's
 get_cpu_offload_context; pp 1 and no recompute only, transformer_config.py): Transformer Engine's group offload
 handler offloads the saved activations of the first N decoder layers (one offload group per layer, counted from the
-first, while its current group is below N) and reloads them ahead of their backward; taken here as every tensor the
-layer saves, with one layer's resident at any time like the fine-grained path.
+first, while its current group is below N) and reloads them ahead of their backward: the tensors marked for
+offloading (`_not_tagged_for_offload` names the ones that stay), with one layer's resident at any time like the
+fine-grained path.
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ def _offloaded_names(sc: Scenario) -> set[str]:
     return names
 
 
+def _not_tagged_for_offload(name: str) -> bool:
+    """Saved tensors Transformer Engine's layer-level offload leaves on the GPU: it moves only tensors marked
+    `activation_offloading` (TE modules' saves, Megatron's linear inputs, bias_swiglu's input), not the fused
+    bias-dropout-add masks, the router's probabilities or unpermute's expert outputs."""
+    return "dropout" in name or name in ("moe.router_probs", "moe.expert_out")
+
+
 def _saved_tensors(sc: Scenario, i: int, full: bool, chunk_head: bool) -> dict[str, float]:
     """Named tensors decoder layer i keeps per microbatch after recompute; mirrors activations.saved_layer_bytes
     (whose sum it must equal)."""
@@ -144,8 +152,10 @@ def offload_split(sc: Scenario, i: int, full: bool = False, chunk_head: bool = T
     offloading (module docstring); (saved, 0) without it."""
     m, t, p = sc.model, sc.training, sc.plan
     total = saved_layer_bytes(m, t, p, i, full, chunk_head=chunk_head)
-    if is_megatron(sc) and i < p.offload.activation_layers:
-        return 0.0, total  # layer-level CPU offloading of the first N layers (module docstring)
+    if is_megatron(sc) and i < p.offload.activation_layers:  # layer-level CPU offloading of the first N layers
+        tensors = _saved_tensors(sc, i, full, chunk_head)
+        stay = sum(v for k, v in tensors.items() if _not_tagged_for_offload(k))
+        return stay, total - stay
     names = _offloaded_names(sc) if is_megatron(sc) else set()
     if not names:
         return total, 0.0

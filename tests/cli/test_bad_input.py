@@ -262,9 +262,11 @@ def test_virtual_pipeline_without_a_pipeline(tmp_path: Path) -> None:
 
 def test_layer_cpu_offloading_plans_megatron_core_refuses(tmp_path: Path) -> None:
     """transformer_config.py's checks on --cpu-offloading-num-layers, all listed at once: fewer layers than the model,
-    no pipeline parallelism, no recomputation."""
-    text = GOOD.replace("  pp: 2", "  pp: 2\n  offload: {activation_layers: 32}\n  recompute: {granularity: selective}")
-    assert_user_error(run("memory", "--config", str(write(tmp_path, text))), "3 problems:",
+    no pipeline parallelism, no recomputation, not with fine-grained offloading."""
+    text = GOOD.replace("  pp: 2", "  pp: 2\n  offload: {activation_layers: 32, activation_modules: [core_attn]}\n"
+                        "  recompute: {granularity: selective}")
+    assert_user_error(run("memory", "--config", str(write(tmp_path, text))), "4 problems:",
+                      "cannot be enabled with cpu_offloading",
                       "offloads fewer than the model's 32 layers",
                       "no support for Pipeline parallelism with CPU offloading",
                       "does not work when activation recomputation is enabled")

@@ -155,3 +155,22 @@ def test_layer_offloading_moves_the_first_layers_whole() -> None:
         per_layer[0] + per_layer[1])
     assert r1.terms.get("working.offload_transit") == pytest.approx(per_layer[0])
     assert project(off).step_time_s > project(plain).step_time_s
+
+
+def test_layer_offloading_leaves_untagged_tensors_on_the_gpu() -> None:
+    """Transformer Engine moves only tensors marked for offloading: with dropout and MoE, the bias-dropout-add masks,
+    the router probabilities and unpermute's expert outputs stay (activations.layer_tensors names them)."""
+    from projection.memory.activations import layer_tensors
+
+    model = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000,
+                      moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 512})
+    training = TrainingSpec(seq_length=1024, micro_batch_size=1, global_batch_size=16, dropout=0.1)
+    sc = Scenario(model=model, training=training, framework="megatron",
+                  plan=ParallelPlan(tp=1, pp=1, dp=8, offload={"activation_layers": 1}),
+                  cluster=ClusterSpec(device=H100, nodes=1, gpus_per_node=8))
+    (slot,) = split_stages(model, sc.plan)
+    tensors = layer_tensors(model, training, sc.plan, 0)
+    stay = tensors["attn.out_dropout_mask"] + tensors["moe.dropout_mask"] + tensors["moe.router_probs"] + \
+        tensors["moe.expert_out"]
+    (_, resident, off), *_ = layer_offload_splits(sc, slot)
+    assert resident == pytest.approx(stay) and off == pytest.approx(sum(tensors.values()) - stay)
