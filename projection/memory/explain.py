@@ -27,7 +27,8 @@ def layer_formula(sc: Scenario, i: int) -> tuple[sp.Expr, Mapping[sp.Symbol, flo
     """Saved bytes of decoder layer i per microbatch as a formula in b, s, h, e (no recompute)."""
     m, t, p = sc.model, sc.training, sc.plan
     D = act.dims(m, t, p)
-    sym = replace(D, b=b, s=s, T=b * s, h=h, e=e, e_lin=e if D.e_lin == D.e else D.e_lin)
+    sym = replace(D, b=b, s=s, T=b * s, h=h, e=e, e_lin=e if D.e_lin == D.e else D.e_lin,
+                  e_col=e if D.e_col == D.e else D.e_col)
     terms = act.attention_tensors(m, sym)
     if m.is_moe_layer(i):
         terms.update(act.moe_tensors(m, p, sym))

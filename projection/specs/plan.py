@@ -103,6 +103,11 @@ class ParallelPlan(Spec):
     overlap: OverlapSpec = OverlapSpec()
     schedule: ScheduleName = "1f1b"
     microbatch_group_size: int | None = Field(None, gt=0)
+    tp_style: Literal["megatron", "dtensor"] = "megatron"
+    """How sequence-parallel TP feeds a column-parallel linear. megatron: the linear saves its sequence-sharded input
+    and re-gathers it for the weight gradient (Korthikanti et al. 2022 §4.2.2). dtensor (TorchTitan:
+    PrepareModuleInput Shard(1) -> Replicate before ColwiseParallel): the gathered, full-sequence input is what
+    autograd saves, and backward needs no re-gather."""
 
     @model_validator(mode="before")
     @classmethod

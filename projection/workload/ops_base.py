@@ -130,6 +130,11 @@ class Dims:
     # Which FP8 casts a linear runs (Fp8Spec.library; `_fp8_casts`), and whether FSDP gathered its weight in fp8
     fp8_library: str = ""
     fp8_weight_gathered: bool = False
+    # Sequence-parallel TP entry (ParallelPlan.tp_style): whether backward re-gathers the sharded input for the weight
+    # gradient (Megatron) or kept the gathered one (TorchTitan's DTensor TP), and the bytes per gathered element
+    # (1 where torchao's Float8ColwiseParallel casts to fp8 before the all-gather)
+    tp_regather: bool = True
+    tp_gather_bytes: int = 2
     allgather_dispatch: bool = False  # Megatron's allgather MoE token dispatcher (else all-to-all)
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
 
@@ -147,6 +152,9 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 expert_gemm="fp8" if fp8 is not None and fp8.experts_in_fp8 else act,
                 fp8_library=fp8.library if fp8 is not None else "",
                 fp8_weight_gathered=fp8 is not None and fp8.param_gather,
+                tp_regather=plan.tp_style == "megatron",
+                tp_gather_bytes=1 if plan.tp_style == "dtensor" and fp8 is not None and fp8.library == "torchao"
+                and fp8.recipe == "tensorwise" else DTYPE_BYTES[act],
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
                 flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
@@ -252,16 +260,18 @@ def pointwise(name: str, d: Dims, elems_in: float, elems_out: float, tag: str = 
 
 def tp_enter(name: str, d: Dims, width: int, tag: str = "") -> Piece:
     """Before a column-parallel linear (Megatron's `f` / sequence-parallel all-gather): with SP an all-gather of the
-    [tokens, width] input in F, and in backward a reduce-scatter of its gradient (I) plus the re-gather of the input
-    for the weight gradient (W; Megatron keeps only the sharded input, Korthikanti et al. 2022 §4.2.2); without SP
-    nothing in F and an all-reduce of the input gradient in I."""
+    [tokens, width] input in F, and in backward a reduce-scatter of its gradient (I) plus, in Megatron's style, the
+    re-gather of the input for the weight gradient (W; Megatron keeps only the sharded input, Korthikanti et al. 2022
+    §4.2.2; TorchTitan's DTensor TP keeps the gathered one); without SP nothing in F and an all-reduce of the input
+    gradient in I."""
     if d.tp == 1:
         return Piece(tag, (), ())
     size = d.tokens * width * d.act_bytes
     if d.sp:
-        return Piece(tag, (coll(f"{name}.ag", "F", "all_gather", size, "tp", tag=tag),),
-                     (coll(f"{name}.ag", "W", "all_gather", size, "tp", tag=tag),
-                      coll(f"{name}.rs", "I", "reduce_scatter", size, "tp", tag=tag)))
+        gathered = d.tokens * width * d.tp_gather_bytes
+        regather = (coll(f"{name}.ag", "W", "all_gather", gathered, "tp", tag=tag),) if d.tp_regather else ()
+        return Piece(tag, (coll(f"{name}.ag", "F", "all_gather", gathered, "tp", tag=tag),),
+                     (*regather, coll(f"{name}.rs", "I", "reduce_scatter", size, "tp", tag=tag)))
     return Piece(tag, (), (coll(f"{name}.ar", "I", "all_reduce", size, "tp", tag=tag),))
 
 

@@ -1,0 +1,48 @@
+"""Sequence-parallel TP as Megatron runs it and as TorchTitan's DTensor plan runs it (ParallelPlan.tp_style).
+
+Megatron's column-parallel linear saves its sequence-sharded input and all-gathers it again for the weight gradient
+(Korthikanti et al. 2022 §4.2.2). TorchTitan gathers the block input in PrepareModuleInput (Shard(1) -> Replicate)
+before ColwiseParallel, so the gathered tensor is what the linear saves, and backward needs no second gather; under
+torchao's Float8ColwiseParallel (tensorwise) that gathered tensor is fp8."""
+
+from __future__ import annotations
+
+from projection.memory.activations import layer_tensors
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.training import Fp8Spec, TrainingSpec
+from projection.workload.ops import layer_ops
+
+MODEL = ModelSpec(num_layers=2, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000)
+TP, TOKENS = 4, 2 * 2048
+
+
+def _plan(style: str) -> ParallelPlan:
+    return ParallelPlan(tp=TP, sp=True, dp=1, tp_style=style)  # type: ignore[arg-type]
+
+
+def _training(fp8: Fp8Spec | None = None) -> TrainingSpec:
+    return TrainingSpec(seq_length=2048, micro_batch_size=2, global_batch_size=2, fp8=fp8)
+
+
+def test_dtensor_tp_saves_the_gathered_input() -> None:
+    mega = layer_tensors(MODEL, _training(), _plan("megatron"), 0)
+    titan = layer_tensors(MODEL, _training(), _plan("dtensor"), 0)
+    for name in ("attn.linear_in", "mlp.linear_in"):
+        assert mega[name] == 2 * TOKENS * 1024 / TP and titan[name] == 2 * TOKENS * 1024, name
+    assert mega["attn.norm_in"] == titan["attn.norm_in"] == 2 * TOKENS * 1024 / TP  # SequenceParallel norms
+    fp8 = layer_tensors(MODEL, _training(Fp8Spec(recipe="tensorwise", library="torchao")), _plan("dtensor"), 0)
+    assert fp8["attn.linear_in"] == TOKENS * 1024 and fp8["mlp.fc2_in"] == titan["mlp.fc2_in"]  # fc2: rowwise, bf16
+
+
+def _gathers(style: str, fp8: Fp8Spec | None = None) -> list[tuple[str, float]]:
+    ops = layer_ops(MODEL, _training(fp8), _plan(style), 0)
+    return [(op.phase, op.coll_bytes) for op in ops if op.kind == "collective" and op.coll == "all_gather"]
+
+
+def test_dtensor_tp_does_not_gather_again_for_the_weight_gradient() -> None:
+    size = TOKENS * 1024 * 2
+    assert sorted(_gathers("megatron")) == sorted([("F", size)] * 2 + [("W", size)] * 2 + [("I", size)] * 2)
+    assert sorted(_gathers("dtensor")) == sorted([("F", size)] * 2 + [("I", size)] * 2)
+    fp8 = _gathers("dtensor", Fp8Spec(recipe="tensorwise", library="torchao"))
+    assert sorted(fp8) == sorted([("F", size / 2)] * 2 + [("I", size)] * 2)  # fp8 before the gather
