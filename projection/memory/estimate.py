@@ -384,9 +384,13 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
         best_counts: dict[int, int] = {}
         work, freed = none, none
         stages, counts = mats[r]
+        host_activations = 0.0  # pinned host memory the offloaded activations of the in-flight microbatches fill
         if counts.shape[0]:
             weights = np.array([per_stage[st][0] if st in per_stage else 0.0 for st in stages])
             saved = counts @ weights
+            off = {s.stage: sum(o for _, _, o in layer_offload_splits(sc, s, memo)) for s in mine}
+            if any(off.values()):
+                host_activations = float(np.max(counts @ np.array([off.get(st, 0.0) for st in stages])))
             cols = [j for j, st in enumerate(stages) if st in loss_stages]
             live = np.asarray((counts[:, cols] > 0).any(axis=1) if cols else np.zeros(len(saved), dtype=bool))
             when_live = max(at_backward, at_loss, key=lambda x: x[0])
@@ -414,6 +418,7 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
                                                                    **{k: round(v) for k, v in work.items()}})}
         peak = sum(by.values())
         ranks.append(RankMemory(pp_rank=r, bytes=by, terms=terms, peak_bytes=peak,
-                                reserved_bytes=reserved_bytes(peak, by["activations"]), cpu_bytes=states.cpu_optimizer,
+                                reserved_bytes=reserved_bytes(peak, by["activations"]),
+                                cpu_bytes=states.cpu_optimizer + round(host_activations),
                                 inflight=best_counts, layers=len(rp.layers)))
     return verdict(sc, ranks)

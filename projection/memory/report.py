@@ -71,7 +71,8 @@ class MemoryReport:
                       f"{self.reserved_bytes / GiB:.2f} GiB; headroom {self.headroom_bytes / GiB:.2f} GiB -> "
                       f"{self.verdict.upper()}"]
         if cpu:
-            lines.append(f"CPU (offloaded optimizer state) per rank: {cpu / GiB:.2f} GiB")
+            lines.append(f"CPU (offloaded optimizer state and activations, pinned host memory) per rank: "
+                         f"{cpu / GiB:.2f} GiB")
         return "\n".join(lines)
 
 

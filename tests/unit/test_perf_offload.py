@@ -154,6 +154,8 @@ def test_layer_offloading_moves_the_first_layers_whole() -> None:
     assert r0.terms["activations.dense_layers"] - r1.terms["activations.dense_layers"] == pytest.approx(
         per_layer[0] + per_layer[1])
     assert r1.terms.get("working.offload_transit") == pytest.approx(per_layer[0])
+    # the host holds what left the GPU: the two layers of the one microbatch in flight (pinned memory to size for)
+    assert r0.cpu_bytes == 0 and r1.cpu_bytes == round(per_layer[0] + per_layer[1])
     assert project(off).step_time_s > project(plain).step_time_s
 
 
