@@ -70,7 +70,7 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
     if fsdp2:
         store = DTYPE_BYTES[opt.main_params_dtype] if mixed else pbytes
         terms["weights.sharded"] = round(sharded(dense_p, expert_p, 3) * store)
-        terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank)
+        terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank, output_unit=True)
     else:
         terms["weights.params"] = round(sharded(dense_p, expert_p, 3) * pbytes)
         if training.fp8 is not None and training.fp8.param_gather:
@@ -111,12 +111,16 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
     return StateBytes(weights, grads, optim, cpu, terms)
 
 
-def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams) -> int:
+def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams,
+                         output_unit: bool = False) -> int:
     """Compute-dtype copies of FSDP units (one per decoder layer) held unsharded at the peak.
 
     Reshard after forward: the unit being computed plus the one prefetched (FSDP2 default backward prefetch of one
     unit), i.e. the two largest layers. No reshard: every layer stays unsharded from its forward to its backward
-    (the whole stage). The shard held by this rank is already counted in the sharded weights."""
+    (the whole stage). The shard held by this rank is already counted in the sharded weights.
+    `output_unit` (TorchTitan's FSDP2): the [norm, output] unit is not resharded after forward (its backward comes
+    next; apply_fsdp passes reshard_after_forward only under the 'always' policy), so at the start of backward it is
+    held together with the last layer's unit, which can outweigh two layers when the vocabulary is large."""
     pbytes = DTYPE_BYTES[training.params_dtype]
     sh = Sharding(plan.tp, plan.ep, plan.etp_)
     # FP8 all-gather (torchao enable_fsdp_float8_all_gather / --fp8-param-gather): the GEMM weights are gathered and
@@ -130,6 +134,10 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
 
     sizes = sorted((unit_bytes(i) for i in rank.layers), reverse=True)
     held = sum(sizes) if not plan.sharding.reshard_after_forward else sum(sizes[:2])
+    out = rank.by_component.get("output", 0)
+    if output_unit and out:
+        out_b = out * (1 if f8 is not None and f8.output_layer else pbytes)
+        held = (held + out_b) if not plan.sharding.reshard_after_forward else max(held, out_b + sum(sizes[:1]))
     g_dense, _ = shard_groups(plan)
     return round(held * (1 - 1 / g_dense))
 
