@@ -128,6 +128,7 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     raw.set("plan.tp", tp, job.origin(f"{p}.tensor_parallel_degree"))
     raw.set("plan.sp", tp > 1, job.origin(f"{p}.tensor_parallel_degree"))  # TorchTitan TP always shards sequence
     raw.set("plan.tp_style", "dtensor", job.origin(f"{p}.tensor_parallel_degree"))
+    raw.set("plan.schedule_style", "torch", job.origin(f"{p}.pipeline_parallel_schedule"))
     raw.set("plan.pp", pp, job.origin(f"{p}.pipeline_parallel_degree"))
     raw.set("plan.cp", cp, job.origin(f"{p}.context_parallel_degree"))
     rep = job.integer(f"{p}.data_parallel_replicate_degree", 1)

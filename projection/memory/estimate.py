@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 
@@ -323,7 +324,8 @@ def default_inflight(sc: Scenario) -> InflightTimeline:
 
     p = sc.plan
     n_micro = sc.training.num_microbatches(p.dp_())
-    sched = build_schedule(p.schedule, p.pp, n_micro, p.vpp_, microbatch_group_size=p.microbatch_group_size)
+    sched = build_schedule(p.schedule, p.pp, n_micro, p.vpp_, microbatch_group_size=p.microbatch_group_size,
+                           style=p.schedule_style)
     return inflight_timeline(sched)
 
 
@@ -331,7 +333,7 @@ def _default_matrices(sc: Scenario) -> Matrices:
     p = sc.plan
     m = sc.training.num_microbatches(p.dp_())
     try:
-        return _schedule_matrices(p.schedule, p.pp, m, p.vpp_, p.microbatch_group_size)
+        return _schedule_matrices(p.schedule, p.pp, m, p.vpp_, p.microbatch_group_size, p.schedule_style)
     except ScheduleTooLarge as e:
         raise ConfigError(Problem(str(e), key="training.global_batch_size", file=sc.source,
                                   fix=TOO_MANY_MICROBATCHES_FIX)) from None
@@ -342,12 +344,13 @@ def _default_matrices(sc: Scenario) -> Matrices:
 
 
 @lru_cache(maxsize=512)
-def _schedule_matrices(name: str, pp: int, n_micro: int, vpp: int, group: int | None) -> Matrices:
+def _schedule_matrices(name: str, pp: int, n_micro: int, vpp: int, group: int | None,
+                       style: Literal["megatron", "torch"] = "megatron") -> Matrices:
     """In-flight matrices of a schedule, cached by its shape (hashing a built Schedule would cost O(actions))."""
     from projection.schedule.inflight import inflight_matrices
     from projection.schedule.registry import build_schedule
 
-    return inflight_matrices(build_schedule(name, pp, n_micro, vpp, microbatch_group_size=group))
+    return inflight_matrices(build_schedule(name, pp, n_micro, vpp, microbatch_group_size=group, style=style))
 
 
 def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimeline] | None = None,

@@ -47,7 +47,8 @@ def build_plan_schedule(scenario: Scenario) -> Schedule:
     p = scenario.plan
     m = scenario.training.num_microbatches(p.dp_())
     try:
-        return build_schedule(p.schedule, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size)
+        return build_schedule(p.schedule, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size,
+                              style=p.schedule_style)
     except ScheduleTooLarge as e:
         raise ConfigError(Problem(str(e), key="training.global_batch_size", file=scenario.source,
                                   fix=TOO_MANY_MICROBATCHES_FIX)) from e
@@ -96,7 +97,8 @@ def applicable_schedules(scenario: Scenario) -> list[str]:
         if name == "interleaved_1f1b" and p.vpp_ == 1:
             continue
         try:
-            build_schedule(name, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size)
+            build_schedule(name, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size,
+                           style=p.schedule_style)
         except ValueError:
             continue
         names.append(name)

@@ -103,6 +103,9 @@ class ParallelPlan(Spec):
     overlap: OverlapSpec = OverlapSpec()
     schedule: ScheduleName = "1f1b"
     microbatch_group_size: int | None = Field(None, gt=0)
+    schedule_style: Literal["megatron", "torch"] = "megatron"
+    """Whose pipeline ordering and rules the schedule follows: Megatron-LM's (and Primus's), or
+    torch.distributed.pipelining's (TorchTitan): interleaved 1F1B rounds and their microbatch rules differ."""
     tp_style: Literal["megatron", "dtensor"] = "megatron"
     """How sequence-parallel TP feeds a column-parallel linear. megatron: the linear saves its sequence-sharded input
     and re-gathers it for the weight gradient (Korthikanti et al. 2022 §4.2.2). dtensor (TorchTitan:

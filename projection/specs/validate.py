@@ -99,13 +99,20 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("plan.sharding.dp_replicate", f"dp_replicate {plan.sharding.dp_replicate} does not divide dp "
                 f"{plan.dp}", "use a replicate degree that divides dp")
     if plan.dp is not None and plan.pp > 1 and plan.vpp_ > 1 and plan.schedule == "interleaved_1f1b":
-        from projection.schedule.interleaved import megatron_group_size
+        from projection.schedule.interleaved import megatron_group_size, torch_group_size
 
         m = training.num_microbatches(plan.dp)
-        try:  # Megatron's interleaved schedule: pp <= group size <= microbatches (arithmetic only)
-            megatron_group_size(plan.pp, m, plan.microbatch_group_size)
+        try:  # Megatron's interleaved schedule: pp <= group size <= microbatches (arithmetic only); torch's rounds
+            if plan.schedule_style == "torch":
+                torch_group_size(plan.pp, m)
+            else:
+                megatron_group_size(plan.pp, m, plan.microbatch_group_size)
         except ValueError as e:
-            if m >= plan.pp:
+            if plan.schedule_style == "torch":
+                bad("plan.schedule", f"{e} ({m} microbatches per data-parallel rank)",
+                    "use a number of microbatches that torch's ScheduleInterleaved1F1B accepts (a multiple of "
+                    "max(1, microbatches // pp)), or a non-interleaved schedule")
+            elif m >= plan.pp:
                 # enough microbatches: the group size (given, or the default pp) is what is wrong
                 ok = [k for k in range(plan.pp, m + 1) if not 0 < m % k < plan.pp]
                 unset = plan.microbatch_group_size is not None and plan.pp in ok

@@ -161,3 +161,21 @@ def test_qwen3_30b_a3b_flavor_matches_hf_config() -> None:
         hf["head_dim"])
     assert (m["moe"]["num_experts"], m["moe"]["top_k"], m["moe"]["expert_ffn_hidden_size"], m["vocab_size"]) == (
         hf["num_experts"], hf["num_experts_per_tok"], hf["moe_intermediate_size"], hf["vocab_size"])
+
+
+@pytest.mark.parametrize(("local_batch", "ok"), [(6, True), (8, True), (9, False)])
+def test_interleaved_pipeline_follows_torchs_rule(local_batch: int, ok: bool) -> None:
+    """TorchTitan runs torch's ScheduleInterleaved1F1B: m microbatches in rounds of max(1, m // pp), so at pp 4 it
+    takes 6 (one round; Megatron's rule, 6 % 4 = 2 < pp, would refuse it) and refuses 9 (two rounds do not divide 9)."""
+    from projection import api
+
+    sets = ["parallelism.pipeline_parallel_degree=4", "parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+            f"training.local_batch_size={local_batch}", "parallelism.pipeline_parallel_microbatch_size=1"]
+    if ok:
+        sc = api.load(FIXTURES / "llama3_8b.toml", nodes=2, overrides=sets)
+        assert (sc.plan.schedule, sc.plan.schedule_style, sc.plan.vpp) == ("interleaved_1f1b", "torch", 2)
+        return
+    from projection.errors import PlanError
+
+    with pytest.raises(PlanError, match=r"interleaved_1f1b \(torch\): n_microbatches = 9"):
+        api.load(FIXTURES / "llama3_8b.toml", nodes=2, overrides=sets)
