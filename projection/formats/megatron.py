@@ -165,6 +165,8 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set("plan.vpp", vpp[0], vpp[1])
         if pp > 1:  # the contract: pp > 1 with vpp > 1 runs Megatron's interleaved 1F1B
             raw.set("plan.schedule", "interleaved_1f1b", vpp[1])
+    if pp > 1:
+        _primus_schedule(a, raw, pp)
     _sharding(a, raw)
     _recompute(a, raw)
     off = "plan.offload"
@@ -184,6 +186,47 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set(f"{ov}.{key}", a.get(dest), a.origin(dest))
     # Megatron validate_args: without a virtual pipeline, overlap_p2p_comm is forced off (§1.3).
     raw.set(f"{ov}.p2p_comm", a.get("overlap_p2p_comm") and vpp is not None, a.origin("overlap_p2p_comm"))
+
+
+# Primus pp_algorithm (patch_primus_pipeline) -> schedule; "zero-bubble-heuristic" builds Primus's own cost-driven
+# order, taken as ZB-H1 (the same memory bound, pp pending backwards)
+_PP_ALGORITHMS = {"1f1b": "1f1b", "1f1b-interleaved": "interleaved_1f1b", "zero-bubble": "zb_h1",
+                  "zero-bubble-heuristic": "zb_h1", "zbv-formatted": "zbv", "v-half": "v_half", "v-min": "v_min"}
+_ZBV_MEM_SETUPS = {"half": "v_half", "min": "v_min", "zb": "zbv"}
+
+
+def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
+    """Primus's pipeline patches: `patch_primus_pipeline` with `pp_algorithm`, or `patch_zero_bubble` (with
+    `enable_zero_bubble`): ZB-V with its memory setup when `zero_bubble_v_schedule`, else ZB-H2 when
+    `zero_bubble_max_pending_backward` allows 2 pp pending backwards (zb2p) and ZB-H1 otherwise, 'auto' (an adaptive
+    memory limit) included. V schedules place two stages per rank (vpp 2)."""
+    name, origin = None, None
+    if a.get("patch_primus_pipeline"):
+        algo = str(a.get("pp_algorithm"))
+        if algo not in _PP_ALGORITHMS:
+            a.problem("pp_algorithm", f"unknown Primus pp_algorithm {algo!r}", "use one of: " +
+                      ", ".join(_PP_ALGORITHMS))
+            return
+        name, origin = _PP_ALGORITHMS[algo], a.origin("pp_algorithm")
+        if name == "interleaved_1f1b" and (_vpp(a) or (1, None))[0] == 1:
+            name = "1f1b"  # interleaving needs a virtual pipeline
+    elif a.get("patch_zero_bubble") and a.get("enable_zero_bubble"):
+        if a.get("zero_bubble_v_schedule"):
+            setup = str(a.get("zero_bubble_v_schedule_mem_setup"))
+            if setup not in _ZBV_MEM_SETUPS:
+                a.problem("zero_bubble_v_schedule_mem_setup", f"unknown ZB-V memory setup {setup!r}",
+                          "use half, min or zb")
+                return
+            name, origin = _ZBV_MEM_SETUPS[setup], a.origin("zero_bubble_v_schedule")
+        else:
+            pending = str(a.get("zero_bubble_max_pending_backward"))
+            name = "zb_h2" if pending.isdigit() and int(pending) >= 2 * pp else "zb_h1"
+            origin = a.origin("patch_zero_bubble")
+    if name is None or origin is None:
+        return
+    raw.set("plan.schedule", name, origin)
+    if name in ("zbv", "v_half", "v_min"):
+        raw.set("plan.vpp", 2, origin)
 
 
 def _vpp(a: MegatronArgs) -> tuple[int, Origin] | None:

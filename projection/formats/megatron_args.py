@@ -133,6 +133,14 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "cpu_offloading_num_layers": ("int", 0),
     "fine_grained_activation_offloading": ("bool", False),
     "offload_modules": ("list", None),
+    # Primus pipeline schedules (primus/configs/modules/megatron/zero_bubble.yaml, primus_pipeline.yaml)
+    "patch_zero_bubble": ("bool", False),
+    "enable_zero_bubble": ("bool", True),
+    "zero_bubble_v_schedule": ("bool", False),
+    "zero_bubble_v_schedule_mem_setup": ("str", "half"),
+    "zero_bubble_max_pending_backward": ("str", "auto"),
+    "patch_primus_pipeline": ("bool", False),
+    "pp_algorithm": ("str", "1f1b-interleaved"),
     # overlap (§1.4)
     "overlap_grad_reduce": ("bool", False),
     "overlap_param_gather": ("bool", False),

@@ -433,3 +433,22 @@ def test_set_of_an_argument_the_file_sets_is_accepted_even_if_unused(tmp_path: P
     with pytest.raises(ConfigError, match="not a Megatron argument this projection reads") as err:
         load_megatron(path, {"tensor_model_paralel_size": 2})
     assert "tensor_model_parallel_size" in (err.value.problems[0].fix or "")
+
+
+@pytest.mark.parametrize(("args", "schedule", "vpp"), [
+    ({}, "1f1b", None),                                                                   # Primus defaults: off
+    ({"patch_zero_bubble": True}, "zb_h1", None),                                         # 'auto' pending: zb1p
+    ({"patch_zero_bubble": True, "zero_bubble_max_pending_backward": "8"}, "zb_h2", None),  # 2 pp = 8: zb2p
+    ({"patch_zero_bubble": True, "zero_bubble_max_pending_backward": "4"}, "zb_h1", None),
+    ({"patch_zero_bubble": True, "enable_zero_bubble": False}, "1f1b", None),
+    ({"patch_zero_bubble": True, "zero_bubble_v_schedule": True}, "v_half", 2),           # mem setup 'half'
+    ({"patch_zero_bubble": True, "zero_bubble_v_schedule": True, "zero_bubble_v_schedule_mem_setup": "zb"}, "zbv", 2),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "v-min"}, "v_min", 2),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "zero-bubble"}, "zb_h1", None),
+    ({"patch_primus_pipeline": True, "pp_algorithm": "1f1b-interleaved"}, "1f1b", None),  # no virtual pipeline
+])
+def test_primus_pipeline_patches_pick_the_schedule(args: dict[str, Any], schedule: str, vpp: int | None) -> None:
+    """Primus's zero_bubble.yaml / primus_pipeline.yaml switches (they used to be read and dropped)."""
+    raw = raw_of(pipeline_model_parallel_size=4, **args)
+    assert raw.data["plan"].get("schedule", "1f1b") == schedule
+    assert raw.data["plan"].get("vpp") == vpp
