@@ -20,11 +20,8 @@ from typing import Any
 from projection.errors import ConfigError
 from projection.formats.common import coerce_scalar, load_toml, set_nested
 from projection.formats.torchtitan_flavors import NO_PIPELINE_MODELS, FlavorError, known_models, model_fields
+from projection.formats.torchtitan_fp8 import read_fp8
 from projection.formats.torchtitan_schema import (
-    FLOAT8_LINEAR_CONVERTERS,
-    GROUPED_CONVERTERS,
-    KNOWN_CONVERTERS,
-    MX_LINEAR_CONVERTERS,
     SCHEDULES,
     UNMODELLED_SCHEDULES,
     JobReader,
@@ -59,7 +56,9 @@ def job_config_to_raw(cfg: Mapping[str, Any], origins: Mapping[str, Origin], *, 
     tp, pp, cp = (job.integer(f"parallelism.{k}_parallel_degree", 1) for k in ("tensor", "pipeline", "context"))
     _training(job, raw, pp)
     fsdp = _plan(job, raw, tp, pp, cp, model)
-    _fp8(job, raw, fsdp)
+    fp8 = read_fp8(job, fsdp)
+    if fp8 is not None:
+        raw.set("training.fp8", fp8, job.origin("model.converters"))
     _recompute(job, raw)
     if pp > 1 and model is not None:
         _pipeline(job, raw, pp, model)
@@ -167,68 +166,6 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     if tp > 1 and compiled and job.flag(f"{p}.enable_async_tensor_parallel", False):
         raw.set("plan.overlap.tp_comm", True, job.origin(f"{p}.enable_async_tensor_parallel"))
     return fsdp
-
-
-def _fp8(job: JobReader, raw: RawScenario, fsdp: bool) -> None:
-    """FP8 is on only when a float8/MX linear converter is listed in model.converters (trap §8.2 #12)."""
-    converters = job.get("model.converters", [])
-    if isinstance(converters, str):  # CLI form: comma-separated
-        converters = [c.strip() for c in converters.split(",") if c.strip()]
-    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
-        job.problem("model.converters", f"expected a list of names, got {converters!r}", 'e.g. converters = ["float8"]')
-        return
-    for name in converters:
-        if name not in KNOWN_CONVERTERS:
-            job.problem("model.converters", f"unknown model converter {name!r}",
-                        "use one of: " + ", ".join(sorted(KNOWN_CONVERTERS)))
-    fp8: dict[str, Any] | None = None
-    # Primus TorchTitan swaps torchao's converters for Primus-Turbo's (primus_turbo.use_turbo_float8_linear /
-    # use_turbo_mx_linear, on by default when Primus-Turbo is enabled): it saves fp8 inputs and weights and does no
-    # fp8 all-gather (Fp8Spec library primus_turbo).
-    turbo = job.flag("primus_turbo.enable_primus_turbo", False)
-    if FLOAT8_LINEAR_CONVERTERS & set(converters):
-        sec = "quantize.linear.float8" if job.has("quantize.linear.float8") or not job.has("float8") else "float8"
-        named = job.get(f"{sec}.recipe_name", None)
-        recipe = "tensorwise" if named is None else named
-        if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
-            job.problem(f"{sec}.recipe_name", f"unknown float8 recipe {recipe!r}",
-                        "use tensorwise, rowwise or rowwise_with_gw_hp")
-            return
-        want_gather = job.flag(f"{sec}.enable_fsdp_float8_all_gather", False)
-        if named is not None and want_gather:
-            # torchtitan/components/quantization/float8.py asserts this pair away ("... is not supported")
-            job.problem(f"{sec}.enable_fsdp_float8_all_gather", "fp8 all-gather together with a named recipe_name "
-                        f"({named!r}): TorchTitan refuses the pair", "drop recipe_name (tensorwise is the default "
-                        "and the one fp8 all-gather works with) or turn enable_fsdp_float8_all_gather off")
-            return
-        library = "primus_turbo" if turbo and job.flag("primus_turbo.use_turbo_float8_linear", True) else "torchao"
-        # torchao: tensorwise = e4m3 forward / e5m2 gradients (hybrid); rowwise recipes cast everything to e4m3.
-        # FP8 all-gather applies to tensorwise scaling under FSDP only, and not to Primus-Turbo's linears.
-        gather = recipe == "tensorwise" and fsdp and want_gather and library == "torchao"
-        fp8 = {"format": "hybrid" if recipe == "tensorwise" else "e4m3",
-               "recipe": "tensorwise" if recipe == "tensorwise" else "rowwise", "param_gather": gather,
-               "library": library}
-    elif MX_LINEAR_CONVERTERS & set(converters):
-        sec = "quantize.linear.mx" if job.has("quantize.linear.mx") or not job.has("mx") else "mx"
-        recipe = str(job.get(f"{sec}.recipe_name", "mxfp8_cublas"))
-        if "mxfp8" not in recipe:
-            job.problem(f"{sec}.recipe_name", f"MX recipe {recipe!r} is not MXFP8; only fp8 GEMMs can be projected",
-                        "use an mxfp8 recipe (e.g. mxfp8_cublas) or remove the mx converter")
-            return
-        # MX block scales, e4m3 elements; torchao's mxfp8 linear, like Float8Linear, saves the high-precision input
-        # (torchao 0.18 prototype/moe_training/mxfp8_linear.py: ctx.save_for_backward(input_hp, weight_hp))
-        library = "primus_turbo" if turbo and job.flag("primus_turbo.use_turbo_mx_linear", True) else "torchao"
-        fp8 = {"format": "e4m3", "recipe": "mxfp8", "param_gather": False, "library": library}
-    if fp8 is not None:
-        # a grouped-GEMM converter beside the linear one runs the routed experts in fp8 too (torchao fp8_grouped_mm /
-        # MX grouped GEMMs); the linear converters convert every nn.Linear their filter_fqns do not name, the output
-        # layer included (TorchTitan's default filter list is empty)
-        fp8["grouped_experts"] = bool(GROUPED_CONVERTERS & set(converters))
-        # TorchTitan's defaults: float8 filter_fqns [], MX filter_fqns ["output"] (job_config Float8Linear / MXLinear)
-        default = [] if fp8["recipe"] != "mxfp8" else ["output"]
-        fp8["output_layer"] = "output" not in (job.get(f"{sec}.filter_fqns", default) or [])
-    if fp8 is not None:
-        raw.set("training.fp8", fp8, job.origin("model.converters"))
 
 
 def _recompute(job: JobReader, raw: RawScenario) -> None:

@@ -35,23 +35,23 @@ class Dims:
     e: int  # bytes per activation element
     e_lin: int  # bytes of a saved linear input (1 with FP8 GEMMs that save fp8 inputs)
     r_lin: float  # share of the sequence a column-parallel linear's saved input holds (r, or 1 with dtensor TP)
-    e_col: int  # bytes of a column-parallel block input as saved (e_lin; 1 under torchao's fp8 dtensor TP)
+    e_exp: int  # bytes of a saved routed-expert GEMM input (e_lin where the experts are FP8 GEMMs, else e)
     dropout: bool
     unfused: bool
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
     f8 = training.fp8
+    # TorchTitan v0.2.2 gathers TP inputs in bf16 under torchao too: its models pick Float8ColwiseParallel only for
+    # the legacy converter name "float8" (`"float8" in job_config.model.converters`), which v0.2.2 no longer registers
     dtensor = plan.tp_style == "dtensor" and plan.sp_
-    # torchao's Float8ColwiseParallel (tensorwise) casts to fp8 before the all-gather, so the saved input is fp8
-    dtensor_fp8 = dtensor and f8 is not None and f8.library == "torchao" and f8.recipe == "tensorwise"
     s = training.seq_length // plan.cp
     b = training.micro_batch_size
     e = 4 if training.params_dtype == "fp32" else 2
     e_lin = 1 if f8 is not None and f8.saves_fp8_inputs else e
     return Dims(b=b, s=s, seq=training.seq_length, T=b * s, h=model.hidden_size, t=plan.tp,
                 r=1 / plan.tp if plan.sp_ else 1.0, e=e,
-                e_lin=e_lin, e_col=1 if dtensor_fp8 else e_lin,
+                e_lin=e_lin, e_exp=e_lin if f8 is not None and f8.experts_in_fp8 else e,
                 # TorchTitan's TP saves the gathered, full-sequence input of its column-parallel linears
                 r_lin=1.0 if dtensor else 1 / plan.tp if plan.sp_ else 1.0,
                 dropout=training.dropout > 0, unfused=training.attention_backend == "unfused")
@@ -60,7 +60,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
 def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
     """Saved tensors of the attention block (input norm .. output dropout)."""
     T, h, t, r, e = D.T, D.h, D.t, D.r, D.e
-    out: dict[str, float] = {"attn.norm_in": e * T * h * r, "attn.linear_in": D.e_col * T * h * D.r_lin}
+    out: dict[str, float] = {"attn.norm_in": e * T * h * r, "attn.linear_in": D.e_lin * T * h * D.r_lin}
     heads = model.num_attention_heads // t
     if model.mla is not None:
         m = model.mla
@@ -104,10 +104,10 @@ def mlp_tensors(model: ModelSpec, D: Dims, ffn: int, prefix: str = "mlp", tokens
     out: dict[str, float] = {}
     if with_norm:
         out[f"{prefix}.norm_in"] = D.e * D.T * D.h * D.r
-        out[f"{prefix}.linear_in"] = D.e_col * D.T * D.h * D.r_lin
+        out[f"{prefix}.linear_in"] = D.e_lin * D.T * D.h * D.r_lin
     branches = 2 if model.gated_mlp else 1
     out[f"{prefix}.act_in"] = D.e * T * branches * ffn / shard
-    out[f"{prefix}.fc2_in"] = D.e_lin * T * ffn / shard
+    out[f"{prefix}.fc2_in"] = (D.e_exp if prefix == "moe.experts" else D.e_lin) * T * ffn / shard
     if with_norm and D.dropout:
         out[f"{prefix}.dropout_mask"] = 1 * D.T * D.h * D.r
     return out
@@ -120,10 +120,10 @@ def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, floa
     ranks holding E/ep experts, each replicated over the etp ranks of its expert-TP group)."""
     moe = model.moe
     assert moe is not None
-    out: dict[str, float] = {"moe.norm_in": D.e * D.T * D.h * D.r, "moe.linear_in": D.e_col * D.T * D.h * D.r_lin,
+    out: dict[str, float] = {"moe.norm_in": D.e * D.T * D.h * D.r, "moe.linear_in": D.e_lin * D.T * D.h * D.r_lin,
                              "moe.router_probs": 4 * D.T * D.r * moe.num_experts}  # fp32 scores
     n = moe.routed_copies(D.T / D.t) * plan.etp_  # k T/t dropless; capped or padded by the capacity factor
-    out["moe.dispatched"] = D.e_lin * n * D.h  # grouped-GEMM fc1 input (permuted token copies)
+    out["moe.dispatched"] = D.e_exp * n * D.h  # grouped-GEMM fc1 input (permuted token copies)
     out.update(mlp_tensors(model, D, moe.expert_ffn_hidden_size, "moe.experts", tokens=n, shard=plan.etp_,
                            with_norm=False))
     out["moe.expert_out"] = D.e * n * D.h  # kept by unpermute for the gradient of the routing probabilities
@@ -216,7 +216,7 @@ def loss_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -
     # ColumnParallelLinear; TorchTitan converts it unless filter_fqns names it); otherwise its input is saved in the
     # activation dtype.
     f8 = training.fp8
-    e_out = D.e_lin if f8 is not None and f8.output_layer else D.e
+    e_out = D.e_lin if f8 is not None and f8.converts("output") else D.e
     return {"loss.norm_in": D.e * D.T * D.h * D.r, "loss.linear_in": e_out * D.T * D.h * D.r_lin, "loss.softmax": ce}
 
 

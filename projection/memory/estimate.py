@@ -290,17 +290,26 @@ def working_moments(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None
 
 
 def _fp8_cast_bytes(sc: Scenario, layers: set[int]) -> float:
-    """FP8 libraries that cast on the fly (torchao, Primus-Turbo) hold the fp8 copies of one GEMM's operands while it
-    runs: the largest of (weight + input) elements at 1 B over the layers' FP8 GEMMs (BLAS m x k weight, n x k input
-    in the op list's forward GEMMs). Transformer Engine's copies are cached or saved, counted elsewhere."""
+    """FP8 libraries that cast on the fly hold the fp8 copies of the running GEMM's operands (1 B each), the largest
+    over the layers' FP8 GEMMs at the backward moment. For a linear of weight W (m x k) over x (n x k) with output
+    gradient dy (n x m): torchao casts W + x in forward, dy + W for dgrad and dy + x for wgrad (W not at all when FSDP
+    gathered it in fp8); Primus-Turbo casts only dy, its fp8 x and W being saved activations. Transformer Engine's
+    copies are cached or saved, counted elsewhere."""
     f8 = sc.training.fp8
     if f8 is None or f8.caches_weights:
         return 0.0
     from projection.workload.ops import layer_ops
 
-    return float(max((op.batch * (op.m * op.k + op.n * op.k) for i in layers
-                      for op in layer_ops(sc.model, sc.training, sc.plan, i)
-                      if op.kind in ("gemm", "grouped_gemm") and op.dtype == "fp8" and op.phase == "F"), default=0))
+    best = 0.0
+    for i in layers:
+        for op in layer_ops(sc.model, sc.training, sc.plan, i):
+            if op.kind not in ("gemm", "grouped_gemm") or op.dtype != "fp8" or op.phase != "F":
+                continue
+            w = 0 if f8.param_gather else op.m * op.k
+            x, dy = op.n * op.k, op.n * op.m
+            held = dy if f8.saves_fp8_weights else max(w + x, dy + w, dy + x)
+            best = max(best, op.batch * held)
+    return float(best)
 
 
 def _loss_freed_in_backward(sc: Scenario, slots: Sequence[StageSlot], counts: dict[int, int],

@@ -75,8 +75,8 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
         terms["weights.params"] = round(sharded(dense_p, expert_p, 3) * pbytes)
         if training.fp8 is not None and training.fp8.param_gather:
             # --fp8-param-gather: the linear weights themselves are fp8 (1 B) instead of the params dtype
-            terms["weights.params"] -= round(_linear_params(rank, training.fp8) * (pbytes - 1)
-                                             / (g_dense if zero == 3 else 1))
+            gathered = sum(v for k, v in rank.by_component.items() if training.fp8.gathers_in_fp8(k))
+            terms["weights.params"] -= round(gathered * (pbytes - 1) / (g_dense if zero == 3 else 1))
         if zero == 3:
             terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank)
     if training.fp8 is not None and training.fp8.caches_weights:
@@ -129,14 +129,14 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
 
     def unit_bytes(i: int) -> float:
         parts = layer_params(model, i, sh)
-        linear = sum(v for k, v in parts.items() if f8.converts(k)) if f8 is not None else 0
+        linear = sum(v for k, v in parts.items() if f8.gathers_in_fp8(k)) if f8 is not None else 0
         return linear * 1 + (sum(parts.values()) - linear) * pbytes
 
     sizes = sorted((unit_bytes(i) for i in rank.layers), reverse=True)
     held = sum(sizes) if not plan.sharding.reshard_after_forward else sum(sizes[:2])
     out = rank.by_component.get("output", 0)
     if output_unit and out:
-        out_b = out * (1 if f8 is not None and f8.output_layer else pbytes)
+        out_b = out * (1 if f8 is not None and f8.gathers_in_fp8("output") else pbytes)
         held = (held + out_b) if not plan.sharding.reshard_after_forward else max(held, out_b + sum(sizes[:1]))
     g_dense, _ = shard_groups(plan)
     return round(held * (1 - 1 / g_dense))

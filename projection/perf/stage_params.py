@@ -130,5 +130,5 @@ def gather_bytes(training: TrainingSpec, component: str, dense: float, expert: f
     f = training.fp8
     if f is None or not f.param_gather:
         return dense * pb, expert * pb
-    gemm = component.startswith(("layer", "mtp")) or (component == "output" and f.output_layer)
-    return dense * (1 if gemm else pb), expert * (1 if f.experts_in_fp8 else pb)
+    gemm = f.gathers_in_fp8("attention") if component.startswith(("layer", "mtp")) else f.gathers_in_fp8(component)
+    return dense * (1 if gemm else pb), expert * (1 if f.gathers_in_fp8("experts") else pb)

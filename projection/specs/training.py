@@ -65,7 +65,17 @@ class Fp8Spec(Spec):
         """Whether the GEMM weights of a parameter component (workload.params names) are FP8 GEMMs."""
         if component == "experts":
             return self.experts_in_fp8
+        if component == "output":
+            return self.output_layer
         return component in ("attention", "dense_mlp", "shared_experts", "mtp")
+
+    def gathers_in_fp8(self, component: str) -> bool:
+        """Whether a component's weights are all-gathered (and held unsharded) in fp8 under `param_gather`: the
+        weights it converts, except torchao's grouped experts, which FSDP gathers in the params dtype
+        (torchao moe_training/tensor.py fsdp_pre_all_gather casts to mp_policy.param_dtype)."""
+        if not self.param_gather or not self.converts(component):
+            return False
+        return component != "experts" or self.library == "transformer_engine"
 
 
 class OptimizerSpec(Spec):

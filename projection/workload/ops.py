@@ -149,7 +149,7 @@ def _output_pieces(model: ModelSpec, training: TrainingSpec, d: Dims, name: str)
     reduce = (coll(f"{name}.loss.ar", "F", "all_reduce", t * 4, "tp", count=3),) if d.tp > 1 else ()
     return [pointwise(f"{name}.norm", d, d.tokens_sp * h, d.tokens_sp * h, "layernorm", fn=d.norm, width=h),
             column_linear(name, d, t, model.padded_vocab(d.tp) // d.tp, h, tag="output",
-                          dtype="fp8" if training.fp8 is not None and training.fp8.output_layer else d.act),
+                          dtype="fp8" if training.fp8 is not None and training.fp8.converts("output") else d.act),
             Piece("loss", (loss_f, *reduce), (loss_b,))]
 
 

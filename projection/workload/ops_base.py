@@ -131,10 +131,8 @@ class Dims:
     fp8_library: str = ""
     fp8_weight_gathered: bool = False
     # Sequence-parallel TP entry (ParallelPlan.tp_style): whether backward re-gathers the sharded input for the weight
-    # gradient (Megatron) or kept the gathered one (TorchTitan's DTensor TP), and the bytes per gathered element
-    # (1 where torchao's Float8ColwiseParallel casts to fp8 before the all-gather)
+    # gradient (Megatron) or kept the gathered one (TorchTitan's DTensor TP)
     tp_regather: bool = True
-    tp_gather_bytes: int = 2
     allgather_dispatch: bool = False  # Megatron's allgather MoE token dispatcher (else all-to-all)
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
 
@@ -153,8 +151,6 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 fp8_library=fp8.library if fp8 is not None else "",
                 fp8_weight_gathered=fp8 is not None and fp8.param_gather,
                 tp_regather=plan.tp_style == "megatron",
-                tp_gather_bytes=1 if plan.tp_style == "dtensor" and fp8 is not None and fp8.library == "torchao"
-                and fp8.recipe == "tensorwise" else DTYPE_BYTES[act],
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
                 flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
@@ -268,9 +264,8 @@ def tp_enter(name: str, d: Dims, width: int, tag: str = "") -> Piece:
         return Piece(tag, (), ())
     size = d.tokens * width * d.act_bytes
     if d.sp:
-        gathered = d.tokens * width * d.tp_gather_bytes
-        regather = (coll(f"{name}.ag", "W", "all_gather", gathered, "tp", tag=tag),) if d.tp_regather else ()
-        return Piece(tag, (coll(f"{name}.ag", "F", "all_gather", gathered, "tp", tag=tag),),
+        regather = (coll(f"{name}.ag", "W", "all_gather", size, "tp", tag=tag),) if d.tp_regather else ()
+        return Piece(tag, (coll(f"{name}.ag", "F", "all_gather", size, "tp", tag=tag),),
                      (*regather, coll(f"{name}.rs", "I", "reduce_scatter", size, "tp", tag=tag)))
     return Piece(tag, (), (coll(f"{name}.ar", "I", "all_reduce", size, "tp", tag=tag),))
 

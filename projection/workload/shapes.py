@@ -123,8 +123,7 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
     f8 = training.fp8 if training.fp8 is not None and training.fp8.param_gather else None
     # gathered bytes: 1 B per GEMM weight the FP8 library converts when parameters are gathered in fp8
-    wire = {c: n * (1 if f8 is not None and (f8.converts(c) or (c == "output" and f8.output_layer)) else act)
-            for c, n in rp.by_component.items()}
+    wire = {c: n * (1 if f8 is not None and f8.gathers_in_fp8(c) else act) for c, n in rp.by_component.items()}
     gathered = {"dp": sum(v for c, v in wire.items() if c != "experts"), "edp": wire.get("experts", 0)}
     for group, params, ways in (("dp", rp.params - experts, plan.dp_() * plan.cp), ("edp", experts, plan.edp())):
         if params <= 0 or ways <= 1:

@@ -84,11 +84,15 @@ def test_grouped_gemm_converter_puts_experts_in_fp8() -> None:
 
 def test_primus_turbo_saves_fp8_weights_with_fp8_inputs() -> None:
     turbo = scenario(Fp8Spec(library="primus_turbo"), fsdp=False)
-    tensors = layer_tensors(MOE, turbo.training, turbo.plan, 0)  # a dense layer
+    tensors = layer_tensors(MOE, turbo.training, turbo.plan, 0)  # a MoE layer (experts bf16: not saved in fp8)
     parts = layer_params(MOE, 0, Sharding(1, 1, 1))
     assert tensors["fp8.weights"] == parts["attention"] + parts["dense_mlp"]
     ao = layer_tensors(MOE, scenario(torchao(), fsdp=False).training, turbo.plan, 0)
     assert "fp8.weights" not in ao and ao["attn.linear_in"] == 2 * tensors["attn.linear_in"]
+    # the routed experts run in bf16 under both (no grouped-GEMM converter): their inputs are saved in bf16
+    for name in ("moe.dispatched", "moe.experts.fc2_in"):
+        assert tensors[name] == ao[name], name
+    assert tensors["fp8.weights"] == parts["attention"]  # the experts' weights are not fp8 copies either
 
 
 @pytest.mark.parametrize(("output_layer", "dtype"), [(False, "bf16"), (True, "fp8")])
@@ -99,13 +103,17 @@ def test_output_layer_is_fp8_only_when_converted(output_layer: bool, dtype: str)
 
 
 def test_casting_on_the_fly_holds_one_gemms_fp8_operands() -> None:
-    """torchao holds the fp8 copies of the running GEMM's weight and input: in this all-MoE model with bf16 experts
-    the largest FP8 GEMM is the fused QKV projection, (16 + 2 x 4) heads x 64 by 1024, over 1024 tokens."""
+    """torchao holds the fp8 copies of the running GEMM's operands: in this all-MoE model with bf16 experts the FP8
+    GEMMs are the fused QKV projection ((16 + 2 x 4) heads x 64 by 1024) and the output projection (1024 x 1024)
+    over 1024 tokens; the largest pair is the QKV weight with its output gradient (dgrad: 1536 x 1024 + 1024 x 1536).
+    Primus-Turbo casts only the output gradient."""
     from projection.memory.estimate import working_moments
     from projection.workload.stages import split_stages
 
-    qkv_weight, tokens_in = (16 + 2 * 4) * 64 * 1024, 1024 * 1024
+    qkv_weight, qkv_dy = (16 + 2 * 4) * 64 * 1024, 1024 * (16 + 2 * 4) * 64
     sc = scenario(torchao())
-    assert working_moments(sc, split_stages(MOE, sc.plan))[1]["working.fp8_casts"] == qkv_weight + tokens_in
+    assert working_moments(sc, split_stages(MOE, sc.plan))[1]["working.fp8_casts"] == qkv_weight + qkv_dy
+    turbo = scenario(Fp8Spec(library="primus_turbo"))
+    assert working_moments(turbo, split_stages(MOE, turbo.plan))[1]["working.fp8_casts"] == qkv_dy
     te = scenario(Fp8Spec())
     assert "working.fp8_casts" not in working_moments(te, split_stages(MOE, te.plan))[1]

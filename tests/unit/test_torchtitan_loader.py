@@ -272,8 +272,10 @@ def test_fp8_only_through_converters() -> None:
     mx = _raw(_cfg(model={"converters": ["quantize.linear.mx"]}))  # MX's default filter_fqns names the output layer
     assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False, **base,
                                       "output_layer": False}
-    grouped = _raw(_cfg(model={"converters": ["float8", "quantize.grouped_mm.float8"]}))
-    assert grouped.get("training.fp8")["grouped_experts"] is True
+    both = {"converters": ["float8", "quantize.grouped_mm.float8"]}
+    assert _raw(_cfg(model=both)).get("training.fp8")["grouped_experts"] is False  # fqns [] converts nothing
+    named = {"quantize": {"grouped_mm": {"float8": {"fqns": ["experts"]}}}}
+    assert _raw({**_cfg(model=both), **named}).get("training.fp8")["grouped_experts"] is True
     with pytest.raises(ConfigError, match="unknown model converter 'int4'"):
         _raw(_cfg(model={"converters": ["int4"]}))
 

@@ -2,8 +2,9 @@
 
 Megatron's column-parallel linear saves its sequence-sharded input and all-gathers it again for the weight gradient
 (Korthikanti et al. 2022 §4.2.2). TorchTitan gathers the block input in PrepareModuleInput (Shard(1) -> Replicate)
-before ColwiseParallel, so the gathered tensor is what the linear saves, and backward needs no second gather; under
-torchao's Float8ColwiseParallel (tensorwise) that gathered tensor is fp8."""
+before ColwiseParallel, so the gathered tensor is what the linear saves, and backward needs no second gather. Under
+torchao float8 TorchTitan v0.2.2 still gathers and saves bf16 (its models take Float8ColwiseParallel only for the legacy
+converter name "float8", which v0.2.2 does not register)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_dtensor_tp_saves_the_gathered_input() -> None:
         assert mega[name] == 2 * TOKENS * 1024 / TP and titan[name] == 2 * TOKENS * 1024, name
     assert mega["attn.norm_in"] == titan["attn.norm_in"] == 2 * TOKENS * 1024 / TP  # SequenceParallel norms
     fp8 = layer_tensors(MODEL, _training(Fp8Spec(recipe="tensorwise", library="torchao")), _plan("dtensor"), 0)
-    assert fp8["attn.linear_in"] == TOKENS * 1024 and fp8["mlp.fc2_in"] == titan["mlp.fc2_in"]  # fc2: rowwise, bf16
+    assert fp8["attn.linear_in"] == titan["attn.linear_in"] and fp8["mlp.fc2_in"] == titan["mlp.fc2_in"]
 
 
 def _gathers(style: str, fp8: Fp8Spec | None = None) -> list[tuple[str, float]]:
@@ -45,4 +46,4 @@ def test_dtensor_tp_does_not_gather_again_for_the_weight_gradient() -> None:
     assert sorted(_gathers("megatron")) == sorted([("F", size)] * 2 + [("W", size)] * 2 + [("I", size)] * 2)
     assert sorted(_gathers("dtensor")) == sorted([("F", size)] * 2 + [("I", size)] * 2)
     fp8 = _gathers("dtensor", Fp8Spec(recipe="tensorwise", library="torchao"))
-    assert sorted(fp8) == sorted([("F", size / 2)] * 2 + [("I", size)] * 2)  # fp8 before the gather
+    assert sorted(fp8) == sorted([("F", size)] * 2 + [("I", size)] * 2)  # bf16 gathers in TorchTitan v0.2.2
