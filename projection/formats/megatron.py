@@ -201,6 +201,10 @@ def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
     `zero_bubble_max_pending_backward` allows 2 pp pending backwards (zb2p) and ZB-H1 otherwise, 'auto' (an adaptive
     memory limit) included. V schedules place two stages per rank (vpp 2)."""
     name, origin = None, None
+    if a.get("patch_zero_bubble") and a.get("enable_1f1b_v"):
+        a.problem("enable_1f1b_v", "Primus's 1F1B-V schedule is not modelled", "use zero_bubble_v_schedule (ZB-V, "
+                  "V-Half, V-Min) or a 1F1B schedule")
+        return
     if a.get("patch_primus_pipeline"):
         algo = str(a.get("pp_algorithm"))
         if algo not in _PP_ALGORITHMS:
@@ -226,6 +230,12 @@ def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
         return
     raw.set("plan.schedule", name, origin)
     if name in ("zbv", "v_half", "v_min"):
+        given = _vpp(a)
+        if given is not None and given[0] != 2:  # Primus's launcher asserts vpp 2 for its V schedules
+            a.problem("pp_algorithm" if a.get("patch_primus_pipeline") else "zero_bubble_v_schedule",
+                      f"the V schedule {name} places two model chunks per rank: it needs vpp 2, not {given[0]}",
+                      "set the virtual pipeline to 2 stages per rank, or pick a non-V schedule")
+            return
         raw.set("plan.vpp", 2, origin)
 
 

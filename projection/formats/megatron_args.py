@@ -140,6 +140,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "zero_bubble_v_schedule_mem_setup": ("str", "half"),
     "zero_bubble_max_pending_backward": ("str", "auto"),
     "patch_primus_pipeline": ("bool", False),
+    "enable_1f1b_v": ("bool", False),
     "pp_algorithm": ("str", "1f1b-interleaved"),
     # overlap (§1.4)
     "overlap_grad_reduce": ("bool", False),

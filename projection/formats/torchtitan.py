@@ -127,6 +127,11 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     raw.set("plan.tp", tp, job.origin(f"{p}.tensor_parallel_degree"))
     raw.set("plan.sp", tp > 1, job.origin(f"{p}.tensor_parallel_degree"))  # TorchTitan TP always shards sequence
     raw.set("plan.tp_style", "dtensor", job.origin(f"{p}.tensor_parallel_degree"))
+    if tp > 1 and job.flag(f"{p}.disable_loss_parallel", False):
+        # without loss parallelism the logits are all-gathered (output layouts Replicate) and every TP rank runs the
+        # full-vocabulary cross-entropy: memory and traffic tp times the vocab-parallel loss's, not modelled
+        job.problem(f"{p}.disable_loss_parallel", "a TP job without loss parallelism (replicated logits and a "
+                    "full-vocabulary loss on every TP rank) is not modelled", "leave loss parallelism on (the default)")
     raw.set("plan.schedule_style", "torch", job.origin(f"{p}.pipeline_parallel_schedule"))
     raw.set("plan.pp", pp, job.origin(f"{p}.pipeline_parallel_degree"))
     raw.set("plan.cp", cp, job.origin(f"{p}.context_parallel_degree"))

@@ -126,6 +126,12 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                     f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
                     f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
                     "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
+    if plan.dp is not None and plan.pp > 1 and plan.schedule == "1f1b" and plan.schedule_style == "torch":
+        m = training.num_microbatches(plan.dp)
+        if m < plan.pp:  # torch.distributed.pipelining Schedule1F1B refuses fewer microbatches than stages
+            bad("plan.schedule", f"1f1b (torch Schedule1F1B) needs at least pp = {plan.pp} microbatches per "
+                f"data-parallel rank, got {m}", "a larger local batch or a smaller pipeline microbatch size "
+                "(parallelism.pipeline_parallel_microbatch_size)")
     if plan.pp == 1 and plan.vpp_ > 1:  # Megatron validate_args; a virtual pipeline has no pipeline to interleave
         bad("plan.vpp", f"vpp = {plan.vpp_} with pp = 1: a virtual pipeline needs a pipeline (pp > 1)",
             "raise pp, or drop vpp")

@@ -179,3 +179,14 @@ def test_interleaved_pipeline_follows_torchs_rule(local_batch: int, ok: bool) ->
 
     with pytest.raises(PlanError, match=r"interleaved_1f1b \(torch\): n_microbatches = 9"):
         api.load(FIXTURES / "llama3_8b.toml", nodes=2, overrides=sets)
+
+
+def test_torchtitan_checks_it_would_fail_at_start_up() -> None:
+    """Schedule1F1B with fewer microbatches than stages, and TP without loss parallelism (not modelled), are refused."""
+    from projection import api
+    from projection.errors import PlanError
+
+    with pytest.raises(PlanError, match=r"needs at least pp = 2 microbatches"):
+        api.load(FIXTURES / "llama3_8b.toml", overrides=["parallelism.pipeline_parallel_degree=2"])
+    with pytest.raises(ConfigError, match="without loss parallelism"):
+        api.load(FIXTURES / "llama3_70b.toml", nodes=8, overrides=["parallelism.disable_loss_parallel=true"])

@@ -452,3 +452,12 @@ def test_primus_pipeline_patches_pick_the_schedule(args: dict[str, Any], schedul
     raw = raw_of(pipeline_model_parallel_size=4, **args)
     assert raw.data["plan"].get("schedule", "1f1b") == schedule
     assert raw.data["plan"].get("vpp") == vpp
+
+
+def test_primus_schedules_it_cannot_project_or_primus_refuses() -> None:
+    """1F1B-V is not modelled; a V schedule with a virtual pipeline other than 2 is refused, as Primus asserts."""
+    with pytest.raises(ConfigError, match="1F1B-V schedule is not modelled"):
+        raw_of(pipeline_model_parallel_size=4, patch_zero_bubble=True, enable_1f1b_v=True)
+    with pytest.raises(ConfigError, match="needs vpp 2, not 4"):
+        raw_of(num_layers=16, pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=4,
+               patch_primus_pipeline=True, pp_algorithm="v-half")
