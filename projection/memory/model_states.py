@@ -120,7 +120,8 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
     (the whole stage). The shard held by this rank is already counted in the sharded weights.
     `output_unit` (TorchTitan's FSDP2): the [norm, output] unit is not resharded after forward (its backward comes
     next; apply_fsdp passes reshard_after_forward only under the 'always' policy), so at the start of backward it is
-    held together with the last layer's unit, which can outweigh two layers when the vocabulary is large."""
+    held together with the last layer's unit, which can outweigh two layers when the vocabulary is large. Without
+    reshard (TorchTitan's default under PP) the embedding unit is held as well."""
     pbytes = DTYPE_BYTES[training.params_dtype]
     sh = Sharding(plan.tp, plan.ep, plan.etp_)
     # FP8 all-gather (torchao enable_fsdp_float8_all_gather / --fp8-param-gather): the GEMM weights are gathered and
@@ -138,6 +139,8 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
     if output_unit and out:
         out_b = out * (1 if f8 is not None and f8.gathers_in_fp8("output") else pbytes)
         held = (held + out_b) if not plan.sharding.reshard_after_forward else max(held, out_b + sum(sizes[:1]))
+    if output_unit and not plan.sharding.reshard_after_forward:
+        held += rank.by_component.get("embedding", 0) * pbytes  # the embedding unit is kept too (no reshard)
     g_dense, _ = shard_groups(plan)
     return round(held * (1 - 1 / g_dense))
 

@@ -207,7 +207,10 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             rec = [o for o in ops if o.recompute]
             hook = _grad_hooks(name, *hooked.get(name, (0, 0)), training)
             bwd = mark_async(_with_grad_accumulation([o for o in ops if o.phase != "F"], training) + hook)
-            bag = ag if plan.sharding.reshard_after_forward else ()
+            # re-gathered for backward only when resharded after forward; TorchTitan's [norm, output] unit never is
+            # (model_states.unsharded_unit_bytes)
+            bag = ag if plan.sharding.reshard_after_forward and not (
+                name == "output" and plan.sharding.fsdp == "torch_fsdp2") else ()
             copy = copy_s.get(name, 0.0)
             fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=ag, offload_s=copy))
             rec_e = tuple(Entry(o) for o in rec)

@@ -133,7 +133,11 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
         if zero in (1, 2):
             rows.append(("F", "all_gather", gathered[group], 1))  # updated parameters after the optimizer step
         if zero == 3:
-            rows.append(("F", "all_gather", gathered[group], 1 + int(plan.sharding.reshard_after_forward)))
+            # TorchTitan's [norm, output] unit is not resharded after forward, so it is gathered once
+            once = wire.get("output", 0) if group == "dp" and plan.sharding.fsdp == "torch_fsdp2" else 0
+            rows.append(("F", "all_gather", gathered[group] - once, 1 + int(plan.sharding.reshard_after_forward)))
+            if once:
+                rows.append(("F", "all_gather", once, 1))
         for phase, kind, size, count in rows:
             out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, kind, group, int(size), "")] += count
     return out

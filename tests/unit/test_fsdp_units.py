@@ -25,3 +25,30 @@ def test_output_unit_is_held_with_the_last_layer(vocab: int) -> None:
     expected = max(2 * layer, layer + output) * (1 - 1 / 8)
     assert unsharded_unit_bytes(model, TRAINING, PLAN, rank, output_unit=True) == pytest.approx(expected, rel=1e-9)
     assert unsharded_unit_bytes(model, TRAINING, PLAN, rank) == pytest.approx(2 * layer * (1 - 1 / 8), rel=1e-9)
+
+
+def test_without_reshard_every_unit_of_the_rank_is_held() -> None:
+    """TorchTitan's default policy under PP keeps every unit unsharded from its forward to its backward: the decoder
+    layers, the embedding on the first stage and [norm, output] on the last."""
+    model = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000)
+    plan = PLAN.model_copy(update={"sharding": PLAN.sharding.model_copy(update={"reshard_after_forward": False})})
+    (rank,) = per_rank_params(model, plan)
+    layers = sum(sum(layer_params(model, i, Sharding(1, 1, 1)).values()) for i in range(4)) * 2
+    ends = 2 * model.padded_vocab(1) * 1024 * 2  # untied embedding and output
+    assert unsharded_unit_bytes(model, TRAINING, plan, rank, output_unit=True) == pytest.approx(
+        (layers + ends) * (1 - 1 / 8), rel=1e-9)
+
+
+def test_output_unit_is_gathered_once_per_step() -> None:
+    """Resharded units are gathered in forward and again in backward; TorchTitan's [norm, output] unit only once."""
+    from projection.specs.hardware import ClusterSpec, load_device
+    from projection.specs.scenario import Scenario
+    from projection.workload.shapes import step_shapes
+
+    model = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000)
+    sc = Scenario(model=model, training=TRAINING, plan=PLAN, framework="torchtitan",
+                  cluster=ClusterSpec(device=load_device("h100-sxm"), nodes=1, gpus_per_node=8))
+    (rank,) = per_rank_params(model, PLAN)
+    out = rank.by_component["output"] * 2
+    gathered = sum(r.size_bytes * r.count_per_step for r in step_shapes(sc) if r.collective == "all_gather")
+    assert gathered == 2 * (rank.params * 2 - out) + out
