@@ -121,7 +121,8 @@ def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, floa
     moe = model.moe
     assert moe is not None
     out: dict[str, float] = {"moe.norm_in": D.e * D.T * D.h * D.r, "moe.linear_in": D.e_lin * D.T * D.h * D.r_lin,
-                             "moe.router_probs": 4 * D.T * D.r * moe.num_experts}  # fp32 scores
+                             # fp32 scores; TorchTitan's router (NoParallel) scores the gathered sequence
+                             "moe.router_probs": 4 * D.T * D.r_lin * moe.num_experts}
     n = moe.routed_copies(D.T / D.t) * plan.etp_  # k T/t dropless; capped or padded by the capacity factor
     out["moe.dispatched"] = D.e_exp * n * D.h  # grouped-GEMM fc1 input (permuted token copies)
     out.update(mlp_tensors(model, D, moe.expert_ffn_hidden_size, "moe.experts", tokens=n, shard=plan.etp_,
