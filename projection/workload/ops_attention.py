@@ -32,6 +32,7 @@ from projection.workload.ops_base import (
     pointwise,
     residual,
     row_linear,
+    tp_enter,
 )
 
 
@@ -109,6 +110,8 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     h, t, tl = d.h, d.tokens, d.tokens_sp
     heads = model.num_attention_heads // d.tp
     dq, rope, dv = mla.qk_head_dim + mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+    if d.sp and not d.tp_regather:
+        return _dtensor_mla(model, d)
     pieces: list[Piece] = []
     if mla.q_lora_rank:
         pieces.append(linear("attn.q_down", d, tl, mla.q_lora_rank, h, tag="attn"))
@@ -128,6 +131,34 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
                pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
                core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
     return pieces
+
+
+def _dtensor_mla(model: ModelSpec, d: Dims) -> list[Piece]:
+    """MLA under TorchTitan's DTensor TP (deepseek_v3 parallelize: PrepareModuleInput Shard(1) -> Replicate on the
+    attention input, wq / wq_a / wkv_a NoParallel, wkv_b and wq_b ColwiseParallel, wo RowwiseParallel): the hidden
+    state is gathered once, the down projections run on every token of every rank, and no latent is gathered."""
+    mla = model.mla
+    assert mla is not None
+    h, t = d.h, d.tokens
+    heads = model.num_attention_heads // d.tp
+    dq, rope, dv = mla.qk_head_dim + mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+    pieces: list[Piece] = [tp_enter("attn.in", d, h, "attn")]
+    if mla.q_lora_rank:
+        pieces.append(linear("attn.q_down", d, t, mla.q_lora_rank, h, tag="attn"))
+        if model.qk_norm:
+            pieces.append(pointwise("attn.q_norm", d, t * mla.q_lora_rank, t * mla.q_lora_rank, "attn", fn=d.norm,
+                                    width=mla.q_lora_rank))
+        pieces.append(linear("attn.q_up", d, t, heads * dq, mla.q_lora_rank, tag="mla_up_proj"))
+    else:
+        pieces.append(linear("attn.q_proj", d, t, heads * dq, h, tag="attn"))
+    latent = mla.kv_lora_rank + rope
+    pieces.append(linear("attn.kv_down", d, t, latent, h, tag="attn"))
+    if model.qk_norm:
+        pieces.append(pointwise("attn.kv_norm", d, t * mla.kv_lora_rank, t * mla.kv_lora_rank, "attn", fn=d.norm,
+                                width=mla.kv_lora_rank))
+    return pieces + [linear("attn.kv_up", d, t, heads * (mla.qk_head_dim + dv), mla.kv_lora_rank, tag="mla_up_proj"),
+                     pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
+                     core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
 
 
 def _latent_gather(d: Dims, width: int) -> Piece:

@@ -47,3 +47,18 @@ def test_dtensor_tp_does_not_gather_again_for_the_weight_gradient() -> None:
     assert sorted(_gathers("dtensor")) == sorted([("F", size)] * 2 + [("I", size)] * 2)
     fp8 = _gathers("dtensor", Fp8Spec(recipe="tensorwise", library="torchao"))
     assert sorted(fp8) == sorted([("F", size)] * 2 + [("I", size)] * 2)  # bf16 gathers in TorchTitan v0.2.2
+
+
+def test_dtensor_mla_gathers_the_hidden_state_not_the_latents() -> None:
+    """TorchTitan's DeepSeek plan gathers the attention input once (PrepareModuleInput), runs the down projections
+    (NoParallel) on every token, and gathers no latent; Megatron gathers the KV latent and runs the downs on its
+    shard."""
+    mla = ModelSpec(num_layers=2, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000,
+                    mla={"q_lora_rank": 512, "kv_lora_rank": 256, "qk_head_dim": 64, "qk_rope_head_dim": 32,
+                         "v_head_dim": 64})
+    ops = {style: layer_ops(mla, _training(), _plan(style), 0) for style in ("megatron", "dtensor")}
+    titan = [(o.name, o.phase, o.coll_bytes) for o in ops["dtensor"] if o.kind == "collective" and o.tag == "attn"]
+    assert ("attn.in.ag", "F", TOKENS * 1024 * 2) in titan and not [n for n, *_ in titan if "latent" in n]
+    assert any("kv_latent" in o.name for o in ops["megatron"] if o.kind == "collective")
+    downs = {o.name: o.n for o in ops["dtensor"] if o.name in ("attn.q_down", "attn.kv_down")}
+    assert downs == {"attn.q_down": TOKENS, "attn.kv_down": TOKENS}  # every token, not the rank's shard
