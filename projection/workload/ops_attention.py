@@ -102,63 +102,43 @@ def gqa_attention(model: ModelSpec, d: Dims) -> list[Piece]:
 
 
 def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
-    """Multi-latent attention (DeepSeek-V2/V3, Megatron MLASelfAttention). The down projections are replicated on
-    every TP rank and run on this rank's sequence shard (SP) or on all tokens; under SP the latents are gathered
-    over TP (cheaper than gathering the hidden state). Up projections and the output projection are TP-sharded."""
-    mla = model.mla
-    assert mla is not None
-    h, t, tl = d.h, d.tokens, d.tokens_sp
-    heads = model.num_attention_heads // d.tp
-    dq, rope, dv = mla.qk_head_dim + mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
-    if d.sp and not d.tp_regather:
-        return _dtensor_mla(model, d)
-    pieces: list[Piece] = []
-    if mla.q_lora_rank:
-        pieces.append(linear("attn.q_down", d, tl, mla.q_lora_rank, h, tag="attn"))
-        if model.qk_norm:
-            pieces.append(pointwise("attn.q_norm", d, tl * mla.q_lora_rank, tl * mla.q_lora_rank, "attn", fn=d.norm,
-                                    width=mla.q_lora_rank))
-        pieces.append(column_linear("attn.q_up", d, t, heads * dq, mla.q_lora_rank, tag="mla_up_proj"))
-    else:
-        pieces.append(column_linear("attn.q_proj", d, t, heads * dq, h, tag="attn"))
-    latent = mla.kv_lora_rank + rope
-    pieces.append(linear("attn.kv_down", d, tl, latent, h, tag="attn"))
-    if model.qk_norm:
-        pieces.append(pointwise("attn.kv_norm", d, tl * mla.kv_lora_rank, tl * mla.kv_lora_rank, "attn", fn=d.norm,
-                                width=mla.kv_lora_rank))
-    pieces += [_latent_gather(d, latent), linear("attn.kv_up", d, t, heads * (mla.qk_head_dim + dv),
-                                                 mla.kv_lora_rank, tag="mla_up_proj"),
-               pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
-               core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
-    return pieces
-
-
-def _dtensor_mla(model: ModelSpec, d: Dims) -> list[Piece]:
-    """MLA under TorchTitan's DTensor TP (deepseek_v3 parallelize: PrepareModuleInput Shard(1) -> Replicate on the
-    attention input, wq / wq_a / wkv_a NoParallel, wkv_b and wq_b ColwiseParallel, wo RowwiseParallel): the hidden
-    state is gathered once, the down projections run on every token of every rank, and no latent is gathered."""
+    """Multi-latent attention (DeepSeek-V2/V3). Megatron (MLASelfAttention): the down projections are replicated on
+    every TP rank and run on this rank's sequence shard (SP) or on all tokens; under SP the latents are gathered over
+    TP (cheaper than gathering the hidden state). Up projections and the output projection are TP-sharded.
+    TorchTitan's DTensor TP (deepseek_v3 parallelize: PrepareModuleInput Shard(1) -> Replicate on the attention input,
+    wq / wq_a / wkv_a NoParallel, wq_b / wkv_b ColwiseParallel, wo RowwiseParallel): the hidden state is gathered once,
+    the down projections run on every token, and no latent is gathered."""
     mla = model.mla
     assert mla is not None
     h, t = d.h, d.tokens
     heads = model.num_attention_heads // d.tp
     dq, rope, dv = mla.qk_head_dim + mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
-    pieces: list[Piece] = [tp_enter("attn.in", d, h, "attn")]
+    dtensor = d.sp and not d.tp_regather
+    tl = t if dtensor else d.tokens_sp  # rows of the down projections
+    pieces: list[Piece] = [tp_enter("attn.in", d, h, "attn")] if dtensor else []
+
+    def up(name: str, n_out: int, k_in: int, tag: str) -> Piece:  # input already gathered under dtensor TP
+        return (linear if dtensor else column_linear)(name, d, t, n_out, k_in, tag=tag)
+
     if mla.q_lora_rank:
-        pieces.append(linear("attn.q_down", d, t, mla.q_lora_rank, h, tag="attn"))
+        pieces.append(linear("attn.q_down", d, tl, mla.q_lora_rank, h, tag="attn"))
         if model.qk_norm:
-            pieces.append(pointwise("attn.q_norm", d, t * mla.q_lora_rank, t * mla.q_lora_rank, "attn", fn=d.norm,
+            pieces.append(pointwise("attn.q_norm", d, tl * mla.q_lora_rank, tl * mla.q_lora_rank, "attn", fn=d.norm,
                                     width=mla.q_lora_rank))
-        pieces.append(linear("attn.q_up", d, t, heads * dq, mla.q_lora_rank, tag="mla_up_proj"))
+        pieces.append(up("attn.q_up", heads * dq, mla.q_lora_rank, "mla_up_proj"))
     else:
-        pieces.append(linear("attn.q_proj", d, t, heads * dq, h, tag="attn"))
+        pieces.append(up("attn.q_proj", heads * dq, h, "attn"))
     latent = mla.kv_lora_rank + rope
-    pieces.append(linear("attn.kv_down", d, t, latent, h, tag="attn"))
+    pieces.append(linear("attn.kv_down", d, tl, latent, h, tag="attn"))
     if model.qk_norm:
-        pieces.append(pointwise("attn.kv_norm", d, t * mla.kv_lora_rank, t * mla.kv_lora_rank, "attn", fn=d.norm,
+        pieces.append(pointwise("attn.kv_norm", d, tl * mla.kv_lora_rank, tl * mla.kv_lora_rank, "attn", fn=d.norm,
                                 width=mla.kv_lora_rank))
-    return pieces + [linear("attn.kv_up", d, t, heads * (mla.qk_head_dim + dv), mla.kv_lora_rank, tag="mla_up_proj"),
-                     pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
-                     core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
+    if not dtensor:
+        pieces.append(_latent_gather(d, latent))
+    pieces += [linear("attn.kv_up", d, t, heads * (mla.qk_head_dim + dv), mla.kv_lora_rank, tag="mla_up_proj"),
+               pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
+               core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
+    return pieces
 
 
 def _latent_gather(d: Dims, width: int) -> Piece:
