@@ -212,10 +212,8 @@ def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_cou
         try:
             if chosen not in SCHEDULE_NAMES:
                 raise ValueError(f"unknown schedule {chosen!r}")
-            if plan.pp == 1:
-                chosen = "1f1b"  # no pipeline: every schedule name runs as one (ParallelPlan._no_pipeline_no_schedule)
-            build_schedule(chosen, plan.pp, m, plan.vpp_, microbatch_group_size=plan.microbatch_group_size,
-                           style=plan.schedule_style)
+            build_schedule(plan.runs_as(chosen), plan.pp, m, plan.vpp_,
+                           microbatch_group_size=plan.microbatch_group_size, style=plan.schedule_style)
         except ScheduleTooLarge as e:
             problems.append(Problem(str(e), key="training.global_batch_size", file=sc.source,
                                     fix=TOO_MANY_MICROBATCHES_FIX))

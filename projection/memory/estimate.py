@@ -293,8 +293,8 @@ def _fp8_cast_bytes(sc: Scenario, layers: set[int]) -> float:
     """FP8 libraries that cast on the fly hold the fp8 copies of the running GEMM's operands (1 B each), the largest
     over the layers' FP8 GEMMs at the backward moment. For a linear of weight W (m x k) over x (n x k) with output
     gradient dy (n x m): torchao casts W + x in forward, dy + W for dgrad and dy + x for wgrad (W not at all when FSDP
-    gathered it in fp8); Primus-Turbo casts only dy, its fp8 x and W being saved activations. Transformer Engine's
-    copies are cached or saved, counted elsewhere."""
+    gathered it in fp8, Fp8Spec.gathers_in_fp8); Primus-Turbo casts only dy, its fp8 x and W being saved
+    activations. Transformer Engine's copies are cached or saved, counted elsewhere."""
     f8 = sc.training.fp8
     if f8 is None or f8.caches_weights:
         return 0.0
@@ -305,7 +305,8 @@ def _fp8_cast_bytes(sc: Scenario, layers: set[int]) -> float:
         for op in layer_ops(sc.model, sc.training, sc.plan, i):
             if op.kind not in ("gemm", "grouped_gemm") or op.dtype != "fp8" or op.phase != "F":
                 continue
-            w = 0 if f8.param_gather else op.m * op.k
+            gathered = f8.gathers_in_fp8("experts" if op.kind == "grouped_gemm" else "attention")
+            w = 0 if gathered else op.m * op.k
             x, dy = op.n * op.k, op.n * op.m
             held = dy if f8.saves_fp8_weights else max(w + x, dy + w, dy + x)
             best = max(best, op.batch * held)

@@ -36,9 +36,7 @@ def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
     if schedule not in SCHEDULE_NAMES:
         raise ConfigError(Problem(f"unknown schedule {schedule!r}", key="plan.schedule",
                                   fix=f"use one of {', '.join(SCHEDULE_NAMES)}"))
-    name: ScheduleName = schedule  # type: ignore[assignment]
-    if scenario.plan.pp == 1:
-        name = "1f1b"  # no pipeline: microbatches run one after another (ParallelPlan._no_pipeline_no_schedule)
+    name: ScheduleName = scenario.plan.runs_as(schedule)  # type: ignore[assignment]
     return scenario.model_copy(update={"plan": scenario.plan.model_copy(update={"schedule": name})})
 
 
@@ -90,7 +88,7 @@ def compare_schedules(scenario: Scenario, cost_model: CostModel | None = None, *
 def applicable_schedules(scenario: Scenario) -> list[str]:
     p = scenario.plan
     if p.pp == 1:
-        return ["1f1b"]  # no pipeline, no schedule to choose (ParallelPlan._no_pipeline_no_schedule)
+        return [p.runs_as(p.schedule)]  # no pipeline, no schedule to choose
     m = scenario.training.num_microbatches(p.dp_())
     names = []
     for name in SCHEDULE_NAMES:

@@ -81,6 +81,13 @@ class ShardingSpec(Spec):
     distributed_optimizer_instances: int = Field(1, gt=0)
 
 
+def schedule_run(pp: int, schedule: str) -> str:
+    """The schedule a job with `pp` pipeline ranks runs when `schedule` is named: without a pipeline (pp 1) every
+    framework runs the microbatches one after another (Megatron's forward_backward_no_pipelining; TorchTitan builds
+    no pipeline schedule), i.e. 1f1b whatever the name. The one place this rule lives."""
+    return "1f1b" if pp == 1 else schedule
+
+
 class ParallelPlan(Spec):
     tp: int = Field(1, gt=0)
     sp: bool = False
@@ -115,13 +122,14 @@ class ParallelPlan(Spec):
     @model_validator(mode="before")
     @classmethod
     def _no_pipeline_no_schedule(cls, data: Any) -> Any:
-        """Without a pipeline (pp 1) every framework runs the microbatches one after another, forward then backward
-        (Megatron's forward_backward_no_pipelining; TorchTitan builds no pipeline schedule): 1f1b whatever the
-        config names."""
-        if isinstance(data, dict) and data.get("pp", 1) == 1 and data.get("schedule", "1f1b") != "1f1b" \
-                and data.get("schedule") in typing.get_args(ScheduleName):  # an unknown name is still refused
-            return {**data, "schedule": "1f1b"}
+        """The named schedule as it runs (schedule_run): 1f1b at pp 1."""
+        if isinstance(data, dict) and data.get("schedule") in typing.get_args(ScheduleName):  # unknown: refused
+            return {**data, "schedule": schedule_run(data.get("pp", 1), data["schedule"])}
         return data
+
+    def runs_as(self, schedule: str) -> str:
+        """The schedule `schedule` runs as on this plan's pipeline (schedule_run)."""
+        return schedule_run(self.pp, schedule)
 
     @model_validator(mode="after")
     def _check(self) -> ParallelPlan:

@@ -149,7 +149,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 # activation dtype unless a grouped-GEMM converter is listed (Fp8Spec.experts_in_fp8)
                 expert_gemm="fp8" if fp8 is not None and fp8.experts_in_fp8 else act,
                 fp8_library=fp8.library if fp8 is not None else "",
-                fp8_weight_gathered=fp8 is not None and fp8.param_gather,
+                fp8_weight_gathered=fp8 is not None and fp8.gathers_in_fp8("attention"),
                 tp_regather=plan.tp_style == "megatron",
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
