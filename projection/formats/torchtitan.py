@@ -127,6 +127,8 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     raw.set("plan.tp", tp, job.origin(f"{p}.tensor_parallel_degree"))
     raw.set("plan.sp", tp > 1, job.origin(f"{p}.tensor_parallel_degree"))  # TorchTitan TP always shards sequence
     raw.set("plan.tp_style", "dtensor", job.origin(f"{p}.tensor_parallel_degree"))
+    # TorchTitan's eager modules save other tensors than Transformer Engine's (memory/activations.py)
+    raw.set("training.kernels.transformer_impl", "torchtitan", job.origin("model.name"))
     if tp > 1 and job.flag(f"{p}.disable_loss_parallel", False):
         # without loss parallelism the logits are all-gathered (output layouts Replicate) and every TP rank runs the
         # full-vocabulary cross-entropy: memory and traffic tp times the vocab-parallel loss's, not modelled

@@ -4,8 +4,14 @@ The inventory follows what Megatron-core with Transformer Engine saves (Korthika
 16-bit GPT breakdown 34·s·b·h + 5·a·s²·b per layer with unfused attention and dropout; that case is reproduced
 exactly by this module, see tests): every norm saves its input, every linear its input (fp8 copies with FP8), the
 activation function its input, flash attention q, k, v, its output and the fp32 log-sum-exp, unfused attention the
-s x s softmax (plus dropout mask and output), dropout a 1-byte mask. Tensors along the hidden dimension that are
-replicated across TP are divided by TP only with sequence parallelism (Korthikanti §4.2.2).
+s x s softmax (plus dropout mask and output), dropout a 1-byte mask; per-head Q/K norms (Megatron q_layernorm /
+k_layernorm, TorchTitan q_norm / k_norm) save their inputs, the projected q and k. Tensors along the hidden dimension
+that are replicated across TP are divided by TP only with sequence parallelism (Korthikanti §4.2.2).
+
+TorchTitan's eager modules (`KernelSpec.transformer_impl == "torchtitan"`, pytorch/torchtitan models/llama3 and
+moe): `repeat_kv` copies K and V to every query head before SDPA, which saves the copies; the SwiGLU is
+`w2(F.silu(w1(x)) * w3(x))`, whose multiply also saves the SiLU output. Its per-op selective checkpointing ('op',
+torchtitan/distributed/activation_checkpoint.py) keeps a different set altogether: `op_sac_tensors`.
 
 Symbols: b micro batch, s local sequence (seq / cp), T = b·s tokens, h hidden, t tp, r = 1/t with SP else 1,
 e activation bytes (2 for bf16/fp16), a heads, g KV heads, d head dim, f FFN, E experts, k top-k.
@@ -38,6 +44,7 @@ class Dims:
     e_exp: int  # bytes of a saved routed-expert GEMM input (e_lin where the experts are FP8 GEMMs, else e)
     dropout: bool
     unfused: bool
+    eager: bool = False  # TorchTitan's eager modules (module docstring)
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -54,7 +61,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 e_lin=e_lin, e_exp=e_lin if f8 is not None and f8.experts_in_fp8 else e,
                 # TorchTitan's TP saves the gathered, full-sequence input of its column-parallel linears
                 r_lin=1.0 if dtensor else 1 / plan.tp if plan.sp_ else 1.0,
-                dropout=training.dropout > 0, unfused=training.attention_backend == "unfused")
+                dropout=training.dropout > 0, unfused=training.attention_backend == "unfused",
+                eager=training.kernels.transformer_impl == "torchtitan")
 
 
 def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
@@ -74,6 +82,10 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
         d = model.head_dim_
         kv = max(1, model.kv_heads // t)
         q_w, k_w, v_w = heads * d, kv * d, kv * d
+        if model.qk_norm:
+            out["attn.qk_norm_in"] = e * T * (q_w + k_w)  # the Q and K norms' inputs: the projected q and k
+        if D.eager:
+            k_w = v_w = heads * d  # repeat_kv: SDPA saves K and V copied to every local query head
     out["attn.qkv"] = e * T * (q_w + k_w + v_w)
     v_total = heads * (model.mla.v_head_dim if model.mla else model.head_dim_)
     # Attention output: saved by flash attention (16-bit) and, being the same tensor, by the output projection;
@@ -107,6 +119,8 @@ def mlp_tensors(model: ModelSpec, D: Dims, ffn: int, prefix: str = "mlp", tokens
         out[f"{prefix}.linear_in"] = D.e_lin * D.T * D.h * D.r_lin
     branches = 2 if model.gated_mlp else 1
     out[f"{prefix}.act_in"] = D.e * T * branches * ffn / shard
+    if D.eager and model.gated_mlp:
+        out[f"{prefix}.act_out"] = D.e * T * ffn / shard  # silu(w1 x), saved by the multiply with w3 x
     out[f"{prefix}.fc2_in"] = (D.e_exp if prefix == "moe.experts" else D.e_lin) * T * ffn / shard
     if with_norm and D.dropout:
         out[f"{prefix}.dropout_mask"] = 1 * D.T * D.h * D.r
@@ -138,16 +152,98 @@ def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, floa
 # Megatron --recompute-modules: which saved tensors each module's checkpoint drops (its input is kept).
 _SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
     "core_attn": ("attn.softmax", "attn.dropout_mask", "attn.dropout", "attn.lse"),
-    "mlp": ("mlp.act_in", "mlp.fc2_in"),
-    "moe": ("moe.dispatched", "moe.experts.act_in", "moe.experts.fc2_in", "moe.expert_out", "moe.router_probs",
-            "moe.shared.act_in", "moe.shared.fc2_in"),
-    "moe_act": ("moe.experts.fc2_in",),
-    "shared_experts": ("moe.shared.act_in", "moe.shared.fc2_in"),
+    "mlp": ("mlp.act_in", "mlp.act_out", "mlp.fc2_in"),
+    "moe": ("moe.dispatched", "moe.experts.act_in", "moe.experts.act_out", "moe.experts.fc2_in", "moe.expert_out",
+            "moe.router_probs", "moe.shared.act_in", "moe.shared.act_out", "moe.shared.fc2_in"),
+    "moe_act": ("moe.experts.act_out", "moe.experts.fc2_in"),
+    "shared_experts": ("moe.shared.act_in", "moe.shared.act_out", "moe.shared.fc2_in"),
     "layernorm": ("attn.linear_in", "mlp.linear_in", "moe.linear_in"),
     "mla_up_proj": ("attn.qkv",),
-    # TorchTitan per-op SAC keeps matmul / SDPA outputs and recomputes elementwise ops and norms.
-    "op": ("attn.norm_in", "mlp.norm_in", "moe.norm_in", "mlp.fc2_in", "moe.experts.fc2_in", "moe.shared.fc2_in"),
 }
+
+
+def _mm_outputs(model: ModelSpec, training: TrainingSpec, D: Dims, i: int) -> list[tuple[str, float]]:
+    """The `aten.mm` calls of TorchTitan decoder layer i in forward order, with their per-rank output bytes.
+
+    Order: pytorch/torchtitan models (llama3 Attention: wq, wk, wv, then wo; deepseek_v3 MLA: wq or wq_a, wq_b, then
+    wkv_a, wkv_b, wo; FeedForward: w1, w3, w2, as `w2(F.silu(w1(x)) * w3(x))` evaluates; MoE: the router gate,
+    which the default `per_op_sac_force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]` recomputes without
+    counting it, the routed experts, which are `torch._grouped_mm` (not mm), then the shared experts). Column-
+    parallel outputs hold the full local sequence and a TP shard of the width; row-parallel ones (wo, w2) the full
+    sequence and the full hidden width (partial sums before the reduce-scatter). FP8 linears run `_scaled_mm`, which
+    the policy neither counts nor saves."""
+    T, t, h, e = D.T, D.t, D.h, D.e
+    f8 = training.fp8
+    heads = model.num_attention_heads // t
+
+    def mm(component: str, name: str, width: float) -> list[tuple[str, float]]:
+        return [] if f8 is not None and f8.converts(component) else [(name, e * T * width)]
+
+    out: list[tuple[str, float]] = []
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            out += mm("attention", "wq_a", m.q_lora_rank) + mm("attention", "wq_b", heads * qk)
+        else:
+            out += mm("attention", "wq", heads * qk)
+        out += mm("attention", "wkv_a", m.kv_lora_rank + m.qk_rope_head_dim)
+        out += mm("attention", "wkv_b", heads * (m.qk_head_dim + m.v_head_dim))
+    else:
+        d, kv = model.head_dim_, max(1, model.kv_heads // t)
+        out += mm("attention", "wq", heads * d) + mm("attention", "wk", kv * d) + mm("attention", "wv", kv * d)
+    out += mm("attention", "wo", h)
+    moe = model.moe if model.is_moe_layer(i) else None
+    ffn = model.ffn_hidden_size if moe is None else moe.shared_expert_ffn_hidden_size
+    if ffn:
+        comp = "dense_mlp" if moe is None else "shared_experts"
+        out += mm(comp, "w1", ffn / t) + mm(comp, "w3", ffn / t) + mm(comp, "w2", h)
+    return out
+
+
+def op_sac_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, i: int) -> dict[str, float]:
+    """What decoder layer i keeps per microbatch under TorchTitan's per-op selective checkpointing ('op'):
+    `create_selective_checkpoint_contexts` caches the outputs of the ops its policy marks MUST_SAVE and the
+    checkpoint keeps the block's input; everything else is recomputed. The policy
+    (torchtitan/distributed/activation_checkpoint.py, save list in each model's parallelize.py) saves SDPA's outputs
+    (output and log-sum-exp), reduce_scatter outputs, all_to_all_single outputs (MoE models) and every aten.mm
+    output except every second one counted in the block (`_mm_outputs`)."""
+    D = dims(model, training, plan)
+    out = {"sac.layer_input": D.e * D.T * D.h * D.r}
+    for n, (name, nbytes) in enumerate(_mm_outputs(model, training, D, i)):
+        if n % 2 == 0:  # the 1st, 3rd, ... mm of the block (the policy skips those whose running count is even)
+            out[f"sac.{name}_out"] = nbytes
+    att = attention_tensors(model, D)
+    out["sac.sdpa_out"] = D.e * D.T * (model.num_attention_heads // D.t) * (
+        model.mla.v_head_dim if model.mla else model.head_dim_)
+    if "attn.lse" in att:
+        out["sac.sdpa_lse"] = att["attn.lse"]
+    if plan.tp > 1 and plan.sp_:
+        # row-parallel outputs reduce-scattered to the sequence shard: wo and w2, or wo and the MoE block's output
+        out["sac.reduce_scatter_out"] = 2 * D.e * D.T * D.h / D.t
+    moe = model.moe
+    if moe is not None and model.is_moe_layer(i) and plan.ep > 1:
+        # token dispatch and combine all_to_all_single outputs: the routed copies this rank receives and returns
+        out["sac.all_to_all_out"] = 2 * D.e * moe.routed_copies(D.T / D.t) * plan.etp_ * D.h
+    return out
+
+
+def selective_saved(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, i: int,
+                    tensors: dict[str, float]) -> dict[str, float]:
+    """Layer i's saved tensors under selective recompute, from its full inventory `tensors` (layer_tensors): the
+    whole layer's input for a checkpointed 'layer:N' layer, TorchTitan's per-op set for 'op', else the inventory
+    without what each Megatron --recompute-modules entry drops."""
+    kept = dict(tensors)
+    for mod in plan.recompute.modules or ("core_attn",):
+        if mod == "op":
+            return op_sac_tensors(model, training, plan, i)
+        if mod.startswith("layer:"):
+            if plan.recompute.every_nth_checkpoints(i):
+                return {"layer.input": layer_input_bytes(model, training, plan)}
+            continue
+        for name in _SELECTIVE_DROPS.get(mod, ()):
+            kept.pop(name, None)
+    return kept
 
 
 def layer_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, i: int) -> dict[str, float]:
@@ -195,14 +291,7 @@ def saved_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
         return layer_input_bytes(model, training, plan) if chunk_head else 0.0
     tensors = layer_tensors(model, training, plan, i)
     if plan.recompute.granularity == "selective":
-        mods = plan.recompute.modules or ("core_attn",)
-        for mod in mods:
-            if mod.startswith("layer:"):
-                if plan.recompute.every_nth_checkpoints(i):
-                    return layer_input_bytes(model, training, plan)
-                continue
-            for name in _SELECTIVE_DROPS.get(mod, ()):
-                tensors.pop(name, None)
+        tensors = selective_saved(model, training, plan, i, tensors)
     return sum(tensors.values())
 
 

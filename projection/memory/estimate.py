@@ -52,8 +52,10 @@ from projection.memory.activations import (
     layer_tensors,
     loss_tensors,
     loss_working_set,
+    op_sac_tensors,
     recomputed_layers,
     saved_layer_bytes,
+    selective_saved,
 )
 from projection.memory.allocator import reserved_bytes
 from projection.memory.buffers import (
@@ -138,13 +140,7 @@ def _saved_tensors(sc: Scenario, i: int, full: bool, chunk_head: bool) -> dict[s
         return {"layer.input": layer_input_bytes(m, t, p) if chunk_head else 0.0}
     tensors = layer_tensors(m, t, p, i)
     if p.recompute.granularity == "selective":
-        for mod in p.recompute.modules or ("core_attn",):
-            if mod.startswith("layer:"):
-                if p.recompute.every_nth_checkpoints(i):
-                    return {"layer.input": layer_input_bytes(m, t, p)}
-                continue
-            for name in _SELECTIVE_DROPS.get(mod, ()):
-                tensors.pop(name, None)
+        tensors = selective_saved(m, t, p, i, tensors)
     return tensors
 
 
@@ -217,15 +213,20 @@ def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = N
     return sum(terms.values()), terms
 
 
-def _selective_recompute_bytes(sc: Scenario, tensors: dict[str, float]) -> float:
+def _selective_recompute_bytes(sc: Scenario, tensors: dict[str, float], i: int) -> float:
     """Selective recompute rebuilds one module's dropped tensors right before that module's backward, beside the
     saved ones. Backward runs a layer's MLP/MoE block before its attention, so when an attention-side module is
     rebuilt the block's saved tensors are already freed (measured with MemTracker, tests/oracle). A 'layer:N'
-    entry rebuilds a whole checkpointed layer whose input is already saved."""
+    entry rebuilds a whole checkpointed layer whose input is already saved; TorchTitan's per-op checkpoint ('op')
+    re-runs the whole block's forward at its first unpack, rebuilding everything it did not keep (layer i's
+    inventory `tensors` against op_sac_tensors)."""
     p = sc.plan
     if p.recompute.granularity != "selective":
         return 0.0
     mods = p.recompute.modules or ("core_attn",)
+    if "op" in mods:
+        kept = op_sac_tensors(sc.model, sc.training, p, i)
+        return max(0.0, sum(tensors.values()) - sum(kept.values()))
     dropped = {n for mod in mods for n in _SELECTIVE_DROPS.get(mod, ())}
     block_saved = sum(v for k, v in tensors.items() if not k.startswith("attn.") and k not in dropped)
     best = 0.0
@@ -255,8 +256,9 @@ def working_moments(sc: Scenario, slots: Sequence[StageSlot], rt: Runtime | None
         chunk = max(1, p.recompute.num_layers or 1) if p.recompute.method == "uniform" else 1
         probe = {layers[0], layers[-1], *[i for i in layers if m.is_moe_layer(i)][:1]}
         tensors = {i: layer_tensors(m, t, p, i) for i in probe}
-        largest = max(tensors.values(), key=lambda d: sum(d.values()))
-        selective = _selective_recompute_bytes(sc, largest)
+        big = max(tensors, key=lambda i: sum(tensors[i].values()))
+        largest = tensors[big]
+        selective = _selective_recompute_bytes(sc, largest, big)
         if full:
             # A checkpointed chunk is rebuilt whole at the start of its backward; backward then runs the last
             # layer's MLP/MoE block first (every tensor of the layer live, plus the gradient of the block's largest

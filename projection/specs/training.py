@@ -97,10 +97,14 @@ class OptimizerSpec(Spec):
 
 class KernelSpec(Spec):
     """Which kernels / framework code paths run, where that changes memory (Megatron-LM flags and environment):
-    Transformer Engine or Megatron's local layers, TE grouped-GEMM experts, deferred embedding wgrad, the
-    cross-entropy implementation, and the GEMM library workspace (CUBLAS_WORKSPACE_CONFIG; None = library default)."""
+    Transformer Engine, Megatron's local layers or TorchTitan's eager modules, TE grouped-GEMM experts, deferred
+    embedding wgrad, the cross-entropy implementation, and the GEMM library workspace (CUBLAS_WORKSPACE_CONFIG;
+    None = library default)."""
 
-    transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    transformer_impl: Literal["transformer_engine", "local", "torchtitan"] = Field(
+        "transformer_engine", description="the layer implementation: Megatron --transformer-impl "
+        "(transformer_engine, local) or TorchTitan's eager PyTorch modules (torchtitan: separate wq/wk/wv, repeat_kv "
+        "before SDPA, SwiGLU as w2(silu(w1 x) * w3 x); set by the TorchTitan loaders)")
     moe_grouped_gemm: bool | None = Field(
         None, description="Megatron --moe-grouped-gemm: True = one grouped GEMM per expert linear (TE GroupedLinear), "
         "False = Megatron's SequentialMLP, each local expert's linears as GEMMs of their own; None = not a Megatron "

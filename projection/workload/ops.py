@@ -12,8 +12,9 @@ Recompute selection follows Megatron-LM (--recompute-granularity/-method/-num-la
   full with `layer_ids`: those global layers;
 - selective modules: core_attn, mlp, moe (router, dispatch, experts, shared experts), moe_act, layernorm,
   mla_up_proj, shared_experts;
-- TorchTitan 'layer:N': full recompute of every N-th layer ((i + 1) % N == 0); 'op' (per-op SAC policy): every
-  memory-bound op and every second GEMM are recomputed, attention and the other GEMMs are saved.
+- TorchTitan 'layer:N': full recompute of every N-th layer ((i + 1) % N == 0); 'op' (per-op SAC policy,
+  workload/op_sac.py): memory-bound ops, grouped expert GEMMs, FP8 GEMMs, the router, TP all-gathers and every
+  second mm are re-run; attention, the other mm outputs, reduce-scatters and all-to-alls are kept.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import TrainingSpec
 from projection.workload.model_flops import model_flops_per_step
+from projection.workload.op_sac import op_sac_recompute
 from projection.workload.ops_attention import attention_pieces
 from projection.workload.ops_base import (
     CollKind,
@@ -57,7 +59,7 @@ def layer_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, laye
     d = dims(model, training, plan)
     pieces = _layer_pieces(model, d, layer_index)
     fwd = [op for p in pieces for op in p.fwd]
-    rec = _recomputed(fwd, _recompute_mode(model, plan, layer_index))
+    rec = _recomputed(fwd, _recompute_mode(model, plan, layer_index), model, plan)
     return (*fwd, *rec, *(op for p in reversed(pieces) for op in p.bwd))
 
 
@@ -92,7 +94,7 @@ def mtp_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, depth:
     tail = _output_pieces(model, training, d, f"{pre}.output")
     pieces = [*head, *layer, *tail]
     fwd = [op for p in pieces for op in p.fwd]
-    rec = _recomputed([op for p in layer for op in p.fwd], _recompute_mode(model, plan, last))
+    rec = _recomputed([op for p in layer for op in p.fwd], _recompute_mode(model, plan, last), model, plan)
     return (*fwd, *rec, *(op for p in reversed(pieces) for op in p.bwd))
 
 
@@ -177,15 +179,11 @@ def _recompute_mode(model: ModelSpec, plan: ParallelPlan, layer_index: int) -> s
     return frozenset(tags) if tags else "none"
 
 
-def _recomputed(fwd: Sequence[Op], mode: str | frozenset[str]) -> tuple[Op, ...]:
+def _recomputed(fwd: Sequence[Op], mode: str | frozenset[str], model: ModelSpec, plan: ParallelPlan
+                ) -> tuple[Op, ...]:
     if mode == "none":
         return ()
-    if mode == "full":
-        chosen = list(fwd)
-    elif mode == "op":
-        gemms = [o for o in fwd if o.kind in ("gemm", "grouped_gemm")]
-        every_second = {id(o) for o in gemms[1::2]}
-        chosen = [o for o in fwd if o.kind == "memory_bound" or id(o) in every_second]
-    else:
-        chosen = [o for o in fwd if o.tag in mode]
+    if mode == "op":
+        return tuple(op_sac_recompute(fwd, model, plan))
+    chosen = list(fwd) if mode == "full" else [o for o in fwd if o.tag in mode]
     return tuple(replace(o, recompute=True) for o in chosen)
