@@ -4,7 +4,8 @@ stream, one communication stream per group, and the host that issues every kerne
 An action is a sequence of `Item`s, run in order by `run_items`:
 - "run": the compute stream runs it (a kernel, or a collective the framework waits for: exposed communication);
 - "launch": a collective issued on its group's stream; it starts when the compute stream reaches it (stream order),
-  the host has issued it and its stream is free, and overlaps what follows until a "wait" names it;
+  the host has issued it, its stream is free and the launches it names in `after` have finished, and overlaps what
+  follows until a "wait" names it;
 - "wait": the compute stream waits for the named launches (their unfinished time is exposed communication);
 - "sync": the host waits for the GPU (`.item()`, `torch.cuda.synchronize()`): every launch is waited for and the host
   resumes issuing only when the compute stream has drained, so the kernels after it cannot be issued ahead.
@@ -46,6 +47,7 @@ class Item:
     waits: tuple[int, ...] = ()
     stream: str = ""
     comm: bool = False
+    after: tuple[int, ...] = ()  # a launch's stream also waits for these launches to finish (an event wait)
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,10 @@ def blocking(group: str, seconds: float, full_s: float | None = None, kernels: i
     return Item("run", group, seconds, full_s=seconds if full_s is None else full_s, kernels=kernels, comm=True)
 
 
-def launch(group: str, seconds: float, token: int, kernels: int = 1, stream: str | None = None) -> Item:
-    return Item("launch", group, seconds, kernels=kernels, token=token, stream=stream or group, comm=True)
+def launch(group: str, seconds: float, token: int, kernels: int = 1, stream: str | None = None,
+           after: tuple[int, ...] = ()) -> Item:
+    return Item("launch", group, seconds, kernels=kernels, token=token, stream=stream or group, comm=True,
+                after=after)
 
 
 def wait(*tokens: int) -> Item:
@@ -86,6 +90,7 @@ def run_items(items: Iterable[Item], host_s: float = 0.0, comm_host_s: float | N
     host = 0.0
     free: dict[str, float] = {}
     pending: dict[int, tuple[float, float, float, str]] = {}  # token -> start, end, host issue time, group
+    ends: dict[int, float] = {}  # token -> end of every launch so far
     cat: dict[str, float] = {}
     comm: dict[str, float] = {}
     kernels = 0
@@ -130,9 +135,10 @@ def run_items(items: Iterable[Item], host_s: float = 0.0, comm_host_s: float | N
             if it.comm:
                 comm[it.category] = comm.get(it.category, 0.0) + (it.full_s if it.full_s is not None else it.seconds)
             continue
-        start = max(t, host, free.get(it.stream, 0.0))
+        start = max(t, host, free.get(it.stream, 0.0), *(ends.get(tok, 0.0) for tok in it.after))
         end = start + it.seconds
         free[it.stream] = end
+        ends[it.token] = end
         pending[it.token] = (start, end, host, it.category)
         comm[it.category] = comm.get(it.category, 0.0) + it.seconds
     settle(sorted(pending, key=lambda tok: pending[tok][1]))

@@ -20,8 +20,11 @@ processed (backprop order); the communication stream runs them one after another
 action is a CommTask on the rank's comm stream (it overlaps the rank's later actions in the simulator). A rank's
 tasks are given in the order their actions end, the order the host issues them (with interleaving, the deepest model
 chunk's last backward comes first).
-FSDP (zero_stage 3) reduces per unit inside the backward (projection/perf/items.py); with HSDP the shard gradients
-are then all-reduced over the replicas after the backward.
+FSDP (zero_stage 3) reduces per unit inside the backward (projection/perf/items.py); with HSDP each unit's shard
+gradient is then all-reduced over the replicas, on a stream of its own (FSDP2 foreach_reduce). FSDP2 inside
+torch.distributed.pipelining stages (ParallelPlan.pipelined_fsdp) gathers each unit once per step, by its first
+forward (prefetched back to back like an overlapped parameter gather), and reduces every unit once, right after the
+stage's last backward.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from projection.cost.collectives import CollectiveKind, GroupPlacement
 from projection.cost.model import CostModel
 from projection.perf.placement import boundary_placement, expert_dp_placement, shard_placements
-from projection.perf.pricing import PricedStages
+from projection.perf.pricing import PricedStages, StagePrice
 from projection.perf.stage_params import gather_bytes
 from projection.schedule.action import Action, Schedule
 from projection.sim.costs import CommTask
@@ -48,7 +51,7 @@ class Bucket:
     pp_rank: int
     stage: int
     kind: CollectiveKind
-    group: str  # "dp" (dense, dp x cp), "edp" (experts), "dp_replicate", "embedding"
+    group: str  # "dp" (dense, dp x cp), "edp" (experts), "embedding"
     params: int
     size_bytes: int
     seconds: float
@@ -99,7 +102,7 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
     """Gradient buckets (as comm tasks) and parameter all-gathers of every pipeline rank for one step."""
     plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
     zero = plan.sharding.zero_stage
-    dense_place, replicate = shard_placements(cluster, plan)
+    dense_place, _ = shard_placements(cluster, plan)
     expert_place = expert_dp_placement(cluster, plan) if scenario.model.moe is not None else None
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
     param_b = DTYPE_BYTES[training.params_dtype]
@@ -136,9 +139,16 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                         ag = round(elems * per_elem[group])
                         params_ag.append(Bucket(r, s, "all_gather", group, elems, ag, sec("all_gather", ag, place),
                                                 order))
+            if sp.fsdp_gather_s or sp.fsdp_scatter_s:
+                params_ag += _pipelined_fsdp_gathers(r, s, sp)
+                mine += _pipelined_fsdp_scatter(r, s, sp)
             grads += mine
             grad_s[r] += sum(b.seconds for b in mine)
             if not mine:
+                continue
+            if sp.fsdp_scatter_s:  # every unit's post-backward runs right after the stage's last backward
+                tasks.append(CommTask(r, _last_backward(acts, s), mine[0].seconds, f"fsdp grad s{s}",
+                                      _crosses(places)))
                 continue
             if overlap:
                 last = _last_backward(acts, s)
@@ -147,14 +157,6 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                     tasks.append(CommTask(r, last, tail, f"dp grad s{s}", _crosses(places)))
             else:
                 end_tasks.append(sum(b.seconds for b in mine))
-        if zero == 3 and replicate is not None:
-            shard = plan.dp_() * plan.cp // plan.sharding.dp_replicate
-            dense = sum(priced.stages[schedule.model_stage(s)].params.dense for s in schedule.stages_of(r))
-            t = sec("all_reduce", dense / shard * grad_b, replicate)
-            grads.append(Bucket(r, -1, "all_reduce", "dp_replicate", dense // shard, int(dense / shard * grad_b), t,
-                                0))
-            grad_s[r] += t
-            end_tasks.append(t)
         emb = _embedding_grad(scenario, cost_model, schedule, priced, r)
         if emb is not None:
             grads.append(emb)
@@ -169,7 +171,31 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
         tasks[first_task:] = sorted(tasks[first_task:], key=lambda t: position[t.after])
         pg_s[r] = sum(b.seconds for b in params_ag if b.pp_rank == r)
     return DPComm(tuple(tasks), tuple(grads), tuple(params_ag), tuple(grad_s), tuple(pg_s), _crosses(places),
-                  plan.overlap.param_gather)
+                  plan.overlap.param_gather or plan.pipelined_fsdp)
+
+
+def _pipelined_fsdp_gathers(rank: int, stage: int, sp: StagePrice) -> list[Bucket]:
+    """FSDP2 units gathered once per step by their first forward (ParallelPlan.pipelined_fsdp), as parameter
+    buckets: `order` counts backprop order, so the first unit of the forward is the last in that order."""
+    units = sp.fsdp_gather_s
+    comps = sp.params.components if len(sp.params.components) == len(units) else ()
+    out = []
+    for k, secs in enumerate(units):
+        elems = comps[k][1] + comps[k][2] if comps else round(secs * 1e12)  # no split known: weigh by seconds
+        out.append(Bucket(rank, stage, "all_gather", "dp", elems, 0, secs, len(units) - 1 - k))
+    return out
+
+
+def _pipelined_fsdp_scatter(rank: int, stage: int, sp: StagePrice) -> list[Bucket]:
+    """The once-per-step gradient reduction of a pipelined FSDP2 stage, as one bucket: its units' reduce-scatters
+    back to back on the shard group's stream and, with HSDP, each unit's replica all-reduce on its own stream once
+    that unit's reduce-scatter is done."""
+    rs_end = ar_end = 0.0
+    for rs, ar in zip(sp.fsdp_scatter_s, sp.fsdp_replicate_s or (0.0,) * len(sp.fsdp_scatter_s), strict=True):
+        rs_end += rs
+        ar_end = max(ar_end, rs_end) + ar
+    secs = max(rs_end, ar_end)
+    return [Bucket(rank, stage, "reduce_scatter", "dp", sp.params.total, 0, secs, 0)] if secs > 0 else []
 
 
 def _crosses(places: list[GroupPlacement]) -> bool:

@@ -16,7 +16,9 @@ Rules, after Megatron-LM / Transformer Engine:
   collectives over the tensor-and-expert group are waited for (booked as ep).
 - FSDP (zero_stage 3): one all-gather per unit (embedding, decoder layer, MTP depth, output) prefetched one unit
   ahead (FSDP2's implicit prefetch), again in the backward when resharded after forward, and one reduce-scatter per
-  unit after its backward on its own stream; dense units over the dp x cp shard group, experts over expert-dp.
+  unit after its backward; dense units over the dp x cp shard group, experts over expert-dp, each group's gathers
+  and reduce-scatters in order on one stream (FSDP_STREAMS). With HSDP each unit's reduced shard is then
+  all-reduced over the replicas on a stream of its own.
 - Offloaded activations (Megatron fine-grained activation offloading): each layer's copy to the host is launched
   after the layer's forward on the `d2h` stream; its reload is prefetched one layer ahead on the `h2d` stream and
   waited for before the layer's backward (category `offload`; projection/perf/pricing.py prices the copies).
@@ -32,6 +34,11 @@ from projection.specs.plan import ParallelPlan
 from projection.workload.ops import Op
 
 GEMMS = ("gemm", "grouped_gemm")
+# FSDP collectives of a unit's dense parameters and of its expert parameters: one stream per process group. FSDP2
+# issues a group's all-gathers and reduce-scatters on one process group, whose NCCL communicator runs them one after
+# another (ProcessGroupNCCL keeps one NCCL stream per device and group), so a unit's reduce-scatter and the next
+# unit's prefetched all-gather queue behind each other; the expert shard group is another communicator.
+FSDP_STREAMS = ("fsdp", "fsdp_expert")
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Unit:
     scatter_s: tuple[float, ...] = ()
     offload_s: float = 0.0
     reload_s: float = 0.0
+    replicate_s: float = 0.0  # HSDP: the all-reduce of the unit's reduced shard over the replicas
 
 
 def mark_async(bwd: Sequence[Op]) -> tuple[Entry, ...]:
@@ -102,18 +110,26 @@ class ItemBuilder:
             if j + 1 < len(units):
                 out += ahead[j + 1][0]
             out += self._entries(unit.entries, backward)
-            out += self._launch_all("dp", unit.scatter_s, "fsdp_rs")[0]
-            out += self._launch_all("offload", (unit.offload_s,), "d2h")[0]
+            scatters, s_tokens = self._launch_all("dp", unit.scatter_s, FSDP_STREAMS)
+            out += scatters
+            if unit.replicate_s > 0.0 and s_tokens:
+                # FSDP2 foreach_reduce: the replica all-reduce of the reduce-scattered shard, on its own stream and
+                # process group, once the unit's reduce-scatter has finished
+                out.append(launch("dp", unit.replicate_s, self._next(), stream="fsdp_replicate", after=s_tokens))
+            out += self._launch_all("offload", (unit.offload_s,), ("d2h",))[0]
         return out
 
     def _prefetch(self, unit: Unit) -> tuple[list[Item], tuple[int, ...]]:
         """What a unit waits for before its ops: its FSDP all-gathers and its activation reload."""
-        gathers, g_tokens = self._launch_all("dp", unit.gather_s, "fsdp_ag")
-        reload, r_tokens = self._launch_all("offload", (unit.reload_s,), "h2d")
+        gathers, g_tokens = self._launch_all("dp", unit.gather_s, FSDP_STREAMS)
+        reload, r_tokens = self._launch_all("offload", (unit.reload_s,), ("h2d",))
         return gathers + reload, g_tokens + r_tokens
 
-    def _launch_all(self, group: str, seconds: Sequence[float], stream: str) -> tuple[list[Item], tuple[int, ...]]:
-        items = [launch(group, s, self._next(), stream=stream) for s in seconds if s > 0.0]
+    def _launch_all(self, group: str, seconds: Sequence[float], streams: Sequence[str]
+                    ) -> tuple[list[Item], tuple[int, ...]]:
+        """Launch the k-th of `seconds` on the k-th of `streams` (the last stream for any beyond)."""
+        items = [launch(group, s, self._next(), stream=streams[min(k, len(streams) - 1)])
+                 for k, s in enumerate(seconds) if s > 0.0]
         return items, tuple(i.token for i in items)
 
     def _entries(self, entries: Sequence[Entry], backward: bool) -> list[Item]:

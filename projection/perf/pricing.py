@@ -65,6 +65,9 @@ class StagePrice:
     model_flop: float
     recompute_flop: float
     params: StageParams
+    fsdp_gather_s: tuple[float, ...] = ()  # per FSDP unit (forward order) when gathered once per step, else ()
+    fsdp_scatter_s: tuple[float, ...] = ()  # per FSDP unit when reduce-scattered once per step, else ()
+    fsdp_replicate_s: tuple[float, ...] = ()  # per unit, its HSDP replica all-reduce when reduced once per step
 
     @property
     def f_s(self) -> float:
@@ -180,6 +183,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
 
     builder = ItemBuilder(plan, compute_s, coll_s, token_count_syncs(scenario))
     fsdp = _FsdpSizes(scenario, cost_model)
+    once_ag = plan.pipelined_fsdp and not plan.sharding.reshard_after_forward
     prov: dict[str, float] = {}
     out = []
     layers: dict[tuple[bool, int], tuple[Op, ...]] = {}
@@ -198,11 +202,11 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         params = stage_params(model, plan, slot)
         hooked = {n: (k, e) for n, k, e in params.hooked} if plan.sharding.zero_stage < 3 else {}
         mine: dict[str, float] = {}
-        gathers, scatters = fsdp.unit_seconds(params, [name for name, _ in comps])
+        gathers, scatters, replicas = fsdp.unit_seconds(params, [name for name, _ in comps])
         copy_s = _offload_seconds(scenario, slot, offload_memo)
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
-        for (name, ops), ag, rs in zip(comps, gathers, scatters, strict=True):
+        for (name, ops), ag, rs, ar in zip(comps, gathers, scatters, replicas, strict=True):
             fwd = [o for o in ops if o.phase == "F" and not o.recompute]
             rec = [o for o in ops if o.recompute]
             hook = _grad_hooks(name, *hooked.get(name, (0, 0)), training)
@@ -211,12 +215,15 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             # (model_states.unsharded_unit_bytes)
             bag = ag if plan.sharding.reshard_after_forward and not (
                 name == "output" and plan.sharding.fsdp == "torch_fsdp2") else ()
+            # pipelined FSDP2 gathers (no reshard) and reduces once per step: dp.py schedules those (ParallelPlan)
+            fag = () if once_ag else ag
+            frs, far = ((), 0.0) if plan.pipelined_fsdp else (rs, ar)
             copy = copy_s.get(name, 0.0)
-            fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=ag, offload_s=copy))
+            fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=fag, offload_s=copy))
             rec_e = tuple(Entry(o) for o in rec)
             i_units.append(Unit(rec_e + tuple(e for e in bwd if e.op.phase == "I"), gather_s=bag, reload_s=copy))
-            w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W"), scatter_s=rs))
-            b_units.append(Unit(rec_e + bwd, gather_s=bag, scatter_s=rs, reload_s=copy))
+            w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W"), scatter_s=frs, replicate_s=far))
+            b_units.append(Unit(rec_e + bwd, gather_s=bag, scatter_s=frs, reload_s=copy, replicate_s=far))
             mflop += sum(o.total_flop for o in ops if not o.recompute)
             rflop += sum(o.total_flop * (2.0 if o.kind == "attention" and o.causal else 1.0) for o in rec)
             for o in ops:
@@ -229,7 +236,10 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         w = run_items(builder.items(w_units[::-1], True), host_s * host_b, host_s)
         split = plan.schedule in SPLIT_BACKWARD
         b = add_times((i, w)) if split else run_items(builder.items(b_units[::-1], True), host_s * host_b, host_s)
-        out.append(StagePrice(slot.stage, slot.pp_rank, slot.chunk, f, i, w, b, mflop, rflop, params))
+        out.append(StagePrice(slot.stage, slot.pp_rank, slot.chunk, f, i, w, b, mflop, rflop, params,
+                              tuple(sum(g) for g in gathers) if once_ag else (),
+                              tuple(sum(r) for r in scatters) if plan.pipelined_fsdp else (),
+                              tuple(replicas) if plan.pipelined_fsdp else ()))
         priced[key] = (out[-1], mine)
         for k, v in mine.items():
             prov[k] = prov.get(k, 0.0) + v
@@ -297,8 +307,9 @@ class _FsdpSizes:
         plan, training = scenario.plan, scenario.training
         self.on = plan.sharding.zero_stage == 3
         self.cost_model = cost_model
+        self.replicate = None
         if self.on:
-            self.dense, _ = shard_placements(scenario.cluster, plan)
+            self.dense, self.replicate = shard_placements(scenario.cluster, plan)
             self.expert = expert_dp_placement(scenario.cluster, plan) if scenario.model.moe is not None else None
         self.training = training
         self.param_b = DTYPE_BYTES[training.params_dtype]
@@ -308,9 +319,11 @@ class _FsdpSizes:
         self.shard_b = DTYPE_BYTES[training.optimizer.main_params_dtype] if mixed else self.param_b
 
     def unit_seconds(self, params: StageParams, names: Sequence[str]
-                     ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+                     ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], list[float]]:
+        """Per unit: all-gather seconds, reduce-scatter seconds (dense, then expert group) and, with HSDP, the
+        seconds of the replica all-reduce of its reduced dense shard."""
         if not self.on:
-            return [()] * len(names), [()] * len(names)
+            return [()] * len(names), [()] * len(names), [0.0] * len(names)
         sizes = {name: (d, e) for name, d, e in params.components}
         per = [sizes.pop(n, (0, 0)) for n in names]
         # all-gather bytes of each unit (fp8 all-gather: 1 B per converted GEMM weight, stage_params.gather_bytes)
@@ -320,7 +333,7 @@ class _FsdpSizes:
             per[0] = (d0 + sum(d for d, _ in sizes.values()), e0 + sum(e for _, e in sizes.values()))
             extra = [gather_bytes(self.training, n, d, e) for n, (d, e) in sizes.items()]
             wire[0] = (wire[0][0] + sum(b for b, _ in extra), wire[0][1] + sum(b for _, b in extra))
-        gathers, scatters = [], []
+        gathers, scatters, replicas = [], [], []
         for (dense, expert), (dense_b, expert_b) in zip(per, wire, strict=True):
             g, r = [self._gather(dense, dense_b, self.dense)], [self._scatter(dense, self.dense)]
             if expert and self.expert is not None:
@@ -328,7 +341,9 @@ class _FsdpSizes:
                 r.append(self._scatter(expert, self.expert))
             gathers.append(tuple(g))
             scatters.append(tuple(r))
-        return gathers, scatters
+            shard = dense / max(1, self.dense.n_ranks) * self.grad_b
+            replicas.append(self._s("all_reduce", shard, self.replicate) if self.replicate and dense else 0.0)
+        return gathers, scatters, replicas
 
     def _gather(self, elements: float, nbytes: float, group: GroupPlacement) -> float:
         return self._s("all_gather", nbytes, group) + self._copy(elements, self.shard_b, group)

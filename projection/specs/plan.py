@@ -131,6 +131,15 @@ class ParallelPlan(Spec):
         """The schedule `schedule` runs as on this plan's pipeline (schedule_run)."""
         return schedule_run(self.pp, schedule)
 
+    @property
+    def pipelined_fsdp(self) -> bool:
+        """FSDP2 inside torch.distributed.pipelining stages (TorchTitan with pp > 1): the stage turns gradient sync
+        and reshard-after-backward off for every backward but the step's last (`backward_maybe_with_nosync`), then
+        runs every unit's post-backward (reduce-scatter, reshard) once; without reshard after forward (TorchTitan's
+        default under PP) each unit is all-gathered once, by its first forward."""
+        return self.sharding.zero_stage == 3 and self.sharding.fsdp == "torch_fsdp2" and self.pp > 1 \
+            and self.schedule_style == "torch"
+
     @model_validator(mode="after")
     def _check(self) -> ParallelPlan:
         given = [x for x in (self.pipeline_layout, self.stage_layers) if x is not None]

@@ -129,15 +129,22 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
         if params <= 0 or ways <= 1:
             continue
         zero = plan.sharding.zero_stage
-        rows = [("W", "all_reduce", params * grad_b, 1)] if zero == 0 else [("W", "reduce_scatter", params * grad_b, 1)]
+        # FSDP syncs every microbatch (TorchTitan's gradient accumulation keeps gradient sync on), except inside
+        # torch.distributed.pipelining stages, which reduce once per step and, without reshard after forward,
+        # gather once (ParallelPlan.pipelined_fsdp)
+        per_mb = n_micro if zero == 3 and not plan.pipelined_fsdp else 1
+        reshard = plan.sharding.reshard_after_forward
+        rows = [("W", "all_reduce", params * grad_b, 1)] if zero == 0 else \
+            [("W", "reduce_scatter", params * grad_b, per_mb)]
         if zero in (1, 2):
             rows.append(("F", "all_gather", gathered[group], 1))  # updated parameters after the optimizer step
         if zero == 3:
-            # TorchTitan's [norm, output] unit is not resharded after forward, so it is gathered once
+            # TorchTitan's [norm, output] unit is not resharded after forward, so it is gathered once per forward
             once = wire.get("output", 0) if group == "dp" and plan.sharding.fsdp == "torch_fsdp2" else 0
-            rows.append(("F", "all_gather", gathered[group] - once, 1 + int(plan.sharding.reshard_after_forward)))
+            every = n_micro if per_mb > 1 or reshard else 1  # forwards that gather
+            rows.append(("F", "all_gather", gathered[group] - once, every * (1 + int(reshard))))
             if once:
-                rows.append(("F", "all_gather", once, 1))
+                rows.append(("F", "all_gather", once, per_mb))
         for phase, kind, size, count in rows:
             out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, kind, group, int(size), "")] += count
     return out

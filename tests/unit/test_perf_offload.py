@@ -114,7 +114,7 @@ def test_fsdp_cpu_offload_copies_each_shard_beside_its_collectives() -> None:
     slot = split_stages(off.model, off.plan)[0]
     params = stage_params(off.model, off.plan, slot)
     names = [n for n, _, _ in params.components]
-    (g1, r1), (g0, r0) = _FsdpSizes(off, cm).unit_seconds(params, names), _FsdpSizes(on_gpu, cm).unit_seconds(
+    (g1, r1, _), (g0, r0, _) = _FsdpSizes(off, cm).unit_seconds(params, names), _FsdpSizes(on_gpu, cm).unit_seconds(
         params, names)
     link = H100.host_link_bytes_per_s
     assert link is not None
