@@ -143,7 +143,7 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
 def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
     problem found at once."""
-    from projection.specs.validate import layout_problems, resolve_dp
+    from projection.specs.validate import layout_problems, resolve_dp, torchtitan_without_fsdp
 
     problems: list[Problem] = []
     specs: dict[str, Any] = {}
@@ -162,6 +162,8 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     if problems:
         raise ConfigError(problems)
     plan, dp_problems = resolve_dp(raw, specs["plan"], cluster.world_size)
+    if not dp_problems:
+        plan, specs["training"] = torchtitan_without_fsdp(raw, plan, specs["training"])
     problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
     if cluster.gpus_per_node > device.gpus_per_node:
         # the device YAML's node is what its intra-node fabric (NVLink / xGMI island) joins; more GPUs per node would

@@ -35,6 +35,28 @@ def resolve_dp(raw: RawScenario, plan: ParallelPlan, world: int) -> tuple[Parall
     return plan.model_copy(update={"dp": dp}), []
 
 
+def torchtitan_without_fsdp(raw: RawScenario, plan: ParallelPlan, training: TrainingSpec
+                            ) -> tuple[ParallelPlan, TrainingSpec]:
+    """A TorchTitan job whose data-parallel shard degree resolves to 1 (dp_shard * cp == 1, e.g. tp 8 on 8 GPUs) runs
+    no FSDP: `fully_shard` is applied only when dp_shard or cp is enabled (ParallelDims.fsdp_enabled). Mixed precision
+    is then FSDP's to give and nobody gives it: `maybe_enable_amp` disables it under TP or PP ("Mixed precision
+    training with TP or PP is only supported when FSDP/HSDP/CP is enabled"), so such a job computes, stores and
+    reduces in `training.dtype` (float32 by default). Without TP and PP TorchTitan autocasts (DDP or one device);
+    that keeps the loader's mixed-precision reading."""
+    sh = plan.sharding
+    if "torchtitan" not in raw.framework or sh.fsdp != "torch_fsdp2" or sh.zero_stage != 3:
+        return plan, training
+    if (plan.dp_() // sh.dp_replicate) * plan.cp > 1:
+        return plan, training
+    plan = plan.model_copy(update={"sharding": sh.model_copy(update={"zero_stage": 0, "fsdp": "none"}),
+                                   "overlap": plan.overlap.model_copy(update={"param_gather": False})})
+    if (plan.tp > 1 or plan.pp > 1) and training.params_dtype != "fp32" and training.fp8 is None \
+            and training.optimizer.main_params_dtype == "fp32":  # mixed precision was FSDP's (not pure bf16)
+        opt = training.optimizer.model_copy(update={"main_grads_dtype": "fp32"})
+        training = training.model_copy(update={"params_dtype": "fp32", "optimizer": opt})
+    return plan, training
+
+
 def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
                     world: int) -> list[Problem]:
     """All inconsistencies between the plan and the model/batch/world, at once."""

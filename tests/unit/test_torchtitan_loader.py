@@ -346,3 +346,27 @@ def test_looped_bfs_is_gpipe_looped_and_interleaved_zero_bubble_is_refused() -> 
     with pytest.raises(ConfigError, match="InterleavedZeroBubble .* is not modelled") as err:
         _raw(_cfg(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "InterleavedZeroBubble"}))
     assert err.value.problems[0].key == "parallelism.pipeline_parallel_schedule"
+
+
+# ------------------------------------------------------------------------------------ no FSDP at dp_shard 1 (§3.4)
+@pytest.mark.parametrize(("nodes", "zero", "dtype"), [(1, 0, "fp32"), (2, 3, "bf16")])
+def test_tp_job_without_a_shard_group_runs_no_fsdp_and_no_mixed_precision(tmp_path: Path, nodes: int, zero: int,
+                                                                         dtype: str) -> None:
+    """tp 8 with dp_shard -1: on 8 GPUs the shard degree resolves to 1, so TorchTitan applies no fully_shard, and
+    maybe_enable_amp refuses mixed precision under TP without FSDP: the job runs in training.dtype (float32). On 16
+    GPUs dp_shard is 2: FSDP2 with bf16 compute and fp32 master weights."""
+    from projection import api
+
+    path = _write(tmp_path, """
+        [model]
+        name = "llama3"
+        flavor = "8B"
+        [training]
+        local_batch_size = 1
+        seq_len = 1024
+        [parallelism]
+        tensor_parallel_degree = 8
+        """)
+    sc = api.load(path, nodes=nodes, hardware="h100-sxm")
+    assert (sc.plan.sharding.zero_stage, sc.training.params_dtype) == (zero, dtype)
+    assert (sc.plan.sharding.fsdp == "torch_fsdp2") == (zero == 3)
