@@ -47,7 +47,8 @@ _EXTRA = {"calibrate": "projection.cli_calibrate", "shapes": "projection.cli_sha
 _EXTRA_HELP = {"calibrate": "microbenchmarks, benchmark-log importers and collective fits",
                "shapes": "GEMM, attention and collective shapes of one training step",
                "schedule": "build a pipeline schedule and simulate its timeline (what-ifs, traces, PNG)",
-               "performance": "step time, tokens/s/GPU, MFU and breakdown; weak scaling (--target-nodes, --scaling)"}
+               "performance": "step time, tokens/s/GPU, MFU and breakdown; scaling at fixed global batch "
+                              "(--target-nodes, --scaling)"}
 
 
 def _extra(name: str) -> Any:

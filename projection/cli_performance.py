@@ -8,9 +8,9 @@ breakdown, the critical path and the memory verdict (projection/perf).
 `--target-nodes N` weak-scales the job from the config's own node count (or `--nodes`) to N nodes at a fixed global
 batch (data parallelism grows, microbatches per rank shrink; every collective is priced on its new placement).
 `--schedule all` compares every applicable pipeline schedule in one table. `--scaling 1,2,4` projects the job at each
-node count (weak scaling as `--target-nodes`, from the smallest count when the file gives no cluster size) and prints
-one row per count; `--png` adds a plot of tokens/s/GPU and MFU against nodes. `--trace` writes the simulated step
-as a Chrome trace (Perfetto).
+node count (at fixed global batch as `--target-nodes`, from the smallest count when the file gives no cluster size)
+and prints one row per count; `--png` adds a plot of tokens/s/GPU and MFU against nodes. `--trace` writes the
+simulated step as a Chrome trace (Perfetto).
 
 Wiring (cli.py): `add_parser(subparsers)` adds the sub-command; `run(args, env)` prints and returns the exit code
 (2 with the message on stderr for a user error).
@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--trace", metavar="OUT.json", help="write the simulated step as a Chrome trace (ui.perfetto.dev)")
-    p.add_argument("--scaling", metavar="1,2,4,...", help="project at each node count (weak scaling, fixed global "
+    p.add_argument("--scaling", metavar="1,2,4,...", help="project at each node count (fixed global "
                    "batch) and print one row per count")
     p.add_argument("--png", metavar="OUT.png", help="with --scaling: plot tokens/s/GPU and MFU against nodes "
                    "(needs matplotlib)")
@@ -256,7 +256,7 @@ def _title(scenario: Scenario) -> str:
 
 
 def _verdict(proj: Projection) -> str:
-    return proj.memory.verdict if proj.memory is not None else "-"
+    return proj.memory.verdict if proj.memory is not None else "not modelled"
 
 
 def _scaling_row(proj: Projection) -> dict[str, Any]:
@@ -268,7 +268,7 @@ def _scaling_row(proj: Projection) -> dict[str, Any]:
 
 
 def _scaling_table(rows: Sequence[Projection], scenario: Scenario) -> str:
-    lines = [f"weak scaling at fixed global batch: {_title(scenario)}",
+    lines = [f"scaling at fixed global batch (dp grows, microbatches per rank shrink): {_title(scenario)}",
              f"{'nodes':>6} {'world':>7} {'dp':>6} {'microbatches':>12} {'step s':>10} {'tokens/s/GPU':>13} "
              f"{'TFLOP/s/GPU':>12} {'MFU':>7}  memory"]
     for p in rows:
@@ -283,9 +283,10 @@ def _schedules_table(projs: Sequence[Projection], scenario: Scenario) -> str:
     lines = [f"schedules compared: {_title(scenario)}, {projs[0].n_microbatches if projs else 0} microbatches",
              f"{'schedule':<18} {'vpp':>4} {'step s':>10} {'tokens/s/GPU':>13} {'TFLOP/s/GPU':>12} {'MFU':>7} "
              f"{'bubble':>7}  memory"]
-    best = min((p.step_time_s for p in projs), default=0.0)
+    fitting = [p for p in projs if p.memory is None or p.memory.verdict != "out of memory"]
+    best = min((p.step_time_s for p in fitting), default=-1.0)
     for p in projs:
-        mark = "  <- fastest" if p.step_time_s == best else ""
+        mark = "  <- fastest that fits" if p.step_time_s == best else ""
         lines.append(f"{p.schedule:<18} {p.scenario.plan.vpp_:>4} {p.step_time_s:>10.4g} "
                      f"{p.tokens_per_s_per_gpu:>13.1f} {p.model_tflops_per_gpu:>12.1f} {p.mfu:>7.1%} "
                      f"{p.sim.bubble_ratio:>7.1%}  {_verdict(p)}{mark}")

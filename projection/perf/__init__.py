@@ -6,7 +6,7 @@
     p = project(sc)                 # Projection: step_time_s, tokens_per_s_per_gpu, mfu, breakdown_s, sim, memory
     print(p.to_table()); p.to_dict()
     compare_schedules(sc)           # every schedule the plan's pp / vpp / microbatches admit
-    scaling_table(sc, [4, 8, 16])   # weak scaling at fixed global batch, every collective re-priced
+    scaling_table(sc, [4, 8, 16])   # fixed global batch, every collective re-priced
 
 Modules: costmodel (default_cost_model), pricing (price_stages), items / action_time (what overlaps what inside an
 action, host issue), dp (dp_comm_tasks), optimizer (optimizer_step_seconds), project (project, compare_schedules),

@@ -120,15 +120,17 @@ class Projection:
         lines = [f"Performance: {sc.source} on {self.world_size} x {sc.cluster.device.name} "
                  f"({count_of(sc.cluster.nodes, 'node')}), schedule {self.schedule}, engine {self.engine}",
                  f"plan: tp {p.tp}{' sp' if p.sp_ else ''}, pp {p.pp}, vpp {p.vpp_}, cp {p.cp}, ep {p.ep}, "
-                 f"dp {p.dp_()}, zero {p.sharding.zero_stage}, microbatches {self.n_microbatches}", "",
+                 f"dp {p.dp_()}, zero {p.sharding.zero_stage}, microbatches {self.n_microbatches}, global batch "
+                 f"{sc.training.resolved_global_batch(p.dp_())} x {sc.training.seq_length} tokens", "",
                  f"step time            {self.step_time_s:.4f} s",
                  f"tokens/s/GPU         {self.tokens_per_s_per_gpu:,.1f}",
                  f"model TFLOP/s/GPU    {self.model_tflops_per_gpu:.1f}   MFU {100 * self.mfu:.1f}% "
-                 f"(vs {self.peak_flop_per_s / 1e12:.1f} TFLOP/s {self.peak_dtype} dense peak)",
+                 f"(vs {self.peak_flop_per_s / 1e12:.1f} TFLOP/s {self.peak_dtype} dense peak; Megatron's "
+                 "model-FLOPs formula, attention over the full s x s)",
                  f"hardware TFLOP/s/GPU {self.hardware_tflops_per_gpu:.1f}   HFU {100 * self.hfu:.1f}% "
-                 "(recompute counted)",
-                 f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%   (Primus pp_vis: the share of the "
-                 "step outside F/B/W actions; in-layer communication counts as busy)", "",
+                 "(recompute counted, same convention)",
+                 f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%   (mean over pp ranks, Primus pp_vis: "
+                 "the share of the step outside F/B/W actions; in-layer communication counts as busy)", "",
                  f"breakdown (pp rank {self.breakdown_rank}, seconds per step)"]
         for k in BREAKDOWN_KEYS:
             v = self.breakdown_s[k]

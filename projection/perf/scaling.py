@@ -73,8 +73,12 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
             out.append(Problem(p.message, key=flag, file=scenario.source, fix=hint))
         else:
             where = f"at {_n(nodes)}" + (f" (dp {plan.dp})" if plan is not None else "")
-            out.append(Problem(f"{where}: {p.message} [{p.key}]", key=flag, file=scenario.source,
-                               fix=f"{hint}; or {p.fix} ({p.key})" if p.fix else hint))
+            fix = f"{hint}; or {p.fix} ({p.key})" if p.fix else hint
+            if p.key == "training.global_batch_size" and plan is not None:
+                step = scenario.training.micro_batch_size * plan.dp_()
+                gbs = scenario.training.resolved_global_batch(scenario.plan.dp_())
+                fix += f", e.g. --set training.global_batch_size={-(-gbs // step) * step}"
+            out.append(Problem(f"{where}: {p.message} [{p.key}]", key=flag, file=scenario.source, fix=fix))
     return out
 
 
@@ -93,7 +97,7 @@ def extrapolate(scenario: Scenario, nodes: int, *, flag: str = "nodes") -> Scena
 
 def scaling_table(scenario: Scenario, node_counts: Iterable[int], cost_model: CostModel | None = None, *,
                   engine: Engine = "des", flag: str = "node_counts") -> list[Projection]:
-    """A projection per node count (weak scaling at fixed global batch), in the order given. cost_model: prices
+    """A projection per node count (at fixed global batch), in the order given. cost_model: prices
     compute ops and collectives (its fabric must suit the cluster's nodes: same GPUs per node); default: the shipped
     calibration of each extrapolated scenario. PlanError listing every count that does not fit (key `flag`) before
     anything is projected."""

@@ -55,7 +55,7 @@ def write_scaling_png(rows: Sequence[Any], path: str | Path, *, title: str | Non
     ax2.set_xticks(x, [f"{int(n)}" for n in x])
     ax2.minorticks_off()
     ax2.set_xlabel("nodes")
-    ax.set_title(title or "weak scaling at fixed global batch", fontsize=9)
+    ax.set_title(title or "scaling at fixed global batch", fontsize=9)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=dpi)

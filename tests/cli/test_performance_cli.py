@@ -1,4 +1,4 @@
-"""`projection performance` (projection/cli_performance.py): the JSON keys the documentation promises, weak scaling
+"""`projection performance` (projection/cli_performance.py): the JSON keys the documentation promises, scaling
 with --target-nodes and --scaling (tokens/s/GPU non-increasing as nodes grow at a fixed global batch), --schedule all,
 a valid Chrome trace, the scaling PNG, and user errors as exit code 2 without a traceback."""
 
@@ -106,6 +106,10 @@ def test_schedule_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert steps == sorted(steps)
     code, out, _ = perf(capsys, "--config", str(LLAMA), "--schedule", "all")
     assert code == 0 and "<- fastest" in out and all(n in out for n in names)
+    # the mark goes to the fastest schedule whose memory fits: gpipe holds every microbatch's activations (OOM here)
+    marked = [line for line in out.splitlines() if "<- fastest" in line]
+    assert len(marked) == 1 and "out of memory" not in marked[0]
+    assert "gpipe" in out and "out of memory" in next(line for line in out.splitlines() if line.startswith("gpipe"))
 
 
 
