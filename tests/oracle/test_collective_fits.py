@@ -88,7 +88,8 @@ def test_fit_reproduces_the_a100_nccl_tests_sweeps() -> None:
         print_table(f"8x A100-SXM4-40GB {curve.kind} (out-of-place and in-place "
                     "rows, superbenchmark tests/data)", points)
         worst = max(abs(f / m - 1) for _, m, f in points)
-        assert worst <= 0.10, (curve.kind, worst)
+        print(f"{curve.kind}: worst |fit / measured - 1| {worst:.2%}")
+        assert worst <= 0.08, (curve.kind, worst)  # raw in-place and out-of-place rows: up to 6.4 % apart
         assert len(rows) == 28
     assert {q.name for q in fit.quality()} >= {"intra_node", "all_reduce"}
 
@@ -124,7 +125,8 @@ def test_fit_reproduces_published_busbw(title: str) -> None:
     print_table(f"{title}: {len(curve.segments)} segment(s) " + ", ".join(
         f"[{s.min_bytes} B: {s.alpha_s * 1e6:.1f} us, {s.busbw_bytes_per_s / 1e9:.1f} GB/s]" for s in curve.segments),
         points)
-    assert all(abs(f / m - 1) <= 0.10 for _, m, f in points)
+    print(f"worst |fit / published - 1| {max(abs(f / m - 1) for _, m, f in points):.2%}")
+    assert all(abs(f / m - 1) <= 0.025 for _, m, f in points)  # README: published busbw within 1.5 %
     # the fitted fabric prices the measured placement exactly as the curve does
     device = load_device("mi300x")
     fabric = fit.apply(Fabric.from_specs(device, ClusterSpec(device=device, nodes=nodes)))

@@ -74,3 +74,15 @@ def test_worst_error(rows: list) -> None:
     worst = max(abs(r.error) for r in rows)
     print(f"max |error| {worst:.1%} (limit {WORST_LIMIT:.0%})")
     assert worst <= WORST_LIMIT
+
+
+KNOWN_MISS = ("Megatron-LM 2024", "32B tp8 pp1 dp48")  # the one case beyond the limit (test_worst_error's reason)
+
+
+def test_every_other_case_is_within_the_limit(rows: list) -> None:
+    """The strict xfail above keeps failing while the known miss stays beyond 20 %; this keeps every other case
+    guarded, so a regression elsewhere cannot hide behind it."""
+    others = [r for r in rows if (r.case.source, r.case.name) != KNOWN_MISS]
+    assert len(others) == len(rows) - 1
+    bad = [(r.case.source, r.case.name, f"{r.error:+.1%}") for r in others if abs(r.error) > WORST_LIMIT]
+    assert not bad

@@ -67,3 +67,18 @@ def test_step_time_matches_dgx_h100() -> None:
     med, worst = statistics.median(errors), max(errors)
     print(f"median |error| {med:.1%} (limit {MEDIAN_LIMIT:.0%}), max |error| {worst:.1%} over {len(rows)} cases")
     assert med <= MEDIAN_LIMIT
+
+
+def test_gpu_bound_case_within_the_limit() -> None:
+    """The strict xfail above stays failing while the small host-bound cases miss; the one GPU-bound case (7B, 32
+    sequences of 4096 per step; its A100/H100 golden-value ratio 2.5-2.8 follows the compute ratio) is held to the
+    issue's 15 % on its own, so a regression in the GPU-side model cannot hide behind the host-bound misses."""
+    pytest.importorskip("projection.perf", reason="projection.perf not present")
+    from projection.perf import default_cost_model, project
+
+    (case,) = [c for c in cases() if c.name == "gpt3_7b_tp1_pp4_memory_speed"]
+    sc = api.load(MEGATRON / case.name / "model_config.yaml", nodes=case.nodes, gpus_per_node=case.gpus_per_node,
+                  hardware="h100-sxm")
+    err = project(sc, default_cost_model(sc)).step_time_s / case.iteration_s - 1.0
+    print(f"\n{case.name}: measured {case.iteration_s:.4f} s, error {err:+.1%}")
+    assert abs(err) <= MEDIAN_LIMIT

@@ -516,3 +516,33 @@ def test_muon_says_its_orthogonalisation_is_not_priced() -> None:
         update={"optimizer": base.training.optimizer.model_copy(update={"name": "muon"})})})
     assert not [n for n in project(base).notes if "Newton-Schulz" in n]
     assert [n for n in project(muon).notes if "Newton-Schulz" in n]
+
+
+@pytest.mark.parametrize(("pp", "tp"), [(1, 1), (2, 2), (4, 1)])
+def test_hardware_flops_with_full_recompute_are_narayanans_f96(pp: int, tp: int) -> None:
+    """A GPT (MHA, 4h GELU MLP, untied logits) with full recompute of every layer: Megatron's model FLOPs are
+    F72 = 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) and the hardware FLOPs, one more forward of every layer, Narayanan et
+    al. 2021 Eq. 3, F96 = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) (attention over the full s x s in both), whatever the
+    pipeline and tensor split."""
+    b, s, l, h, v = 32, 1024, 8, 1024, 32768  # noqa: E741
+    model = ModelSpec(num_layers=l, hidden_size=h, num_attention_heads=16, ffn_hidden_size=4 * h, gated_mlp=False,
+                      activation="gelu", vocab_size=v, vocab_divisible_by=128)
+    sc = scenario(pp=pp, tp=tp, recompute="full", gbs=b, seq=s)
+    sc = sc.model_copy(update={"model": model})
+    p = project(sc)
+    f72 = 72.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    f96 = 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    assert p.model_flops_per_step == pytest.approx(f72, rel=1e-9)
+    assert p.hardware_flops_per_step == pytest.approx(f96, rel=1e-9)
+
+
+def test_fp8_mfu_is_quoted_against_the_fp8_peak() -> None:
+    """An FP8 job's GEMMs run on the fp8 tensor cores: MFU is quoted against the device YAML's fp8 dense peak."""
+    from projection.specs.training import Fp8Spec
+
+    base = scenario(device=load_device("h100-sxm"), hidden=2048, layers=4)
+    f8 = base.model_copy(update={"training": base.training.model_copy(update={"fp8": Fp8Spec()})})
+    p = project(f8)
+    peak = load_device("h100-sxm").peak_flop_per_s["fp8"]
+    assert p.peak_dtype == "fp8" and p.peak_flop_per_s == peak
+    assert p.mfu == pytest.approx(p.model_flops_per_step / (p.step_time_s * f8.world_size * peak), rel=1e-12)
