@@ -546,3 +546,28 @@ def test_fp8_mfu_is_quoted_against_the_fp8_peak() -> None:
     peak = load_device("h100-sxm").peak_flop_per_s["fp8"]
     assert p.peak_dtype == "fp8" and p.peak_flop_per_s == peak
     assert p.mfu == pytest.approx(p.model_flops_per_step / (p.step_time_s * f8.world_size * peak), rel=1e-12)
+
+
+def test_unoverlapped_gradient_reduction_is_exposed_whole() -> None:
+    """pp 1, plain DDP without overlap: the gradient all-reduce runs after the backward with nothing to hide behind,
+    so the breakdown's exposed DP time is the whole reduction."""
+    p = project(scenario(nodes=2, zero=0, overlap={"grad_reduce": False}))
+    assert p.comm_total_s["dp"] > 0
+    assert p.breakdown_s["comm.dp"] == pytest.approx(p.comm_total_s["dp"], rel=1e-9)
+
+
+def test_one_microbatch_pipeline_exposes_both_boundary_transfers() -> None:
+    """pp 2 with one microbatch: stage 0's activations go to stage 1, its gradient comes back, and neither transfer
+    can overlap compute. Each is booked on its receiver's timeline, so every rank's exposed p2p is one transfer, and
+    the step holds both on its critical path."""
+    from projection.perf.pricing import price_stages
+
+    sc = scenario(pp=2, gbs=4, nodes=1)  # dp 4, mbs 1: one microbatch
+    assert sc.training.num_microbatches(sc.plan.dp_()) == 1
+    p = project(sc)
+    priced = price_stages(sc, default_cost_model(sc))
+    one_way = priced.p2p_fwd_s[0]
+    assert one_way > 0
+    assert p.breakdown_s["comm.pp"] == pytest.approx(one_way, rel=1e-6)
+    last_compute = max(e.end_s for tl in p.sim.timeline for e in tl if e.stream == "compute")
+    assert last_compute == pytest.approx(sum(s.f_s + s.b_s for s in priced.stages) + 2 * one_way, rel=1e-9)
