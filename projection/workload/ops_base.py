@@ -228,10 +228,14 @@ def column_linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dty
                   tag: str = "") -> Piece:
     """A column-parallel linear with its TP entry (`tp_enter` over the k_in-wide input), in Megatron's backward
     order (LinearWithGradAccumulationAndAsyncCommunication): re-gather the input (SP), dgrad, reduce the input
-    gradient, wgrad."""
+    gradient (launched before the wgrad, which hides it), wgrad. TorchTitan's DTensor TP (no re-gather) computes
+    dgrad and wgrad in the linear's one autograd node, and the input gradient's reduce-scatter (Partial -> Shard at
+    PrepareModuleInput) follows both, waited for by the norm's backward."""
     enter, lin = tp_enter(name, d, k_in, tag), linear(name, d, tokens, n_out, k_in, dtype=dtype, tag=tag)
     gathers = tuple(o for o in enter.bwd if o.phase == "W")
     reduces = tuple(o for o in enter.bwd if o.phase != "W")
+    if d.sp and not d.tp_regather:
+        return Piece(tag, enter.fwd + lin.fwd, lin.bwd + reduces)
     return Piece(tag, enter.fwd + lin.fwd, gathers + lin.bwd[:-1] + reduces + lin.bwd[-1:])
 
 
