@@ -240,7 +240,11 @@ def param_gather_exposed_s(dp: DPComm, priced: PricedStages, schedule: Schedule,
     """Per pp rank, seconds of the parameter all-gather the step cannot hide: all of it without
     overlap_param_gather; with it, max_k(end of gather k - when bucket k's first forward needs it), the gathers
     running back to back from the start of the step and bucket k needed when the first forward of its stage has
-    processed the parameters of the buckets before it (forward order = reverse backprop order)."""
+    processed the parameters of the buckets before it (forward order = reverse backprop order). Every pipeline rank
+    starts its gathers at the start of the step, not at its own first forward: Megatron's default
+    `align_param_gather` ("all PP stages will launch param all-gathers simultaneously"), and FSDP2's pre-forward
+    hooks under torch.distributed.pipelining, issued as soon as the stage's forward is called (the receive it waits
+    for is a stream wait, not a host wait). A later rank's gathers thus overlap its share of the pipeline fill."""
     out = []
     for r in range(schedule.n_ranks):
         mine = [b for b in dp.param_buckets if b.pp_rank == r]
@@ -249,7 +253,7 @@ def param_gather_exposed_s(dp: DPComm, priced: PricedStages, schedule: Schedule,
             out.append(total)
             continue
         starts = _first_forward_starts(sim, r)
-        origin = min(starts.values(), default=0.0)
+        origin = 0.0  # the step's start (docstring)
         needs: list[tuple[float, float]] = []
         for s in sorted({b.stage for b in mine}, key=lambda x: starts.get(x, 0.0)):
             stage_b = sorted((b for b in mine if b.stage == s), key=lambda b: -b.order)

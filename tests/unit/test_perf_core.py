@@ -571,3 +571,18 @@ def test_one_microbatch_pipeline_exposes_both_boundary_transfers() -> None:
     assert p.breakdown_s["comm.pp"] == pytest.approx(one_way, rel=1e-6)
     last_compute = max(e.end_s for tl in p.sim.timeline for e in tl if e.stream == "compute")
     assert last_compute == pytest.approx(sum(s.f_s + s.b_s for s in priced.stages) + 2 * one_way, rel=1e-9)
+
+
+def test_every_pipeline_rank_starts_its_parameter_gather_at_the_step_start() -> None:
+    """Megatron's default align_param_gather launches every stage's parameter all-gather at the start of the step: a
+    rank whose first forward waits for the pipeline to fill hides that much of it. Without bucketing (no gradient
+    overlap) each rank's gather is one bucket, needed whole by its first forward."""
+    sc = scenario(pp=2, nodes=2, zero=1, overlap={"param_gather": True, "grad_reduce": False})
+    p = project(sc)
+    for r in range(2):
+        gather = sum(b.seconds for b in p.dp.param_buckets if b.pp_rank == r)
+        first_f = min(e.start_s for e in p.sim.timeline[r] if e.stream == "compute" and e.action is not None
+                      and e.action.kind == "F")
+        assert gather > 0
+        assert p.param_gather_exposed_s[r] == pytest.approx(max(0.0, gather - first_f), rel=1e-9, abs=1e-15)
+    assert p.param_gather_exposed_s[1] < p.param_gather_exposed_s[0]
