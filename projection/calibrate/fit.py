@@ -263,6 +263,12 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
                                        fix="import nccl-tests / rccl-tests sweeps (several message sizes), or run "
                                            "`projection calibrate collective`, into this calibration"))
     tiers = _tiers(curves, fabric)
+    if fabric is not None and "intra_node" not in {t.tier for t in tiers}:
+        skipped += [f"intra_node {c.kind} {c.n_ranks} ranks: bus bandwidth above the link's line rate (an in-network "
+                    "reduction such as NVLS, not a ring): it prices that collective only; the intra-node tier keeps "
+                    "the device YAML's ring bandwidth" for c in curves
+                    if c.tier == "intra_node" and c.kind in _RING_KINDS
+                    and _in_network(tier_from_curve(c.to_curve(), fabric).beta_bytes_per_s, fabric)]
     skipped += [f"{c.tier} {c.kind} {c.n_ranks} ranks: its largest measured sizes fit a flat (latency-only) segment, "
                 "so the curve is reported but not used to price collectives (measure larger messages)"
                 for c in curves if c.segments[-1].busbw_bytes_per_s >= FLAT_BUSBW]
@@ -281,15 +287,25 @@ def _tiers(curves: list[CurveFit], fabric: Fabric | None) -> tuple[TierFit, ...]
     for tier in ("intra_node", "inter_node"):
         usable = [c for c in curves if c.tier == tier and c.kind in _RING_KINDS
                   and any(s.busbw_bytes_per_s < FLAT_BUSBW for s in c.segments)]
-        if not usable:
-            continue
-        c = max(usable, key=lambda c: (c.kind == "all_reduce", len(c.residuals), c.n_ranks))
-        curve = c.to_curve()
-        last = max(i for i, s in enumerate(c.segments) if s.busbw_bytes_per_s < FLAT_BUSBW)
-        params = tier_from_curve(replace(curve, segments=curve.segments[:last + 1]), fabric)
-        out.append(TierFit(tier=c.tier, alpha_s=params.alpha_s, beta_bytes_per_s=params.beta_bytes_per_s,
-                           from_kind=c.kind, n_ranks=c.n_ranks, n_nodes=c.n_nodes))
+        for c in sorted(usable, key=lambda c: (c.kind == "all_reduce", len(c.residuals), c.n_ranks), reverse=True):
+            curve = c.to_curve()
+            last = max(i for i, s in enumerate(c.segments) if s.busbw_bytes_per_s < FLAT_BUSBW)
+            params = tier_from_curve(replace(curve, segments=curve.segments[:last + 1]), fabric)
+            if tier == "intra_node" and _in_network(params.beta_bytes_per_s, fabric):
+                continue  # next curve, or the device YAML's tier
+            out.append(TierFit(tier=c.tier, alpha_s=params.alpha_s, beta_bytes_per_s=params.beta_bytes_per_s,
+                               from_kind=c.kind, n_ranks=c.n_ranks, n_nodes=c.n_nodes))
+            break
     return tuple(out)
+
+
+def _in_network(beta_bytes_per_s: float, fabric: Fabric) -> bool:
+    """A curve implying more bus bandwidth than the link's line rate is no ring: an in-network reduction (NVLink
+    SHARP / NVLS) moves less than a ring over the wire, and "neither the algbw nor busbw correspond to the bandwidth
+    on the wire" (NCCL's developers, NVIDIA/nccl-tests#212). It prices all_reduce at its own placement only; the tier
+    (all-gather, reduce-scatter, all-to-all, p2p) stays on the device YAML's ring bandwidth."""
+    line = fabric.intra_line_rate_bytes_per_s
+    return line is not None and beta_bytes_per_s > line
 
 
 def _split(n: int, k: int, cost: Callable[[int, int], float]) -> list[int]:

@@ -189,19 +189,23 @@ class Fabric:
     inter_topology: Literal["rail_optimized", "fat_tree"] = "rail_optimized"
     oversubscription: float = 1.0
     curves: tuple[MeasuredCurve, ...] = ()
+    intra_line_rate_bytes_per_s: float | None = None  # the datasheet link rate (a ring cannot beat it); None: unknown
 
     @classmethod
     def from_specs(cls, device: DeviceSpec, cluster: ClusterSpec, *, efficiency: float = 1.0) -> Fabric:
-        """Tiers from the datasheet links: intra = the device's link bandwidth and latency; inter = NICs per node x
-        NIC bandwidth x the bus-bandwidth fraction the NIC reaches (`nic.efficiency`, line rate when absent) / GPUs per
+        """Tiers from the datasheet links: intra = the device's link bandwidth x the bus-bandwidth fraction a ring
+        reaches on it (`intra_node.efficiency`, line rate when absent) and its latency; inter = NICs per node x NIC
+        bandwidth x the bus-bandwidth fraction the NIC reaches (`nic.efficiency`, line rate when absent) / GPUs per
         node, NIC latency. efficiency (0-1] further scales both bandwidths (1.0 = the tiers as just described)."""
         if not 0 < efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
         link, nic = device.intra_node, device.nic
         achieved = nic.bandwidth_bytes_per_s * (nic.efficiency if nic.efficiency is not None else 1.0)
         per_gpu_nic = nic.count_per_node * achieved / cluster.gpus_per_node
+        ring = link.bandwidth_per_direction_bytes_per_s * (link.efficiency if link.efficiency is not None else 1.0)
         return cls(gpus_per_node=cluster.gpus_per_node,
-                   intra=TierParams(link.latency_s, link.bandwidth_per_direction_bytes_per_s * efficiency),
+                   intra_line_rate_bytes_per_s=link.bandwidth_per_direction_bytes_per_s,
+                   intra=TierParams(link.latency_s, ring * efficiency),
                    inter=TierParams(nic.latency_s, per_gpu_nic * efficiency),
                    intra_topology=link.topology, intra_links_per_gpu=link.links_per_gpu,
                    inter_topology=cluster.inter_node_topology, oversubscription=cluster.oversubscription)

@@ -59,6 +59,9 @@ class IntraNodeLinkSpec(Spec):
     links_per_gpu: Count
     bandwidth_per_direction_bytes_per_s: BytesPerS
     latency_s: Seconds
+    efficiency: Annotated[float, _number(), Field(gt=0, le=1)] | None = None
+    """The bus-bandwidth fraction of the per-direction line rate a ring collective reaches (protocol overhead);
+    None = line rate."""
 
 
 class NicSpec(Spec):

@@ -147,7 +147,9 @@ def test_fabric_from_device_and_cluster_specs() -> None:
     assert fabric.nic_bandwidth(rail_aligned=True) == pytest.approx(25e9)
     h100 = load_device("h100-sxm")
     nv = Fabric.from_specs(h100, ClusterSpec(device=h100, nodes=1), efficiency=0.5)
-    assert nv.intra_topology == "switch" and nv.intra.beta_bytes_per_s == pytest.approx(225e9)
+    # NVLink4's 450 GB/s line rate at the 0.822 ring efficiency NCCL's developers state (370 GB/s), then halved
+    assert nv.intra_topology == "switch" and nv.intra.beta_bytes_per_s == pytest.approx(450e9 * 0.822 * 0.5)
+    assert nv.intra_line_rate_bytes_per_s == pytest.approx(450e9)
     with pytest.raises(ValueError):
         Fabric.from_specs(h100, ClusterSpec(device=h100, nodes=1), efficiency=0.0)
 
@@ -231,3 +233,36 @@ def test_tier_parameters_recovered_from_a_curve() -> None:
     with pytest.raises(ValueError, match="unknown tiers"):
         fabric.with_fit({"pod": TierParams(1e-6, GB)})
     assert math.isinf(fabric.intra_bandwidth(1))
+
+
+@pytest.mark.parametrize(("name", "ring"), [("h100-sxm", 370e9), ("h200", 370e9), ("b200", 695e9)])
+def test_nvlink_tier_is_the_ring_bus_bandwidth_nccl_reaches(name: str, ring: float) -> None:
+    """NCCL's developers: 370 GB/s of ring bus bandwidth on H100's 450 GB/s NVLink4 (NVIDIA/nccl-tests #212, nccl
+    #2140 with NVLS off), 695 GB/s on B300's 900 GB/s NVLink5 (nccl #2140): the analytic intra-node tier, within 0.1 %."""
+    device = load_device(name)
+    fabric = Fabric.from_specs(device, ClusterSpec(device=device, nodes=1))
+    assert fabric.intra.beta_bytes_per_s == pytest.approx(ring, rel=1e-3)
+
+
+def test_an_nvls_all_reduce_curve_does_not_set_the_ring_tier() -> None:
+    """The shipped H100 calibration holds only NVLS all-reduce rows (busbw up to 479 GB/s, above the 450 GB/s line
+    rate: an in-network reduction). It prices all-reduce, but the all-gather of an 8-GPU TP group runs on the ring
+    tier: 8 x 7/8 x 1 GiB at 370 GB/s."""
+    from projection.perf import default_cost_model
+    from projection.specs.hardware import ClusterSpec as Cluster
+    from projection.specs.model import ModelSpec
+    from projection.specs.plan import ParallelPlan
+    from projection.specs.scenario import Scenario
+    from projection.specs.training import TrainingSpec
+
+    h100 = load_device("h100-sxm")
+    sc = Scenario(model=ModelSpec(num_layers=1, hidden_size=1024, num_attention_heads=8, ffn_hidden_size=4096,
+                                  vocab_size=1000),
+                  training=TrainingSpec(seq_length=1024), plan=ParallelPlan(tp=8, dp=1),
+                  cluster=Cluster(device=h100, nodes=1))
+    cm = default_cost_model(sc)
+    size = 2**30
+    t = cm.collective_seconds("all_gather", size, GroupPlacement(8, 8, 1))
+    assert t == pytest.approx(2e-6 * 7 + size * 7 / 8 / 370e9, rel=0.02)
+    ar = cm.collective_seconds("all_reduce", size, GroupPlacement(8, 8, 1))
+    assert ar < 2 * size * 7 / 8 / 370e9  # the measured NVLS curve, faster than a ring on the same links
