@@ -238,7 +238,8 @@ def test_tier_parameters_recovered_from_a_curve() -> None:
 @pytest.mark.parametrize(("name", "ring"), [("h100-sxm", 370e9), ("h200", 370e9), ("b200", 695e9)])
 def test_nvlink_tier_is_the_ring_bus_bandwidth_nccl_reaches(name: str, ring: float) -> None:
     """NCCL's developers: 370 GB/s of ring bus bandwidth on H100's 450 GB/s NVLink4 (NVIDIA/nccl-tests #212, nccl
-    #2140 with NVLS off), 695 GB/s on B300's 900 GB/s NVLink5 (nccl #2140): the analytic intra-node tier, within 0.1 %."""
+    #2140 with NVLS off), 695 GB/s on B300's 900 GB/s NVLink5 (nccl #2140): the analytic intra-node tier, within
+    0.1 %."""
     device = load_device(name)
     fabric = Fabric.from_specs(device, ClusterSpec(device=device, nodes=1))
     assert fabric.intra.beta_bytes_per_s == pytest.approx(ring, rel=1e-3)
