@@ -245,8 +245,16 @@ def test_calibrated_gemm_predicts_cpu_training_step(name: str, tmp_path: Path) -
     vocabulary x hidden table (zero-filled), where `embedding.wgrad` writes the token rows only; with a
     4096-token vocabulary that is well under 1 % of this step. GEMMs and attention run at exactly calibrated
     shapes, so their prices are measured times, not interpolations."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        out = pool.submit(project_and_measure, name, str(tmp_path)).result()
+    from tests.oracle.test_performance_cpu import Busy, quiet
+
+    def run() -> dict:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(project_and_measure, name, str(tmp_path)).result()
+
+    try:  # calibration and step are timed on the same machine: not while other processes take its cores
+        out, _ = quiet(run, f"{name} calibration and step", need=1)
+    except Busy as busy:
+        pytest.skip(str(busy))
     by_kind: dict[str, float] = out["by_kind"]
     samples: list[float] = out["samples"]
     assert out["collectives"] == 0 and out["recompute"] == 0 and out["gemm_rows"] > 0

@@ -35,6 +35,8 @@ MEGATRON = FIXTURES / "megatron"
 GiB = 2**30
 MEDIAN_LIMIT = 3.0  # % (issue 3)
 WORST_LIMIT = 10.0  # %
+AFTER_MEDIAN_LIMIT = 5.0  # % (no issue limit: a guard on the static terms, the peak limits' own scale)
+AFTER_WORST_LIMIT = 20.0  # %
 
 pytestmark = pytest.mark.skipif(not (MEGATRON / "CASES.md").is_file(),
                                 reason="shared/fixtures/megatron absent (user clone)")
@@ -90,5 +92,12 @@ def test_peak_allocated_matches_dgx_h100() -> None:
     med = statistics.median(abs(e) for e in errors)
     worst = max(abs(e) for e in errors)
     print(f"median |error| {med:.2f} % (limit {MEDIAN_LIMIT} %), worst {worst:.2f} % (limit {WORST_LIMIT} %)")
+    after = [(r[9] - r[8]) / r[8] * 100 for r in rows]
+    print(f"after the step: median |error| {statistics.median(abs(e) for e in after):.2f} %, worst "
+          f"{max(abs(e) for e in after):.2f} % (limits {AFTER_MEDIAN_LIMIT} / {AFTER_WORST_LIMIT} %)")
     assert med <= MEDIAN_LIMIT
     assert worst <= WORST_LIMIT
+    # the static terms on their own (model states, buffers, the optimizer step's transients); measured 2026-11-30:
+    # median 2.7 %, worst -16.5 % (gpt3_mcore_tp4_pp1_resume_torch_dist, the local spec at tp 4), all below measured
+    assert statistics.median(abs(e) for e in after) <= AFTER_MEDIAN_LIMIT
+    assert max(abs(e) for e in after) <= AFTER_WORST_LIMIT
