@@ -120,3 +120,4 @@ def test_hsdp_replica_all_reduce_overlaps_the_next_units_work() -> None:
     1 s reduce-scatters and 1 s all-reduces and no gathers end at 3 s (RS0, then RS1 beside AR0, then AR1)."""
     items = _builder(0.0).items([_unit(0.0, 0.0, 1.0, 1.0) for _ in range(2)], backward=True)
     assert run_items([run("gemm", 0.0), *items]).seconds == pytest.approx(3.0)
+
