@@ -87,6 +87,12 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
     if fsdp2:
         gbytes = DTYPE_BYTES[opt.main_params_dtype] if mixed else pbytes
     terms["gradients.main"] = round(sharded(dense_p, expert_p, 2) * gbytes)
+    if fsdp2 and plan.pipelined_fsdp:
+        # Gradient sync off until the stage's last backward (ParallelPlan.pipelined_fsdp): FSDP2 accumulates every
+        # unsharded gradient in the reduce dtype (FSDPParam.to_accumulated_grad_if_needed upcasts it to
+        # mixed_precision_reduce) and reduce-scatters only at the end, so the rank holds its stage's whole gradient
+        reduce_b = DTYPE_BYTES[opt.main_grads_dtype] if mixed else pbytes
+        terms["gradients.main"] = round((dense_p + expert_p) * reduce_b)
     # Optimizer: master params (mixed precision, unless FSDP2 where the param is the master) + moments.
     moments = [opt.exp_avg_dtype, opt.exp_avg_sq_dtype][: opt.num_moments]
     per_param = sum(DTYPE_BYTES[d] for d in moments)
@@ -137,10 +143,16 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
     held = sum(sizes) if not plan.sharding.reshard_after_forward else sum(sizes[:2])
     out = rank.by_component.get("output", 0)
     if output_unit and out:
-        out_b = out * (1 if f8 is not None and f8.gathers_in_fp8("output") else pbytes)
+        # the [final norm, output] unit: the output weight (fp8 when converted and gathered so) and the final norm
+        final_norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+        out_b = out * (1 if f8 is not None and f8.gathers_in_fp8("output") else pbytes) + final_norm * pbytes
         held = (held + out_b) if not plan.sharding.reshard_after_forward else max(held, out_b + sum(sizes[:1]))
     if output_unit and not plan.sharding.reshard_after_forward:
         held += rank.by_component.get("embedding", 0) * pbytes  # the embedding unit is kept too (no reshard)
+    if plan.sharding.fsdp == "torch_fsdp2":
+        # FSDP2 gathers into a buffer of its own (FSDPParam's all-gather output, in the compute dtype); the shard
+        # stays apart as the sharded parameter, so the unsharded copy is whole
+        return round(held)
     g_dense, _ = shard_groups(plan)
     return round(held * (1 - 1 / g_dense))
 

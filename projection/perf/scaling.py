@@ -18,7 +18,7 @@ from projection.perf.result import Projection
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
-from projection.specs.validate import layout_problems
+from projection.specs.validate import layout_problems, torchtitan_without_fsdp
 
 
 def _n(nodes: int) -> str:
@@ -28,7 +28,10 @@ def _n(nodes: int) -> str:
 def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan | None, TrainingSpec]:
     """The plan (None when no dp fits) and training at `nodes` nodes, and what breaks there (canonical keys)."""
     plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
-    new_training = training.model_copy(update={"global_batch_size": training.resolved_global_batch(plan.dp_())})
+    gbs = training.resolved_global_batch(plan.dp_())
+    if scenario.as_loaded is not None:  # a world-size-dependent framework rule is re-applied at the new size
+        plan, training = scenario.as_loaded
+    new_training = training.model_copy(update={"global_batch_size": gbs})
     if nodes < 1:
         return [Problem(f"{_n(nodes)}: give at least one", key="cluster.nodes")], None, new_training
     world = nodes * cluster.gpus_per_node
@@ -37,6 +40,7 @@ def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan
         return [Problem(f"{_n(nodes)} x {cluster.gpus_per_node} GPUs = {world} is not a multiple of tp * cp * pp = "
                         f"{plan.tp} * {plan.cp} * {plan.pp} = {mp}", key="cluster.nodes")], None, new_training
     new_plan = plan.model_copy(update={"dp": world // mp})
+    new_plan, new_training = torchtitan_without_fsdp(scenario.framework, new_plan, new_training)
     problems = layout_problems(RawScenario(scenario.source, scenario.framework), scenario.model, new_training,
                                new_plan, world)
     return problems, new_plan, new_training

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from projection.errors import ConfigError, PlanError, Problem
 from projection.specs.base import Spec
@@ -78,6 +78,9 @@ class Scenario(Spec):
     framework: str = "native"
     source: str = "<memory>"
     origins: dict[str, str] = {}
+    as_loaded: tuple[ParallelPlan, TrainingSpec] | None = Field(None, exclude=True, repr=False)
+    """The plan and training the file asked for, where a framework rule that depends on the world size changed
+    them (TorchTitan at dp_shard x cp = 1: no FSDP, no mixed precision); `--target-nodes` re-applies the rule."""
 
     @property
     def world_size(self) -> int:
@@ -162,8 +165,12 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     if problems:
         raise ConfigError(problems)
     plan, dp_problems = resolve_dp(raw, specs["plan"], cluster.world_size)
+    as_loaded = None
     if not dp_problems:
-        plan, specs["training"] = torchtitan_without_fsdp(raw, plan, specs["training"])
+        ruled = torchtitan_without_fsdp(raw.framework, plan, specs["training"])
+        if ruled != (plan, specs["training"]):
+            as_loaded = (plan, specs["training"])
+            plan, specs["training"] = ruled
     problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
     if cluster.gpus_per_node > device.gpus_per_node:
         # the device YAML's node is what its intra-node fabric (NVLink / xGMI island) joins; more GPUs per node would
@@ -187,7 +194,7 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
         raise PlanError(problems)
     origins = {k: o.render() for k, o in raw.origins.items()}
     return Scenario(model=specs["model"], training=specs["training"], plan=plan, cluster=cluster,
-                    framework=raw.framework, source=raw.source, origins=origins)
+                    framework=raw.framework, source=raw.source, origins=origins, as_loaded=as_loaded)
 
 
 # Scenario.framework values whose jobs run Megatron-Core's code (Megatron-LM launches and Primus's Megatron trainer);

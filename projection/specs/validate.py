@@ -35,7 +35,7 @@ def resolve_dp(raw: RawScenario, plan: ParallelPlan, world: int) -> tuple[Parall
     return plan.model_copy(update={"dp": dp}), []
 
 
-def torchtitan_without_fsdp(raw: RawScenario, plan: ParallelPlan, training: TrainingSpec
+def torchtitan_without_fsdp(framework: str, plan: ParallelPlan, training: TrainingSpec
                             ) -> tuple[ParallelPlan, TrainingSpec]:
     """A TorchTitan job whose data-parallel shard degree resolves to 1 (dp_shard * cp == 1, e.g. tp 8 on 8 GPUs) runs
     no FSDP: `fully_shard` is applied only when dp_shard or cp is enabled (ParallelDims.fsdp_enabled). Mixed precision
@@ -44,7 +44,7 @@ def torchtitan_without_fsdp(raw: RawScenario, plan: ParallelPlan, training: Trai
     reduces in `training.dtype` (float32 by default). Without TP and PP TorchTitan autocasts (DDP or one device);
     that keeps the loader's mixed-precision reading."""
     sh = plan.sharding
-    if "torchtitan" not in raw.framework or sh.fsdp != "torch_fsdp2" or sh.zero_stage != 3:
+    if "torchtitan" not in framework or sh.fsdp != "torch_fsdp2" or sh.zero_stage != 3:
         return plan, training
     if (plan.dp_() // sh.dp_replicate) * plan.cp > 1:
         return plan, training

@@ -1,6 +1,6 @@
-"""FSDP2 units held unsharded at the peak (TorchTitan): with reshard after forward, the unit computing plus the one
-prefetched; the [norm, output] unit is never resharded after forward, so at the start of backward it is held with the
-last layer's unit, and with a large vocabulary that pair is the larger one."""
+"""FSDP2 units held unsharded at the peak (TorchTitan), each a whole compute-dtype buffer: with reshard after forward,
+the unit computing plus the one prefetched; the [norm, output] unit is never resharded after forward, so at the start
+of backward it is held with the last layer's unit, and with a large vocabulary that pair is the larger one."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ def test_output_unit_is_held_with_the_last_layer(vocab: int) -> None:
     model = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=vocab)
     (rank,) = per_rank_params(model, PLAN)
     layer = sum(layer_params(model, 0, Sharding(1, 1, 1)).values()) * 2
-    output = model.padded_vocab(1) * 1024 * 2
-    expected = max(2 * layer, layer + output) * (1 - 1 / 8)
+    output = (model.padded_vocab(1) * 1024 + 1024) * 2  # the output weight and the final RMSNorm
+    # FSDP2's unsharded copies are whole buffers (tests/oracle/test_fsdp2_unsharded_cpu.py)
+    expected = max(2 * layer, layer + output)
     assert unsharded_unit_bytes(model, TRAINING, PLAN, rank, output_unit=True) == pytest.approx(expected, rel=1e-9)
-    assert unsharded_unit_bytes(model, TRAINING, PLAN, rank) == pytest.approx(2 * layer * (1 - 1 / 8), rel=1e-9)
+    assert unsharded_unit_bytes(model, TRAINING, PLAN, rank) == pytest.approx(2 * layer, rel=1e-9)
 
 
 def test_without_reshard_every_unit_of_the_rank_is_held() -> None:
@@ -34,9 +35,9 @@ def test_without_reshard_every_unit_of_the_rank_is_held() -> None:
     plan = PLAN.model_copy(update={"sharding": PLAN.sharding.model_copy(update={"reshard_after_forward": False})})
     (rank,) = per_rank_params(model, plan)
     layers = sum(sum(layer_params(model, i, Sharding(1, 1, 1)).values()) for i in range(4)) * 2
-    ends = 2 * model.padded_vocab(1) * 1024 * 2  # untied embedding and output
-    assert unsharded_unit_bytes(model, TRAINING, plan, rank, output_unit=True) == pytest.approx(
-        (layers + ends) * (1 - 1 / 8), rel=1e-9)
+    ends = (2 * model.padded_vocab(1) * 1024 + 1024) * 2  # untied embedding and output, the final RMSNorm
+    assert unsharded_unit_bytes(model, TRAINING, plan, rank, output_unit=True) == pytest.approx(layers + ends,
+                                                                                                rel=1e-9)
 
 
 def test_output_unit_is_gathered_once_per_step() -> None:

@@ -370,3 +370,26 @@ def test_tp_job_without_a_shard_group_runs_no_fsdp_and_no_mixed_precision(tmp_pa
     sc = api.load(path, nodes=nodes, hardware="h100-sxm")
     assert (sc.plan.sharding.zero_stage, sc.training.params_dtype) == (zero, dtype)
     assert (sc.plan.sharding.fsdp == "torch_fsdp2") == (zero == 3)
+
+
+def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
+    """Extrapolating a TorchTitan job to another node count gives the job that node count would run: FSDP2 in bf16 once
+    dp_shard exceeds 1, no FSDP and fp32 under TP when it falls back to 1, whichever size the file was loaded at."""
+    from projection import api
+    from projection.perf.scaling import extrapolate
+
+    path = _write(tmp_path, """
+        [model]
+        name = "llama3"
+        flavor = "8B"
+        [training]
+        local_batch_size = 1
+        global_batch_size = 8
+        seq_len = 1024
+        [parallelism]
+        tensor_parallel_degree = 8
+        """)
+    one, two = (api.load(path, nodes=n, hardware="h100-sxm") for n in (1, 2))
+    for base, nodes, want in ((one, 2, two), (two, 1, one)):
+        moved = extrapolate(base, nodes)
+        assert (moved.plan, moved.training) == (want.plan, want.training)
