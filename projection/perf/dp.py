@@ -69,6 +69,7 @@ class DPComm:
     param_gather_s: tuple[float, ...]
     crosses_nodes: bool
     overlap_param_gather: bool
+    aligned_param_gather: bool = False  # launched at the step's start on every pp rank (param_gather_exposed_s)
 
 
 def bucket_elements(scenario: Scenario) -> int:
@@ -171,7 +172,8 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
         tasks[first_task:] = sorted(tasks[first_task:], key=lambda t: position[t.after])
         pg_s[r] = sum(b.seconds for b in params_ag if b.pp_rank == r)
     return DPComm(tuple(tasks), tuple(grads), tuple(params_ag), tuple(grad_s), tuple(pg_s), _crosses(places),
-                  plan.overlap.param_gather or plan.pipelined_fsdp)
+                  plan.overlap.param_gather or plan.pipelined_fsdp,
+                  plan.schedule_style == "megatron" and plan.vpp_ > 1 and plan.sharding.zero_stage in (1, 2))
 
 
 def _pipelined_fsdp_gathers(rank: int, stage: int, sp: StagePrice) -> list[Bucket]:
@@ -240,12 +242,15 @@ def param_gather_exposed_s(dp: DPComm, priced: PricedStages, schedule: Schedule,
     """Per pp rank, seconds of the parameter all-gather the step cannot hide: all of it without
     overlap_param_gather; with it, max_k(end of gather k - when bucket k's first forward needs it), the gathers
     running back to back from the start of the step and bucket k needed when the first forward of its stage has
-    processed the parameters of the buckets before it (forward order = reverse backprop order). Every pipeline rank
-    starts its gathers at the start of the step, not at its own first forward: Megatron's default
-    `align_param_gather` ("all PP stages will launch param all-gathers simultaneously"), and FSDP2's pre-forward
-    hooks under torch.distributed.pipelining, issued as soon as the stage's forward is called (the receive it waits
-    for is a stream wait, not a host wait). A later rank's gathers thus overlap its share of the pipeline fill."""
+    processed the parameters of the buckets before it (forward order = reverse backprop order). The gathers start at
+    the step's start on every pipeline rank under Megatron's interleaved schedule, whose `param_sync_func` launches
+    them for the first model chunks up front (align_param_gather, the default: "all PP stages will launch param
+    all-gathers simultaneously"), so a later rank hides them behind its share of the pipeline fill; otherwise at the
+    rank's first forward (Megatron's forward pre-hooks; FSDP2's root pre-forward makes the gather stream wait for
+    the compute stream, which waits for the pipeline receive).
+    """
     out = []
+    aligned = dp.aligned_param_gather
     for r in range(schedule.n_ranks):
         mine = [b for b in dp.param_buckets if b.pp_rank == r]
         total = sum(b.seconds for b in mine)
@@ -253,7 +258,7 @@ def param_gather_exposed_s(dp: DPComm, priced: PricedStages, schedule: Schedule,
             out.append(total)
             continue
         starts = _first_forward_starts(sim, r)
-        origin = 0.0  # the step's start (docstring)
+        origin = 0.0 if aligned else min(starts.values(), default=0.0)  # docstring
         needs: list[tuple[float, float]] = []
         for s in sorted({b.stage for b in mine}, key=lambda x: starts.get(x, 0.0)):
             stage_b = sorted((b for b in mine if b.stage == s), key=lambda b: -b.order)

@@ -215,8 +215,10 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             # (model_states.unsharded_unit_bytes)
             bag = ag if plan.sharding.reshard_after_forward and not (
                 name == "output" and plan.sharding.fsdp == "torch_fsdp2") else ()
-            # pipelined FSDP2 gathers (no reshard) and reduces once per step: dp.py schedules those (ParallelPlan)
-            fag = () if once_ag else ag
+            # pipelined FSDP2 reduces once per step and never reshards after backward: without reshard after forward
+            # it gathers once per step (dp.py schedules both); with it, each backward re-gathers and the next forward
+            # finds the unit still unsharded (only the warm-up forwards gather, not priced)
+            fag = () if plan.pipelined_fsdp else ag
             frs, far = ((), 0.0) if plan.pipelined_fsdp else (rs, ar)
             copy = copy_s.get(name, 0.0)
             fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=fag, offload_s=copy))

@@ -141,10 +141,16 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
         if zero == 3:
             # TorchTitan's [norm, output] unit is not resharded after forward, so it is gathered once per forward
             once = wire.get("output", 0) if group == "dp" and plan.sharding.fsdp == "torch_fsdp2" else 0
-            every = n_micro if per_mb > 1 or reshard else 1  # forwards that gather
-            rows.append(("F", "all_gather", gathered[group] - once, every * (1 + int(reshard))))
+            # unpipelined: every forward gathers, and every backward again when resharded after forward; pipelined:
+            # once per step, or with reshard after forward once per backward (no reshard after backward there)
+            count = (n_micro if reshard else 1) if plan.pipelined_fsdp else n_micro * (1 + int(reshard))
+            rows.append(("F", "all_gather", gathered[group] - once, count))
             if once:
                 rows.append(("F", "all_gather", once, per_mb))
+            rep = plan.sharding.dp_replicate
+            if rep > 1 and group == "dp":  # HSDP: each reduced shard all-reduced over the replicas
+                out[("collective", "W", False, "", "", 0, 0, 0, 1, 0, 0, 0, False, "all_reduce", "dp_replicate",
+                     int(params / (ways // rep) * grad_b), "")] += per_mb
         for phase, kind, size, count in rows:
             out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, kind, group, int(size), "")] += count
     return out

@@ -573,16 +573,28 @@ def test_one_microbatch_pipeline_exposes_both_boundary_transfers() -> None:
     assert last_compute == pytest.approx(sum(s.f_s + s.b_s for s in priced.stages) + 2 * one_way, rel=1e-9)
 
 
-def test_every_pipeline_rank_starts_its_parameter_gather_at_the_step_start() -> None:
-    """Megatron's default align_param_gather launches every stage's parameter all-gather at the start of the step: a
-    rank whose first forward waits for the pipeline to fill hides that much of it. Without bucketing (no gradient
-    overlap) each rank's gather is one bucket, needed whole by its first forward."""
-    sc = scenario(pp=2, nodes=2, zero=1, overlap={"param_gather": True, "grad_reduce": False})
+@pytest.mark.parametrize(("vpp", "aligned"), [(None, False), (2, True)])
+def test_parameter_gather_starts_at_the_first_forward_or_aligned_at_the_step_start(vpp: int | None,
+                                                                                   aligned: bool) -> None:
+    """Megatron's overlapped parameter gather on pipeline rank 1 (unbucketed there: one bucket per model chunk).
+    1F1B launches it at the rank's first forward (forward pre-hook), which needs it at once: exposed whole. The
+    interleaved schedule launches every stage's gathers at the step's start (align_param_gather, the default), so
+    rank 1 hides the time it waits for the pipeline to fill."""
+    sc = scenario(pp=2, nodes=2, zero=1, vpp=vpp, layers=8, overlap={"param_gather": True, "grad_reduce": True},
+                  schedule="interleaved_1f1b" if vpp else "1f1b")
     p = project(sc)
-    for r in range(2):
-        gather = sum(b.seconds for b in p.dp.param_buckets if b.pp_rank == r)
-        first_f = min(e.start_s for e in p.sim.timeline[r] if e.stream == "compute" and e.action is not None
-                      and e.action.kind == "F")
-        assert gather > 0
-        assert p.param_gather_exposed_s[r] == pytest.approx(max(0.0, gather - first_f), rel=1e-9, abs=1e-15)
-    assert p.param_gather_exposed_s[1] < p.param_gather_exposed_s[0]
+    starts: dict[int, float] = {}  # each model chunk's first forward on rank 1
+    for e in p.sim.timeline[1]:
+        if e.stream == "compute" and e.action is not None and e.action.kind == "F":
+            starts.setdefault(e.action.stage, e.start_s)
+    buckets = sorted((b for b in p.dp.param_buckets if b.pp_rank == 1), key=lambda b: starts[b.stage])
+    assert len(buckets) == len(starts) == (vpp or 1) and min(starts.values()) > 0
+    if aligned:  # back to back from 0; chunk k's bucket needed by chunk k's first forward
+        end = worst = 0.0
+        for b in buckets:
+            end += b.seconds
+            worst = max(worst, end - starts[b.stage])
+        assert p.param_gather_exposed_s[1] == pytest.approx(max(0.0, worst), rel=1e-9, abs=1e-15)
+        assert p.param_gather_exposed_s[1] < buckets[0].seconds
+    else:
+        assert p.param_gather_exposed_s[1] == pytest.approx(buckets[0].seconds, rel=1e-9)

@@ -90,6 +90,11 @@ def test_hsdp_all_reduce_follows_each_units_reduce_scatter() -> None:
     backward_gathers = sum(g for n, g in zip(names, ag, strict=True) if n != "output")
     assert proj.comm_total_s["dp"] == pytest.approx(MICRO * (sum(ag) + backward_gathers + sum(rs) + sum(ar)),
                                                     rel=1e-9)
+    rows = {(r.collective, r.group): r for r in step_shapes(sc) if r.collective}
+    replica, scatter = rows[("all_reduce", "dp_replicate")], rows[("reduce_scatter", "dp")]
+    shard = sc.plan.dp_() // sc.plan.sharding.dp_replicate
+    assert replica.count_per_step == scatter.count_per_step == MICRO
+    assert replica.size_bytes == pytest.approx(scatter.size_bytes / shard, rel=1e-6)
 
 
 def _unit(compute_s: float, gather: float, scatter: float, replicate: float = 0.0) -> Unit:
@@ -121,3 +126,19 @@ def test_hsdp_replica_all_reduce_overlaps_the_next_units_work() -> None:
     items = _builder(0.0).items([_unit(0.0, 0.0, 1.0, 1.0) for _ in range(2)], backward=True)
     assert run_items([run("gemm", 0.0), *items]).seconds == pytest.approx(3.0)
 
+
+
+def test_pipelined_fsdp_with_reshard_gathers_once_per_backward() -> None:
+    """Under pipelining reshard-after-backward is off: with reshard after forward ("always"), each backward
+    re-gathers its unit and the next forward finds it unsharded, so one gather per microbatch, one reduction."""
+    sc = scenario(pp=2, reshard=True)
+    proj = project(sc)
+    _, ag, rs, _ = unit_seconds(sc, proj.breakdown_rank)
+    names = unit_seconds(sc, proj.breakdown_rank)[0]
+    backward = sum(g for n, g in zip(names, ag, strict=True) if n != "output")  # never resharded: no re-gather
+    assert proj.comm_total_s["dp"] == pytest.approx(MICRO * backward + sum(rs), rel=1e-9)
+    rows = [(r.collective, r.count_per_step) for r in step_shapes(sc)
+            if r.rank_type == "pp1" and r.collective in ("all_gather", "reduce_scatter")]
+    # on the last stage: the layers' units once per backward; the [norm, output] unit, never resharded, once; one
+    # reduction
+    assert sorted(rows) == [("all_gather", 1), ("all_gather", MICRO), ("reduce_scatter", 1)]
