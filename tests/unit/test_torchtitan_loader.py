@@ -349,6 +349,21 @@ def test_looped_bfs_is_gpipe_looped_and_interleaved_zero_bubble_is_refused() -> 
 
 
 # ------------------------------------------------------------------------------------ no FSDP at dp_shard 1 (§3.4)
+def _tp8_job(tmp_path: Path, training_extra: str = "") -> Path:
+    """Llama-3-8B at tp 8 with dp_shard left to the world size (-1)."""
+    return _write(tmp_path, f"""
+        [model]
+        name = "llama3"
+        flavor = "8B"
+        [training]
+        local_batch_size = 1
+        seq_len = 1024
+        {training_extra}
+        [parallelism]
+        tensor_parallel_degree = 8
+        """)
+
+
 @pytest.mark.parametrize(("nodes", "zero", "dtype"), [(1, 0, "fp32"), (2, 3, "bf16")])
 def test_tp_job_without_a_shard_group_runs_no_fsdp_and_no_mixed_precision(tmp_path: Path, nodes: int, zero: int,
                                                                          dtype: str) -> None:
@@ -357,17 +372,7 @@ def test_tp_job_without_a_shard_group_runs_no_fsdp_and_no_mixed_precision(tmp_pa
     GPUs dp_shard is 2: FSDP2 with bf16 compute and fp32 master weights."""
     from projection import api
 
-    path = _write(tmp_path, """
-        [model]
-        name = "llama3"
-        flavor = "8B"
-        [training]
-        local_batch_size = 1
-        seq_len = 1024
-        [parallelism]
-        tensor_parallel_degree = 8
-        """)
-    sc = api.load(path, nodes=nodes, hardware="h100-sxm")
+    sc = api.load(_tp8_job(tmp_path), nodes=nodes, hardware="h100-sxm")
     assert (sc.plan.sharding.zero_stage, sc.training.params_dtype) == (zero, dtype)
     assert (sc.plan.sharding.fsdp == "torch_fsdp2") == (zero == 3)
 
@@ -378,17 +383,7 @@ def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
     from projection import api
     from projection.perf.scaling import extrapolate
 
-    path = _write(tmp_path, """
-        [model]
-        name = "llama3"
-        flavor = "8B"
-        [training]
-        local_batch_size = 1
-        global_batch_size = 8
-        seq_len = 1024
-        [parallelism]
-        tensor_parallel_degree = 8
-        """)
+    path = _tp8_job(tmp_path, "global_batch_size = 8")
     one, two = (api.load(path, nodes=n, hardware="h100-sxm") for n in (1, 2))
     for base, nodes, want in ((one, 2, two), (two, 1, one)):
         moved = extrapolate(base, nodes)
