@@ -109,8 +109,12 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
         terms["optimizer.step_counters"] = step_counter_bytes_total(model, plan, rank, step_counter_bytes)
     cpu = round(total_opt * cpu_frac)
     if off.fsdp_params:
-        cpu += terms.pop("weights.sharded", 0) + terms.pop("gradients.main")
-        terms["gradients.main"] = 0
+        # the sharded parameters and gradients live on the host; a pipelined stage's unsharded accumulated
+        # gradients stay on the device until the final reduce-scatter
+        cpu += terms.pop("weights.sharded", 0)
+        if not plan.pipelined_fsdp:
+            cpu += terms.pop("gradients.main")
+            terms["gradients.main"] = 0
     weights = sum(v for k, v in terms.items() if k.startswith("weights."))
     grads = terms["gradients.main"]
     optim = terms["optimizer.master"] + terms["optimizer.moments"] + terms.get("optimizer.step_counters", 0)
@@ -140,14 +144,17 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
         return linear * 1 + (sum(parts.values()) - linear) * pbytes
 
     sizes = sorted((unit_bytes(i) for i in rank.layers), reverse=True)
-    held = sum(sizes) if not plan.sharding.reshard_after_forward else sum(sizes[:2])
+    # inside pipeline stages reshard-after-backward is off: after a backward every unit stays unsharded until the next
+    # forward, so even with reshard after forward the whole stage is held at once
+    whole = not plan.sharding.reshard_after_forward or plan.pipelined_fsdp
+    held = sum(sizes) if whole else sum(sizes[:2])
     out = rank.by_component.get("output", 0)
     if output_unit and out:
         # the [final norm, output] unit: the output weight (fp8 when converted and gathered so) and the final norm
         final_norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
         out_b = out * (1 if f8 is not None and f8.gathers_in_fp8("output") else pbytes) + final_norm * pbytes
-        held = (held + out_b) if not plan.sharding.reshard_after_forward else max(held, out_b + sum(sizes[:1]))
-    if output_unit and not plan.sharding.reshard_after_forward:
+        held = (held + out_b) if whole else max(held, out_b + sum(sizes[:1]))
+    if output_unit and whole:
         held += rank.by_component.get("embedding", 0) * pbytes  # the embedding unit is kept too (no reshard)
     if plan.sharding.fsdp == "torch_fsdp2":
         # FSDP2 gathers into a buffer of its own (FSDPParam's all-gather output, in the compute dtype); the shard

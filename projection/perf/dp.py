@@ -173,7 +173,10 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
         pg_s[r] = sum(b.seconds for b in params_ag if b.pp_rank == r)
     return DPComm(tuple(tasks), tuple(grads), tuple(params_ag), tuple(grad_s), tuple(pg_s), _crosses(places),
                   plan.overlap.param_gather or plan.pipelined_fsdp,
-                  plan.schedule_style == "megatron" and plan.vpp_ > 1 and plan.sharding.zero_stage in (1, 2))
+                  # Megatron's interleaved schedule (param_sync_func); torch's multi-stage runtime issues every
+                  # stage's unshard before any compute
+                  (plan.schedule == "interleaved_1f1b" and plan.schedule_style == "megatron"
+                   and plan.sharding.zero_stage in (1, 2)) or (plan.pipelined_fsdp and plan.vpp_ > 1))
 
 
 def _pipelined_fsdp_gathers(rank: int, stage: int, sp: StagePrice) -> list[Bucket]:

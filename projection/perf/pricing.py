@@ -213,8 +213,10 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             bwd = mark_async(_with_grad_accumulation([o for o in ops if o.phase != "F"], training) + hook)
             # re-gathered for backward only when resharded after forward; TorchTitan's [norm, output] unit never is
             # (model_states.unsharded_unit_bytes)
+            # (except under PP, where a resharded plan can only come from the "always" policy, which TorchTitan
+            # passes to that unit too)
             bag = ag if plan.sharding.reshard_after_forward and not (
-                name == "output" and plan.sharding.fsdp == "torch_fsdp2") else ()
+                name == "output" and plan.sharding.fsdp == "torch_fsdp2" and not plan.pipelined_fsdp) else ()
             # pipelined FSDP2 reduces once per step and never reshards after backward: without reshard after forward
             # it gathers once per step (dp.py schedules both); with it, each backward re-gathers and the next forward
             # finds the unit still unsharded (only the warm-up forwards gather, not priced)

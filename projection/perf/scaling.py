@@ -29,8 +29,11 @@ def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan
     """The plan (None when no dp fits) and training at `nodes` nodes, and what breaks there (canonical keys)."""
     plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
     gbs = training.resolved_global_batch(plan.dp_())
-    if scenario.as_loaded is not None:  # a world-size-dependent framework rule is re-applied at the new size
-        plan, training = scenario.as_loaded
+    if scenario.as_loaded is not None:  # a world-size-dependent framework rule is re-applied at the new size,
+        loaded_plan, loaded_training = scenario.as_loaded  # unless the plan was edited since it was loaded
+        same = loaded_plan.model_copy(update={"dp": plan.dp})
+        if torchtitan_without_fsdp(scenario.framework, same, loaded_training) == (plan, training):
+            plan, training = loaded_plan, loaded_training
     new_training = training.model_copy(update={"global_batch_size": gbs})
     if nodes < 1:
         return [Problem(f"{_n(nodes)}: give at least one", key="cluster.nodes")], None, new_training

@@ -139,8 +139,10 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
         if zero in (1, 2):
             rows.append(("F", "all_gather", gathered[group], 1))  # updated parameters after the optimizer step
         if zero == 3:
-            # TorchTitan's [norm, output] unit is not resharded after forward, so it is gathered once per forward
-            once = wire.get("output", 0) if group == "dp" and plan.sharding.fsdp == "torch_fsdp2" else 0
+            # TorchTitan's [norm, output] unit is not resharded after forward (but for the "always" policy, the
+            # only one that reshards under PP), so it is gathered once per forward
+            once = wire.get("output", 0) if group == "dp" and plan.sharding.fsdp == "torch_fsdp2" and not (
+                plan.pipelined_fsdp and reshard) else 0
             # unpipelined: every forward gathers, and every backward again when resharded after forward; pipelined:
             # once per step, or with reshard after forward once per backward (no reshard after backward there)
             count = (n_micro if reshard else 1) if plan.pipelined_fsdp else n_micro * (1 + int(reshard))

@@ -30,7 +30,7 @@ MODEL = ModelSpec(name="fsdp-probe", num_layers=3, hidden_size=128, num_attentio
 SEQ = 32
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, port: int, out: str, reshard: bool = False) -> None:
     import os
 
     import torch.distributed as dist
@@ -47,15 +47,23 @@ def _worker(rank: int, port: int, out: str) -> None:
         mesh = init_device_mesh("cpu", (2,))
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)  # embedding, final norm, output
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)  # embedding, final norm, output
         ids = torch.randint(0, MODEL.vocab_size, (1, SEQ))
+        # a pipeline stage's non-last backward: gradient sync and reshard-after-backward off, as
+        # torch.distributed.pipelining sets them
+        model.set_requires_gradient_sync(False)
+        model.set_reshard_after_backward(False)
         loss = model(ids, ids)
+        if reshard:  # resharded after forward: what stays unsharded is what the backward left (measured below)
+            loss.backward()
+            loss = model(ids, ids)
         storages = {p.untyped_storage()._cdata: p.untyped_storage().nbytes() for p in model.parameters()}
         dtypes = sorted({str(p.dtype) for p in model.parameters()})
-        # a pipeline stage's non-last backward: gradient sync off (torch.distributed.pipelining does this)
-        model.set_requires_gradient_sync(False)
         loss.backward()
+        if reshard:
+            storages = {p.untyped_storage()._cdata: p.untyped_storage().nbytes() for p in model.parameters()}
+            dtypes = sorted({str(p.dtype) for p in model.parameters()})
         accumulated = 0
         for module in model.modules():
             state = getattr(module, "_get_fsdp_state", None)
@@ -101,3 +109,19 @@ def test_gradients_without_sync_are_held_whole_in_the_reduce_dtype(tmp_path: Pat
     projected = model_state_bytes(MODEL, training, plan, rank).terms["gradients.main"]
     print(f"\nunsharded fp32 gradients held without sync: measured {measured} B, projected {projected} B")
     assert projected == measured
+
+
+def test_pipelined_units_stay_whole_after_backward_even_with_reshard(tmp_path: Path) -> None:
+    """With reshard after forward ("always") but reshard-after-backward off (inside a pipeline stage), every unit is
+    left unsharded by its backward until the next forward: the whole stage at once, not two units."""
+    out = tmp_path / "fsdp.json"
+    run_spawned(_worker, (free_port(), str(out), True), world=2, limit_s=120,
+                what="FSDP2 with reshard after forward, none after backward")
+    measured: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    plan = ParallelPlan(dp=2, pp=2, schedule_style="torch",
+                        sharding={"zero_stage": 3, "fsdp": "torch_fsdp2", "reshard_after_forward": True})
+    (rank,) = per_rank_params(MODEL, plan.model_copy(update={"pp": 1}))
+    projected = unsharded_unit_bytes(MODEL, TrainingSpec(seq_length=SEQ), plan, rank, output_unit=True)
+    print(f"\nunsharded after backward: measured {measured['bytes']} B, projected {projected} B")
+    assert measured["dtypes"] == ["torch.bfloat16"]
+    assert projected == measured["bytes"]
