@@ -161,8 +161,12 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
         reshard = {"always": True, "never": False}.get(policy, pp == 1)
         raw.set("plan.sharding.reshard_after_forward", reshard, job.origin(f"{p}.fsdp_reshard_after_forward"))
         raw.set("plan.overlap.param_gather", True, origin)  # FSDP2 prefetches the next all-gather
-    if rep > 1:
+    if rep > 1 and fsdp:  # HSDP; replicas without a shard group are DDP (apply_ddp), over the whole dp group
         raw.set("plan.sharding.dp_replicate", rep, job.origin(f"{p}.data_parallel_replicate_degree"))
+    elif rep > 1 and (tp > 1 or pp > 1):
+        job.problem(f"{p}.data_parallel_replicate_degree", f"data-parallel replicas without a shard group run as "
+                    f"DDP, which TorchTitan refuses beside TP or PP (tp {tp}, pp {pp}): 'DDP has not supported > 1D "
+                    "parallelism'", "give data_parallel_shard_degree > 1 (HSDP), or drop TP and PP")
     if fsdp or rep > 1:  # FSDP2 reduce-scatter and DDP all-reduce both run during backward
         raw.set("plan.overlap.grad_reduce", True, job.origin(f"{p}.data_parallel_shard_degree"))
     if job.flag("training.enable_cpu_offload", False):

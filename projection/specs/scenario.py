@@ -172,6 +172,11 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
             as_loaded = (plan, specs["training"])
             plan, specs["training"] = ruled
     problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
+    if as_loaded is not None and as_loaded[0].sharding.dp_replicate > 1 and (plan.tp > 1 or plan.pp > 1):
+        problems.append(origin_problem(  # torchtitan apply_ddp: "DDP has not supported > 1D parallelism"
+            raw, "plan.sharding.dp_replicate", f"data-parallel replicas without a shard group run as DDP, which "
+            f"TorchTitan refuses beside TP or PP (tp {plan.tp}, pp {plan.pp}): 'DDP has not supported > 1D "
+            "parallelism'", "give data_parallel_shard_degree > 1 (HSDP), or drop TP and PP"))
     if cluster.gpus_per_node > device.gpus_per_node:
         # the device YAML's node is what its intra-node fabric (NVLink / xGMI island) joins; more GPUs per node would
         # be priced as one island that the part does not build

@@ -48,7 +48,9 @@ def torchtitan_without_fsdp(framework: str, plan: ParallelPlan, training: Traini
         return plan, training
     if (plan.dp_() // sh.dp_replicate) * plan.cp > 1:
         return plan, training
-    plan = plan.model_copy(update={"sharding": sh.model_copy(update={"zero_stage": 0, "fsdp": "none"}),
+    # replicas without a shard group are DDP (apply_ddp): one gradient all-reduce over the whole data-parallel group
+    plan = plan.model_copy(update={"sharding": sh.model_copy(update={"zero_stage": 0, "fsdp": "none",
+                                                                     "dp_replicate": 1}),
                                    "overlap": plan.overlap.model_copy(update={"param_gather": False})})
     if (plan.tp > 1 or plan.pp > 1) and training.params_dtype != "fp32" and training.fp8 is None \
             and training.optimizer.main_params_dtype == "fp32":  # mixed precision was FSDP's (not pure bf16)

@@ -388,3 +388,29 @@ def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
     for base, nodes, want in ((one, 2, two), (two, 1, one)):
         moved = extrapolate(base, nodes)
         assert (moved.plan, moved.training) == (want.plan, want.training)
+
+
+def test_replicas_without_a_shard_group_are_ddp(tmp_path: Path) -> None:
+    """data_parallel_replicate_degree 8 with dp_shard 1: TorchTitan's apply_ddp, one gradient all-reduce over all 8
+    replicas (not an HSDP replica all-reduce of a 1-rank shard); beside TP it is refused, as TorchTitan refuses it."""
+    from projection import api
+    from projection.errors import PlanError
+    from projection.perf import project
+
+    ddp = _write(tmp_path, """
+        [model]
+        name = "llama3"
+        flavor = "8B"
+        [training]
+        local_batch_size = 1
+        seq_len = 1024
+        [parallelism]
+        data_parallel_replicate_degree = 8
+        data_parallel_shard_degree = 1
+        """)
+    sc = api.load(ddp, nodes=1, hardware="h100-sxm")
+    assert (sc.plan.sharding.zero_stage, sc.plan.sharding.dp_replicate, sc.plan.dp_()) == (0, 1, 8)
+    assert project(sc).comm_total_s["dp"] > 0
+    with pytest.raises((ConfigError, PlanError), match="DDP has not supported") as err:
+        api.load(ddp, nodes=2, hardware="h100-sxm", overrides={"parallelism.tensor_parallel_degree": 2})
+    assert err.value.problems[0].key == "parallelism.data_parallel_replicate_degree"
