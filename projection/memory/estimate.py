@@ -69,6 +69,7 @@ from projection.memory.buffers import (
 from projection.memory.model_states import model_state_bytes
 from projection.memory.report import MemoryReport, RankMemory, verdict
 from projection.schedule.registry import TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge
+from projection.specs.accumulation import schedule_microbatches
 from projection.specs.scenario import Scenario
 from projection.workload.params import per_rank_params
 from projection.workload.stages import StageSlot, split_stages
@@ -335,7 +336,7 @@ def default_inflight(sc: Scenario) -> InflightTimeline:
     from projection.schedule.registry import build_schedule
 
     p = sc.plan
-    n_micro = sc.training.num_microbatches(p.dp_())
+    n_micro = schedule_microbatches(sc)  # one pipeline schedule (TorchTitan runs one per accumulation step)
     sched = build_schedule(p.schedule, p.pp, n_micro, p.vpp_, microbatch_group_size=p.microbatch_group_size,
                            style=p.schedule_style)
     return inflight_timeline(sched)
@@ -343,7 +344,7 @@ def default_inflight(sc: Scenario) -> InflightTimeline:
 
 def _default_matrices(sc: Scenario) -> Matrices:
     p = sc.plan
-    m = sc.training.num_microbatches(p.dp_())
+    m = schedule_microbatches(sc)
     try:
         return _schedule_matrices(p.schedule, p.pp, m, p.vpp_, p.microbatch_group_size, p.schedule_style)
     except ScheduleTooLarge as e:

@@ -20,11 +20,13 @@ from projection.perf.dp import DPComm, dp_comm_tasks, param_gather_exposed_s
 from projection.perf.optimizer import optimizer_step_seconds
 from projection.perf.pricing import PricedStages, price_stages
 from projection.perf.result import BREAKDOWN_KEYS, COMM_GROUPS, Projection, category_key
+from projection.perf.rounds import repeat
 from projection.schedule.action import Schedule
 from projection.schedule.registry import SCHEDULE_NAMES, TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge, build_schedule
 from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.result import SimResult, uncovered_length, union_intervals
+from projection.specs.accumulation import one_round, rounds
 from projection.specs.plan import ScheduleName
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
@@ -62,6 +64,9 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     links) or "dag" (exact walk, p2p as latency)."""
     sc = with_schedule(scenario, schedule) if schedule is not None else scenario
     cm = cost_model if cost_model is not None else default_cost_model(sc)
+    n = rounds(sc)
+    if n > 1:  # TorchTitan: one pipeline schedule per gradient-accumulation step (perf/rounds.py)
+        return repeat(project(one_round(sc), cm, engine=engine), sc, n)
     sched = build_plan_schedule(sc)
     priced = price_stages(sc, cm)
     dp = dp_comm_tasks(sc, cm, sched, priced)

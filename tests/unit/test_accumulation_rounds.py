@@ -1,0 +1,55 @@
+"""TorchTitan's gradient accumulation under PP (specs/accumulation.py, perf/rounds.py): `train_step` calls
+`pp_schedule.step()` once per accumulation step over local_batch_size / microbatch_size microbatches, each with its
+own fill, drain and gradient reduction; the optimizer steps once. Megatron runs all of a step's microbatches in one
+schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from projection.memory.estimate import estimate_memory
+from projection.perf import project
+from projection.specs.accumulation import one_round, rounds, schedule_microbatches
+from projection.specs.hardware import ClusterSpec, load_device
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import Scenario
+from projection.specs.training import TrainingSpec
+
+MODEL = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000)
+
+
+def scenario(style: str, schedule: str = "1f1b") -> Scenario:
+    # pp 2 x dp 4; local batch 4 of microbatch 1: 4 microbatches per schedule; global batch 48 = 3 rounds
+    training = TrainingSpec(seq_length=1024, micro_batch_size=1, local_batch_size=4, global_batch_size=48)
+    plan = ParallelPlan(pp=2, dp=4, schedule=schedule, schedule_style=style,
+                        sharding={"zero_stage": 3, "fsdp": "torch_fsdp2", "reshard_after_forward": False})
+    device = load_device("h100-sxm")
+    return Scenario(model=MODEL, training=training, plan=plan, framework="torchtitan" if style == "torch" else "native",
+                    cluster=ClusterSpec(device=device, nodes=1, gpus_per_node=8))
+
+
+def test_torchtitan_runs_one_schedule_per_accumulation_step() -> None:
+    sc = scenario("torch")
+    assert (rounds(sc), schedule_microbatches(sc)) == (3, 4)
+    full, one = project(sc), project(one_round(sc))
+    opt = one.breakdown_s["optimizer"]
+    assert full.step_time_s == pytest.approx(3 * one.step_time_s - 2 * opt, rel=1e-12)
+    assert full.n_microbatches == 12 and full.comm_total_s["dp"] == pytest.approx(3 * one.comm_total_s["dp"])
+    # the same global batch as one schedule of 12 microbatches (local batch 12) pays one fill and drain, not three
+    single = sc.model_copy(update={"training": sc.training.model_copy(update={"local_batch_size": 12})})
+    assert rounds(single) == 1 and schedule_microbatches(single) == 12
+    assert project(single).step_time_s < full.step_time_s
+
+
+def test_gpipe_holds_one_rounds_microbatches() -> None:
+    """GPipe keeps every microbatch of its schedule in flight: with rounds, the 4 of one round, not all 12."""
+    sc = scenario("torch", "gpipe")
+    full, one = estimate_memory(sc), estimate_memory(one_round(sc))
+    assert [r.inflight for r in full.ranks] == [r.inflight for r in one.ranks]
+    assert max(sum(r.inflight.values()) for r in full.ranks) == 4
+
+
+def test_megatron_runs_the_step_in_one_schedule() -> None:
+    sc = scenario("megatron")
+    assert (rounds(sc), schedule_microbatches(sc)) == (1, 12)
