@@ -7,8 +7,9 @@ An action is a sequence of `Item`s, run in order by `run_items`:
   the host has issued it, its stream is free and the launches it names in `after` have finished, and overlaps what
   follows until a "wait" names it;
 - "wait": the compute stream waits for the named launches (their unfinished time is exposed communication);
-- "sync": the host waits for the GPU (`.item()`, `torch.cuda.synchronize()`): every launch is waited for and the host
-  resumes issuing only when the compute stream has drained, so the kernels after it cannot be issued ahead.
+- "sync": the host reads a GPU value (`.item()`, `.cpu()`): it resumes issuing only when the compute stream has
+  drained, so the kernels after it cannot be issued ahead; launches on other streams that nothing has waited for yet
+  keep running.
 Unwaited launches are waited for at the end of the action.
 
 Host issue (the framework-overhead model): the host issues kernels one after another, `host_s` seconds each (Python,
@@ -120,7 +121,8 @@ def run_items(items: Iterable[Item], host_s: float = 0.0, comm_host_s: float | N
         kernels += it.kernels
         host += it.kernels * (comm_host if it.comm else host_s)
         if it.mode == "sync":
-            settle(sorted(pending, key=lambda tok: pending[tok][1]))
+            # the host waits for the compute stream only (a device-to-host copy, or .item(), synchronises the stream
+            # it runs on): collectives still running on their own streams go on
             if host > t:
                 book("overhead", host - t)
                 t = host

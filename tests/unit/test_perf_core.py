@@ -353,8 +353,9 @@ def test_a_host_sync_drains_the_gpu_before_the_next_issue() -> None:
     assert synced.by_category["overhead"] == pytest.approx(0.02)
     tiny = [run("memory_bound", 1e-6)] * 10
     assert run_items([*tiny, sync(), *tiny], host_s=1e-3).seconds == pytest.approx(21e-3 + 1e-6)
+    # a value read synchronises the compute stream only: a 2 s collective on its own stream runs on beside it
     t = run_items([launch("dp", 2.0, 1), run("gemm", 1.0), sync(), run("gemm", 1.0)])
-    assert t.seconds == 3.0 and t.by_category["dp"] == 1.0  # a sync waits for the communication streams too
+    assert t.seconds == 2.0 and t.by_category.get("dp", 0.0) == 0.0
 
 
 def test_launch_bound_action_costs_the_host_issue_time() -> None:
