@@ -283,7 +283,7 @@ def _schedules_table(projs: Sequence[Projection], scenario: Scenario) -> str:
     lines = [f"schedules compared: {_title(scenario)}, {projs[0].n_microbatches if projs else 0} microbatches",
              f"{'schedule':<18} {'vpp':>4} {'step s':>10} {'tokens/s/GPU':>13} {'TFLOP/s/GPU':>12} {'MFU':>7} "
              f"{'bubble':>7}  memory"]
-    fitting = [p for p in projs if p.memory is None or p.memory.verdict != "out of memory"]
+    fitting = [p for p in projs if p.memory is not None and p.memory.verdict != "out of memory"]
     best = min((p.step_time_s for p in fitting), default=-1.0)
     for p in projs:
         mark = "  <- fastest that fits" if p.step_time_s == best else ""

@@ -132,6 +132,13 @@ def _unmodelled(sc: Scenario) -> list[str]:
         notes.append("Muon: the Newton-Schulz orthogonalisation of each weight matrix (about 5 x (4 m^2 n + 2 m^3) "
                      "FLOPs for an m x n matrix, m <= n) is not priced; the optimizer step is priced as its "
                      "elementwise update with one moment")
+    if sc.as_loaded is not None:  # specs/validate.torchtitan_without_fsdp changed the file's plan
+        fp8_no_amp = sc.training.fp8 is not None and (plan.tp > 1 or plan.pp > 1)
+        notes.append("TorchTitan applies no FSDP at dp_shard x cp = 1"
+                     + (", and under TP or PP no mixed precision: the job is priced in fp32"
+                        if sc.training.params_dtype == "fp32" else "")
+                     + (" (float8 converters keep fp32 master weights and outputs there, which is not modelled: "
+                        "priced with bf16 mixed precision)" if fp8_no_amp else ""))
     if (off.activation_modules or off.activation_layers or off.optimizer or off.fsdp_params) \
             and not sc.cluster.device.host_link_bytes_per_s:
         notes.append(f"offload copies not priced: device '{sc.cluster.device.name}' has no host_link_bytes_per_s")

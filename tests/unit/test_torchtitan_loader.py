@@ -371,10 +371,13 @@ def test_tp_job_without_a_shard_group_runs_no_fsdp_and_no_mixed_precision(tmp_pa
     maybe_enable_amp refuses mixed precision under TP without FSDP: the job runs in training.dtype (float32). On 16
     GPUs dp_shard is 2: FSDP2 with bf16 compute and fp32 master weights."""
     from projection import api
+    from projection.perf import project
 
     sc = api.load(_tp8_job(tmp_path), nodes=nodes, hardware="h100-sxm")
     assert (sc.plan.sharding.zero_stage, sc.training.params_dtype) == (zero, dtype)
     assert (sc.plan.sharding.fsdp == "torch_fsdp2") == (zero == 3)
+    said = [n for n in project(sc).notes if "TorchTitan applies no FSDP" in n]  # the projection says why
+    assert len(said) == (zero == 0) and all("priced in fp32" in n for n in said)
 
 
 def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
