@@ -14,6 +14,7 @@ from typing import Literal
 from projection.cost.model import CostModel
 from projection.cost.roofline import peak_dtype
 from projection.errors import ConfigError, PlanError, Problem
+from projection.formats.torchtitan_schema import SCHEDULES as TORCHTITAN_SCHEDULES
 from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
 from projection.perf.dp import DPComm, dp_comm_tasks, param_gather_exposed_s
@@ -32,6 +33,7 @@ from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
+TORCH_SCHEDULES = frozenset(name for name, _ in TORCHTITAN_SCHEDULES.values())  # what torch's pipelining runs
 
 def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
     """The scenario with another pipeline schedule (same pp, vpp, microbatches)."""
@@ -99,6 +101,8 @@ def applicable_schedules(scenario: Scenario) -> list[str]:
     for name in SCHEDULE_NAMES:
         if name == "interleaved_1f1b" and p.vpp_ == 1:
             continue
+        if p.schedule_style == "torch" and name not in TORCH_SCHEDULES:
+            continue  # torch.distributed.pipelining has no such schedule
         try:
             build_schedule(name, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size,
                            style=p.schedule_style)

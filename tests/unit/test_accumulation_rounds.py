@@ -53,3 +53,13 @@ def test_gpipe_holds_one_rounds_microbatches() -> None:
 def test_megatron_runs_the_step_in_one_schedule() -> None:
     sc = scenario("megatron")
     assert (rounds(sc), schedule_microbatches(sc)) == (1, 12)
+
+
+def test_torch_style_compares_only_torchs_schedules() -> None:
+    """`--schedule all` for a TorchTitan job lists only what torch.distributed.pipelining runs (GPipe, 1F1B, ...),
+    not Megatron/Primus's zero-bubble or DualPipe schedules."""
+    from projection.perf.project import applicable_schedules
+
+    names = applicable_schedules(scenario("torch"))
+    assert {"gpipe", "1f1b"} <= set(names) and not {"zb_h1", "zb_h2", "dualpipe"} & set(names)
+    assert {"zb_h1", "zb_h2"} <= set(applicable_schedules(scenario("megatron")))
