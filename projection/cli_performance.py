@@ -203,12 +203,13 @@ def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_cou
         ScheduleTooLarge,
         build_schedule,
     )
+    from projection.specs.accumulation import schedule_microbatches
 
     problems = []
     for sc in scenarios:
         plan = sc.plan
         chosen = name or plan.schedule
-        m = sc.training.num_microbatches(plan.dp_())
+        m = schedule_microbatches(sc)  # one pipeline schedule's (TorchTitan runs one per accumulation step)
         try:
             if chosen not in SCHEDULE_NAMES:
                 raise ValueError(f"unknown schedule {chosen!r}")

@@ -27,7 +27,7 @@ from projection.schedule.registry import SCHEDULE_NAMES, TOO_MANY_MICROBATCHES_F
 from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.result import SimResult, uncovered_length, union_intervals
-from projection.specs.accumulation import one_round, rounds
+from projection.specs.accumulation import one_round, rounds, schedule_microbatches
 from projection.specs.plan import ScheduleName
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
@@ -47,7 +47,7 @@ def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
 def build_plan_schedule(scenario: Scenario) -> Schedule:
     """The plan's schedule for its pp, vpp and microbatches per DP rank; ConfigError when it does not apply."""
     p = scenario.plan
-    m = scenario.training.num_microbatches(p.dp_())
+    m = schedule_microbatches(scenario)
     try:
         return build_schedule(p.schedule, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size,
                               style=p.schedule_style)
@@ -96,7 +96,7 @@ def applicable_schedules(scenario: Scenario) -> list[str]:
     p = scenario.plan
     if p.pp == 1:
         return [p.runs_as(p.schedule)]  # no pipeline, no schedule to choose
-    m = scenario.training.num_microbatches(p.dp_())
+    m = schedule_microbatches(scenario)
     names = []
     for name in SCHEDULE_NAMES:
         if name == "interleaved_1f1b" and p.vpp_ == 1:
@@ -136,7 +136,7 @@ def _unmodelled(sc: Scenario) -> list[str]:
         notes.append("Muon: the Newton-Schulz orthogonalisation of each weight matrix (about 5 x (4 m^2 n + 2 m^3) "
                      "FLOPs for an m x n matrix, m <= n) is not priced; the optimizer step is priced as its "
                      "elementwise update with one moment")
-    if sc.as_loaded is not None:  # specs/validate.torchtitan_without_fsdp changed the file's plan
+    if "torchtitan" in sc.framework and plan.sharding.zero_stage == 0:  # specs/validate.torchtitan_without_fsdp
         fp8_no_amp = sc.training.fp8 is not None and (plan.tp > 1 or plan.pp > 1)
         notes.append("TorchTitan applies no FSDP at dp_shard x cp = 1"
                      + (", and under TP or PP no mixed precision: the job is priced in fp32"

@@ -18,7 +18,7 @@ from projection.perf.result import Projection
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
-from projection.specs.validate import layout_problems, torchtitan_without_fsdp
+from projection.specs.validate import layout_problems, torchtitan_ddp_problem, torchtitan_without_fsdp
 
 
 def _n(nodes: int) -> str:
@@ -42,11 +42,12 @@ def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan
     if world % mp:
         return [Problem(f"{_n(nodes)} x {cluster.gpus_per_node} GPUs = {world} is not a multiple of tp * cp * pp = "
                         f"{plan.tp} * {plan.cp} * {plan.pp} = {mp}", key="cluster.nodes")], None, new_training
-    new_plan = plan.model_copy(update={"dp": world // mp})
-    new_plan, new_training = torchtitan_without_fsdp(scenario.framework, new_plan, new_training)
+    asked = plan.model_copy(update={"dp": world // mp})
+    new_plan, new_training = torchtitan_without_fsdp(scenario.framework, asked, new_training)
     problems = layout_problems(RawScenario(scenario.source, scenario.framework), scenario.model, new_training,
                                new_plan, world)
-    return problems, new_plan, new_training
+    ddp = torchtitan_ddp_problem(scenario.framework, asked, new_plan)
+    return problems + ([ddp] if ddp is not None else []), new_plan, new_training
 
 
 def nearest_node_counts(scenario: Scenario, nodes: int, window: int = 1024) -> list[int]:

@@ -7,22 +7,32 @@ rounds of one schedule (perf/rounds.py prices them). Megatron runs every microba
 
 from __future__ import annotations
 
+from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import Scenario
+from projection.specs.training import TrainingSpec
 
 
-def rounds(sc: Scenario) -> int:
-    """Pipeline schedules per optimizer step (1 unless TorchTitan accumulates gradients under PP)."""
-    p, t = sc.plan, sc.training
-    if p.schedule_style != "torch" or p.pp == 1 or t.local_batch_size is None:
+def rounds_of(training: TrainingSpec, plan: ParallelPlan) -> int:
+    """Pipeline schedules per optimizer step (1 unless TorchTitan accumulates gradients under PP; a global batch that
+    is no multiple of local batch x dp is refused by specs/validate, as TorchTitan's train.py asserts)."""
+    if plan.schedule_style != "torch" or plan.pp == 1 or training.local_batch_size is None:
         return 1
-    per_round = t.local_batch_size * p.dp_()
-    gbs = t.resolved_global_batch(p.dp_())
+    per_round = training.local_batch_size * plan.dp_()
+    gbs = training.resolved_global_batch(plan.dp_())
     return gbs // per_round if gbs > per_round and gbs % per_round == 0 else 1
 
 
-def schedule_microbatches(sc: Scenario) -> int:
+def microbatches_per_schedule(training: TrainingSpec, plan: ParallelPlan) -> int:
     """Microbatches in one pipeline schedule of the step."""
-    return sc.training.num_microbatches(sc.plan.dp_()) // rounds(sc)
+    return training.num_microbatches(plan.dp_()) // rounds_of(training, plan)
+
+
+def rounds(sc: Scenario) -> int:
+    return rounds_of(sc.training, sc.plan)
+
+
+def schedule_microbatches(sc: Scenario) -> int:
+    return microbatches_per_schedule(sc.training, sc.plan)
 
 
 def one_round(sc: Scenario) -> Scenario:

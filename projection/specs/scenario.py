@@ -146,7 +146,7 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
 def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
     problem found at once."""
-    from projection.specs.validate import layout_problems, resolve_dp, torchtitan_without_fsdp
+    from projection.specs.validate import layout_problems, resolve_dp, torchtitan_ddp_problem, torchtitan_without_fsdp
 
     problems: list[Problem] = []
     specs: dict[str, Any] = {}
@@ -172,11 +172,9 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
             as_loaded = (plan, specs["training"])
             plan, specs["training"] = ruled
     problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
-    if as_loaded is not None and as_loaded[0].sharding.dp_replicate > 1 and (plan.tp > 1 or plan.pp > 1):
-        problems.append(origin_problem(  # torchtitan apply_ddp: "DDP has not supported > 1D parallelism"
-            raw, "plan.sharding.dp_replicate", f"data-parallel replicas without a shard group run as DDP, which "
-            f"TorchTitan refuses beside TP or PP (tp {plan.tp}, pp {plan.pp}): 'DDP has not supported > 1D "
-            "parallelism'", "give data_parallel_shard_degree > 1 (HSDP), or drop TP and PP"))
+    ddp = torchtitan_ddp_problem(raw.framework, as_loaded[0], plan) if as_loaded is not None else None
+    if ddp is not None:
+        problems.append(origin_problem(raw, ddp.key or "", ddp.message, ddp.fix))
     if cluster.gpus_per_node > device.gpus_per_node:
         # the device YAML's node is what its intra-node fabric (NVLink / xGMI island) joins; more GPUs per node would
         # be priced as one island that the part does not build

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from projection.errors import Problem, count_of
+from projection.specs.accumulation import microbatches_per_schedule
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import runs_megatron
@@ -57,6 +58,18 @@ def torchtitan_without_fsdp(framework: str, plan: ParallelPlan, training: Traini
         opt = training.optimizer.model_copy(update={"main_grads_dtype": "fp32"})
         training = training.model_copy(update={"params_dtype": "fp32", "optimizer": opt})
     return plan, training
+
+
+def torchtitan_ddp_problem(framework: str, asked: ParallelPlan, runs: ParallelPlan) -> Problem | None:
+    """TorchTitan replicas whose shard group resolved to one rank run as DDP (torchtitan_without_fsdp), which
+    TorchTitan refuses beside TP or PP (apply_ddp: "DDP has not supported > 1D parallelism")."""
+    if "torchtitan" not in framework or asked.sharding.dp_replicate <= 1 or runs.sharding.zero_stage != 0 \
+            or asked.sharding.zero_stage != 3 or not (runs.tp > 1 or runs.pp > 1):
+        return None
+    return Problem(f"data-parallel replicas without a shard group run as DDP, which TorchTitan refuses beside TP or "
+                   f"PP (tp {runs.tp}, pp {runs.pp}): 'DDP has not supported > 1D parallelism'",
+                   key="plan.sharding.dp_replicate",
+                   fix="give data_parallel_shard_degree > 1 (HSDP), or drop TP and PP")
 
 
 def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -122,10 +135,17 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         if plan.sharding.dp_replicate > 1 and plan.dp % plan.sharding.dp_replicate:
             bad("plan.sharding.dp_replicate", f"dp_replicate {plan.sharding.dp_replicate} does not divide dp "
                 f"{plan.dp}", "use a replicate degree that divides dp")
+    if plan.dp is not None and "torchtitan" in raw.framework and training.local_batch_size is not None:
+        per_round = training.local_batch_size * plan.dp
+        gbs = training.resolved_global_batch(plan.dp)
+        if gbs % per_round:  # torchtitan train.py: global_batch_size % (local_batch_size * dp_degree) == 0
+            bad("training.global_batch_size", f"global batch {gbs} is not a multiple of local batch * dp = "
+                f"{training.local_batch_size} * {plan.dp} = {per_round} (TorchTitan asserts it)",
+                f"use a global batch that is a multiple of {per_round}")
     if plan.dp is not None and plan.pp > 1 and plan.vpp_ > 1 and plan.schedule == "interleaved_1f1b":
         from projection.schedule.interleaved import megatron_group_size, torch_group_size
 
-        m = training.num_microbatches(plan.dp)
+        m = microbatches_per_schedule(training, plan)
         try:  # Megatron's interleaved schedule: pp <= group size <= microbatches (arithmetic only); torch's rounds
             if plan.schedule_style == "torch":
                 torch_group_size(plan.pp, m)
@@ -151,7 +171,7 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                     f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
                     "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
     if plan.dp is not None and plan.pp > 1 and plan.schedule == "1f1b" and plan.schedule_style == "torch":
-        m = training.num_microbatches(plan.dp)
+        m = microbatches_per_schedule(training, plan)
         if m < plan.pp:  # torch.distributed.pipelining Schedule1F1B refuses fewer microbatches than stages
             bad("plan.schedule", f"1f1b (torch Schedule1F1B) needs at least pp = {plan.pp} microbatches per "
                 f"data-parallel rank, got {m}", "a larger local batch or a smaller pipeline microbatch size "

@@ -210,3 +210,20 @@ def test_through_the_projection_command() -> None:
     bad = subprocess.run([sys.executable, "-m", "projection", "performance", "--config", str(LLAMA),
                           "--target-nodes", "3"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.startswith("error:")
+
+
+def test_schedules_table_marks_only_a_schedule_whose_memory_fits() -> None:
+    """A schedule without a memory estimate (dualpipe) or out of memory is never 'the fastest that fits'."""
+    from dataclasses import replace
+
+    from projection import api
+    from projection.cli_performance import _schedules_table
+    from projection.perf import compare_schedules
+
+    sc = api.load(LLAMA)
+    projs = compare_schedules(sc)
+    fastest = min(projs, key=lambda p: p.step_time_s)
+    unmodelled = replace(fastest, schedule="dualpipe", memory=None, step_time_s=fastest.step_time_s / 2)
+    table = _schedules_table([unmodelled, *projs], sc)
+    (marked,) = [line for line in table.splitlines() if "<- fastest" in line]
+    assert not marked.startswith("dualpipe") and "not modelled" not in marked

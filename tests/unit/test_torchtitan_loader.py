@@ -387,10 +387,14 @@ def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
     from projection.perf.scaling import extrapolate
 
     path = _tp8_job(tmp_path, "global_batch_size = 8")
+    from projection.perf import project
+
     one, two = (api.load(path, nodes=n, hardware="h100-sxm") for n in (1, 2))
     for base, nodes, want in ((one, 2, two), (two, 1, one)):
         moved = extrapolate(base, nodes)
         assert (moved.plan, moved.training) == (want.plan, want.training)
+        said = any("TorchTitan applies no FSDP" in n for n in project(moved).notes)
+        assert said == (moved.plan.sharding.zero_stage == 0)  # the note follows the plan, not the file
 
 
 def test_replicas_without_a_shard_group_are_ddp(tmp_path: Path) -> None:
@@ -417,3 +421,48 @@ def test_replicas_without_a_shard_group_are_ddp(tmp_path: Path) -> None:
     with pytest.raises((ConfigError, PlanError), match="DDP has not supported") as err:
         api.load(ddp, nodes=2, hardware="h100-sxm", overrides={"parallelism.tensor_parallel_degree": 2})
     assert err.value.problems[0].key == "parallelism.data_parallel_replicate_degree"
+
+
+def test_global_batch_and_schedule_rules_per_accumulation_step(tmp_path: Path) -> None:
+    """TorchTitan asserts global batch % (local batch x dp) == 0; under PP each accumulation step is one schedule of
+    local batch / microbatch microbatches, which is what torch's Schedule1F1B checks against pp."""
+    from projection import api
+    from projection.errors import PlanError
+
+    path = _tp8_job(tmp_path)
+    pp = {"parallelism.tensor_parallel_degree": 1, "parallelism.pipeline_parallel_degree": 4}
+    with pytest.raises(PlanError, match="not a multiple of local batch") as err:
+        api.load(path, nodes=2, hardware="h100-sxm",
+                 overrides={**pp, "training.local_batch_size": 4, "training.global_batch_size": 24})
+    assert err.value.problems[0].key == "training.global_batch_size"
+    with pytest.raises(PlanError, match="needs at least pp = 4 microbatches") as err:  # 2 per schedule, 8 in all
+        api.load(path, nodes=2, hardware="h100-sxm",
+                 overrides={**pp, "training.local_batch_size": 2, "training.global_batch_size": 32})
+    assert err.value.problems[0].key == "parallelism.pipeline_parallel_schedule"
+
+
+def test_extrapolating_hsdp_to_one_shard_beside_tp_is_refused(tmp_path: Path) -> None:
+    """4 replicas x dp_shard -1 at tp 2: HSDP on 16 GPUs (shard 2); on 8 GPUs the shard group is one rank, so the
+    job is DDP beside TP, which TorchTitan refuses; --target-nodes must refuse it too."""
+    from projection import api
+    from projection.errors import PlanError
+    from projection.perf.scaling import extrapolate
+
+    path = _write(tmp_path, """
+        [model]
+        name = "llama3"
+        flavor = "8B"
+        [training]
+        local_batch_size = 1
+        global_batch_size = 8
+        seq_len = 1024
+        [parallelism]
+        tensor_parallel_degree = 2
+        data_parallel_replicate_degree = 4
+        """)
+    hsdp = api.load(path, nodes=2, hardware="h100-sxm")
+    assert (hsdp.plan.sharding.zero_stage, hsdp.plan.sharding.dp_replicate) == (3, 4)
+    with pytest.raises(PlanError, match="DDP has not supported"):
+        api.load(path, nodes=1, hardware="h100-sxm")
+    with pytest.raises(PlanError, match="DDP has not supported"):
+        extrapolate(hsdp, 1)
