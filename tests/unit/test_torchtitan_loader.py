@@ -349,8 +349,8 @@ def test_looped_bfs_is_gpipe_looped_and_interleaved_zero_bubble_is_refused() -> 
 
 
 # ------------------------------------------------------------------------------------ no FSDP at dp_shard 1 (§3.4)
-def _tp8_job(tmp_path: Path, training_extra: str = "") -> Path:
-    """Llama-3-8B at tp 8 with dp_shard left to the world size (-1)."""
+def _llama8b_job(tmp_path: Path, training_extra: str = "", parallelism: str = "tensor_parallel_degree = 8") -> Path:
+    """Llama-3-8B, local batch 1 of 1024 tokens; by default tp 8 with dp_shard left to the world size (-1)."""
     return _write(tmp_path, f"""
         [model]
         name = "llama3"
@@ -360,8 +360,9 @@ def _tp8_job(tmp_path: Path, training_extra: str = "") -> Path:
         seq_len = 1024
         {training_extra}
         [parallelism]
-        tensor_parallel_degree = 8
+        {parallelism}
         """)
+
 
 
 @pytest.mark.parametrize(("nodes", "zero", "dtype"), [(1, 0, "fp32"), (2, 3, "bf16")])
@@ -373,7 +374,7 @@ def test_tp_job_without_a_shard_group_runs_no_fsdp_and_no_mixed_precision(tmp_pa
     from projection import api
     from projection.perf import project
 
-    sc = api.load(_tp8_job(tmp_path), nodes=nodes, hardware="h100-sxm")
+    sc = api.load(_llama8b_job(tmp_path), nodes=nodes, hardware="h100-sxm")
     assert (sc.plan.sharding.zero_stage, sc.training.params_dtype) == (zero, dtype)
     assert (sc.plan.sharding.fsdp == "torch_fsdp2") == (zero == 3)
     said = [n for n in project(sc).notes if "TorchTitan applies no FSDP" in n]  # the projection says why
@@ -386,7 +387,7 @@ def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
     from projection import api
     from projection.perf.scaling import extrapolate
 
-    path = _tp8_job(tmp_path, "global_batch_size = 8")
+    path = _llama8b_job(tmp_path, "global_batch_size = 8")
     from projection.perf import project
 
     one, two = (api.load(path, nodes=n, hardware="h100-sxm") for n in (1, 2))
@@ -404,17 +405,8 @@ def test_replicas_without_a_shard_group_are_ddp(tmp_path: Path) -> None:
     from projection.errors import PlanError
     from projection.perf import project
 
-    ddp = _write(tmp_path, """
-        [model]
-        name = "llama3"
-        flavor = "8B"
-        [training]
-        local_batch_size = 1
-        seq_len = 1024
-        [parallelism]
-        data_parallel_replicate_degree = 8
-        data_parallel_shard_degree = 1
-        """)
+    ddp = _llama8b_job(tmp_path,
+                       parallelism="data_parallel_replicate_degree = 8\n        data_parallel_shard_degree = 1")
     sc = api.load(ddp, nodes=1, hardware="h100-sxm")
     assert (sc.plan.sharding.zero_stage, sc.plan.sharding.dp_replicate, sc.plan.dp_()) == (0, 1, 8)
     assert project(sc).comm_total_s["dp"] > 0
@@ -429,7 +421,7 @@ def test_global_batch_and_schedule_rules_per_accumulation_step(tmp_path: Path) -
     from projection import api
     from projection.errors import PlanError
 
-    path = _tp8_job(tmp_path)
+    path = _llama8b_job(tmp_path)
     pp = {"parallelism.tensor_parallel_degree": 1, "parallelism.pipeline_parallel_degree": 4}
     with pytest.raises(PlanError, match="not a multiple of local batch") as err:
         api.load(path, nodes=2, hardware="h100-sxm",
@@ -448,18 +440,8 @@ def test_extrapolating_hsdp_to_one_shard_beside_tp_is_refused(tmp_path: Path) ->
     from projection.errors import PlanError
     from projection.perf.scaling import extrapolate
 
-    path = _write(tmp_path, """
-        [model]
-        name = "llama3"
-        flavor = "8B"
-        [training]
-        local_batch_size = 1
-        global_batch_size = 8
-        seq_len = 1024
-        [parallelism]
-        tensor_parallel_degree = 2
-        data_parallel_replicate_degree = 4
-        """)
+    path = _llama8b_job(tmp_path, "global_batch_size = 8",
+                        "tensor_parallel_degree = 2\n        data_parallel_replicate_degree = 4")
     hsdp = api.load(path, nodes=2, hardware="h100-sxm")
     assert (hsdp.plan.sharding.zero_stage, hsdp.plan.sharding.dp_replicate) == (3, 4)
     with pytest.raises(PlanError, match="DDP has not supported"):
