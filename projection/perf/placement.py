@@ -132,6 +132,20 @@ def shard_placements(cluster: ClusterSpec, plan: ParallelPlan) -> tuple[GroupPla
     return shard, strided_placement(cluster, stride, rep, stride)
 
 
+def expert_shard_placements(cluster: ClusterSpec, plan: ParallelPlan
+                            ) -> tuple[GroupPlacement, GroupPlacement | None]:
+    """(shard group, replicate group or None) of the experts' FSDP sharding: the expert-data-parallel group, or with
+    HSDP its edp / dp_replicate ranks and the replicas (TorchTitan shards experts over (dp_replicate,
+    dp_shard_mod_ep), the replicate dimension outermost, as for the dense parameters)."""
+    rep = plan.sharding.dp_replicate
+    if rep <= 1:
+        return expert_dp_placement(cluster, plan), None
+    etp, _, ep, edp, pp = expert_sizes(plan)
+    shard = grid_placement(cluster, (etp, 1, ep, edp // rep, pp * rep), "dp")
+    stride = etp * ep * (edp // rep)
+    return shard, strided_placement(cluster, stride, rep, stride)
+
+
 def expert_dp_placement(cluster: ClusterSpec, plan: ParallelPlan) -> GroupPlacement:
     """The expert-data-parallel group (expert gradients and expert optimizer shards)."""
     return grid_placement(cluster, expert_sizes(plan), "dp")

@@ -36,7 +36,7 @@ from projection.perf.action_time import ActionTime, add_times, run_items
 from projection.perf.checks import scalar_check_items, token_count_syncs
 from projection.perf.costmodel import framework_host_factors, host_issue
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
-from projection.perf.placement import boundary_placement, expert_dp_placement, op_placements, shard_placements
+from projection.perf.placement import boundary_placement, expert_shard_placements, op_placements, shard_placements
 from projection.perf.stage_params import StageParams, gather_bytes, stage_params
 from projection.schedule.action import Schedule
 from projection.sim.costs import CommTask, StageCosts
@@ -311,10 +311,13 @@ class _FsdpSizes:
         plan, training = scenario.plan, scenario.training
         self.on = plan.sharding.zero_stage == 3
         self.cost_model = cost_model
-        self.replicate = None
+        self.replicate: GroupPlacement | None = None
+        self.expert: GroupPlacement | None = None
+        self.expert_replicate: GroupPlacement | None = None
         if self.on:
             self.dense, self.replicate = shard_placements(scenario.cluster, plan)
-            self.expert = expert_dp_placement(scenario.cluster, plan) if scenario.model.moe is not None else None
+            if scenario.model.moe is not None:
+                self.expert, self.expert_replicate = expert_shard_placements(scenario.cluster, plan)
         self.training = training
         self.param_b = DTYPE_BYTES[training.params_dtype]
         self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
@@ -346,7 +349,10 @@ class _FsdpSizes:
             gathers.append(tuple(g))
             scatters.append(tuple(r))
             shard = dense / max(1, self.dense.n_ranks) * self.grad_b
-            replicas.append(self._s("all_reduce", shard, self.replicate) if self.replicate and dense else 0.0)
+            ar = self._s("all_reduce", shard, self.replicate) if self.replicate and dense else 0.0
+            if expert and self.expert is not None and self.expert_replicate is not None:
+                ar += self._s("all_reduce", expert / max(1, self.expert.n_ranks) * self.grad_b, self.expert_replicate)
+            replicas.append(ar)
         return gathers, scatters, replicas
 
     def _gather(self, elements: float, nbytes: float, group: GroupPlacement) -> float:

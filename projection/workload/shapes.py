@@ -150,8 +150,8 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
             if once:
                 rows.append(("F", "all_gather", once, per_mb))
             rep = plan.sharding.dp_replicate
-            if rep > 1 and group == "dp":  # HSDP: each reduced shard all-reduced over the replicas
-                out[("collective", "W", False, "", "", 0, 0, 0, 1, 0, 0, 0, False, "all_reduce", "dp_replicate",
+            if rep > 1:  # HSDP: each reduced shard all-reduced over the replicas (experts too: TorchTitan's HSDP)
+                out[("collective", "W", False, "", "", 0, 0, 0, 1, 0, 0, 0, False, "all_reduce", f"{group}_replicate",
                      int(params / (ways // rep) * grad_b), "")] += per_mb
         for phase, kind, size, count in rows:
             out[("collective", phase, False, "", "", 0, 0, 0, 1, 0, 0, 0, False, kind, group, int(size), "")] += count

@@ -139,3 +139,30 @@ def test_pipelined_fsdp_with_reshard_gathers_once_per_backward() -> None:
     rows = [(r.collective, r.count_per_step) for r in step_shapes(sc)
             if r.rank_type == "pp1" and r.collective in ("all_gather", "reduce_scatter")]
     assert sorted(rows) == [("all_gather", MICRO), ("reduce_scatter", 1)]
+
+
+def test_hsdp_shards_experts_inside_the_replica_and_all_reduces_them_across() -> None:
+    """TorchTitan's HSDP shards the experts over (dp_replicate, dp_shard_mod_ep) like the dense parameters: the
+    expert reduce-scatter runs over edp / replicas and its shard is then all-reduced over the replicas."""
+    from projection.perf.placement import expert_dp_placement, expert_shard_placements
+
+    moe = ModelSpec(num_layers=2, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000,
+                    moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1024})
+    training = TrainingSpec(seq_length=1024, micro_batch_size=1, global_batch_size=16)
+    plan = ParallelPlan(dp=16, ep=2, sharding={"zero_stage": 3, "fsdp": "torch_fsdp2", "dp_replicate": 2})
+    sc = Scenario(model=moe, training=training, plan=plan, framework="torchtitan",
+                  cluster=ClusterSpec(device=load_device("h100-sxm"), nodes=2, gpus_per_node=8))
+    shard, replicate = expert_shard_placements(sc.cluster, plan)
+    assert plan.edp() == 8 and shard.n_ranks == 4 and replicate is not None and replicate.n_ranks == 2
+    assert expert_dp_placement(sc.cluster, plan).n_ranks == 8
+    rows = {(r.collective, r.group) for r in step_shapes(sc) if r.collective}
+    assert {("all_reduce", "dp_replicate"), ("all_reduce", "edp_replicate")} <= rows
+    (slot,) = split_stages(sc.model, sc.plan)
+    params = stage_params(sc.model, sc.plan, slot)
+    names = [n for n, _, _ in params.components]
+    sizes = _FsdpSizes(sc, default_cost_model(sc))
+    _, _, ar = sizes.unit_seconds(params, names)
+    sizes.expert_replicate = None  # the same units without the experts' replica all-reduce
+    _, _, dense_ar = sizes.unit_seconds(params, names)
+    layers = [k for k, n in enumerate(names) if n.startswith("layer")]
+    assert layers and all(ar[k] > dense_ar[k] > 0 for k in layers)
