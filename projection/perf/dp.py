@@ -34,7 +34,12 @@ from dataclasses import dataclass
 
 from projection.cost.collectives import CollectiveKind, GroupPlacement
 from projection.cost.model import CostModel
-from projection.perf.placement import boundary_placement, expert_dp_placement, shard_placements
+from projection.perf.placement import (
+    boundary_placement,
+    expert_dp_placement,
+    expert_shard_placements,
+    shard_placements,
+)
 from projection.perf.pricing import PricedStages, StagePrice
 from projection.perf.stage_params import gather_bytes
 from projection.schedule.action import Action, Schedule
@@ -103,13 +108,16 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
     """Gradient buckets (as comm tasks) and parameter all-gathers of every pipeline rank for one step."""
     plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
     zero = plan.sharding.zero_stage
-    dense_place, _ = shard_placements(cluster, plan)
+    dense_place, replicate = shard_placements(cluster, plan)
     expert_place = expert_dp_placement(cluster, plan) if scenario.model.moe is not None else None
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
     param_b = DTYPE_BYTES[training.params_dtype]
     overlap = plan.overlap.grad_reduce
     kind: CollectiveKind = "all_reduce" if zero == 0 else "reduce_scatter"
     places: list[GroupPlacement] = [dense_place] + ([expert_place] if expert_place else [])
+    if zero == 3:  # FSDP: the shard groups and the HSDP replicas are what cross nodes
+        expert_shard, expert_rep = expert_shard_placements(cluster, plan) if expert_place else (None, None)
+        places = [p for p in (dense_place, replicate, expert_shard, expert_rep) if p is not None]
     grads: list[Bucket] = []
     params_ag: list[Bucket] = []
     tasks: list[CommTask] = []

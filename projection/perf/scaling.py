@@ -9,6 +9,7 @@ TP / PP groups that become inter-node), so nothing is carried over from the orig
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from projection.cost.model import CostModel
@@ -84,6 +85,9 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
             fix = f"{hint}; or {p.fix} ({p.key})" if p.fix else hint
             if p.key == "training.global_batch_size" and plan is not None:
                 step = scenario.training.micro_batch_size * plan.dp_()
+                local = scenario.training.local_batch_size
+                if "torchtitan" in scenario.framework and local is not None:
+                    step = math.lcm(step, local * plan.dp_())  # TorchTitan: a multiple of local batch x dp too
                 gbs = scenario.training.resolved_global_batch(scenario.plan.dp_())
                 fix += f", e.g. --set training.global_batch_size={-(-gbs // step) * step}"
             out.append(Problem(f"{where}: {p.message} [{p.key}]", key=flag, file=scenario.source, fix=fix))

@@ -135,6 +135,11 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         if plan.sharding.dp_replicate > 1 and plan.dp % plan.sharding.dp_replicate:
             bad("plan.sharding.dp_replicate", f"dp_replicate {plan.sharding.dp_replicate} does not divide dp "
                 f"{plan.dp}", "use a replicate degree that divides dp")
+        elif model.moe is not None and plan.sharding.dp_replicate > 1 and plan.edp() % plan.sharding.dp_replicate:
+            # HSDP shards the experts inside each replica too: the replicas must split the expert-data-parallel group
+            bad("plan.ep", f"ep {plan.ep} leaves {plan.edp()} expert-data-parallel ranks, which the "
+                f"{plan.sharding.dp_replicate} HSDP replicas do not divide",
+                "use an ep (or replicate degree) such that dp_replicate divides the expert-data-parallel size")
     if plan.dp is not None and "torchtitan" in raw.framework and training.local_batch_size is not None:
         per_round = training.local_batch_size * plan.dp
         gbs = training.resolved_global_batch(plan.dp)

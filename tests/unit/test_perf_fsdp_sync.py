@@ -166,3 +166,18 @@ def test_hsdp_shards_experts_inside_the_replica_and_all_reduces_them_across() ->
     _, _, dense_ar = sizes.unit_seconds(params, names)
     layers = [k for k, n in enumerate(names) if n.startswith("layer")]
     assert layers and all(ar[k] > dense_ar[k] > 0 for k in layers)
+
+
+def test_hsdp_replicas_must_split_the_expert_group() -> None:
+    """HSDP shards the experts inside each replica: ep 8 on 8 GPUs leaves one expert-data-parallel rank, which two
+    replicas cannot split (TorchTitan refuses it), so the layout is refused, not priced over a zero-rank group."""
+    from projection.specs.scenario import RawScenario
+    from projection.specs.validate import layout_problems
+
+    moe = ModelSpec(num_layers=2, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000,
+                    moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1024})
+    training = TrainingSpec(seq_length=1024, micro_batch_size=1, global_batch_size=8)
+    for ep, refused in ((8, True), (4, False)):
+        plan = ParallelPlan(dp=8, ep=ep, sharding={"zero_stage": 3, "fsdp": "torch_fsdp2", "dp_replicate": 2})
+        problems = layout_problems(RawScenario("t.toml", "torchtitan"), moe, training, plan, 8)
+        assert any(p.key == "plan.ep" and "HSDP" in p.message for p in problems) == refused

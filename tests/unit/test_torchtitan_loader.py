@@ -448,3 +448,17 @@ def test_extrapolating_hsdp_to_one_shard_beside_tp_is_refused(tmp_path: Path) ->
         api.load(path, nodes=1, hardware="h100-sxm")
     with pytest.raises(PlanError, match="DDP has not supported"):
         extrapolate(hsdp, 1)
+
+
+def test_target_nodes_hint_respects_the_local_batch_rule(tmp_path: Path) -> None:
+    """At 4 nodes dp is 16: the global batch must be a multiple of micro batch x dp (16) and, for TorchTitan, of
+    local batch x dp (64); the suggested value satisfies both."""
+    from projection import api
+    from projection.errors import PlanError
+    from projection.perf.scaling import extrapolate
+
+    path = _llama8b_job(tmp_path, "global_batch_size = 32", "pipeline_parallel_degree = 2")
+    sc = api.load(path, nodes=2, hardware="h100-sxm", overrides={"training.local_batch_size": 4})
+    with pytest.raises(PlanError) as err:
+        extrapolate(sc, 4)
+    assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
