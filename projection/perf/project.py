@@ -14,7 +14,6 @@ from typing import Literal
 from projection.cost.model import CostModel
 from projection.cost.roofline import peak_dtype
 from projection.errors import ConfigError, PlanError, Problem
-from projection.formats.torchtitan_schema import SCHEDULES as TORCHTITAN_SCHEDULES
 from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
 from projection.perf.dp import DPComm, dp_comm_tasks, param_gather_exposed_s
@@ -23,7 +22,13 @@ from projection.perf.pricing import PricedStages, price_stages
 from projection.perf.result import BREAKDOWN_KEYS, COMM_GROUPS, Projection, category_key
 from projection.perf.rounds import repeat
 from projection.schedule.action import Schedule
-from projection.schedule.registry import SCHEDULE_NAMES, TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge, build_schedule
+from projection.schedule.registry import (
+    SCHEDULE_NAMES,
+    TOO_MANY_MICROBATCHES_FIX,
+    TORCH_SCHEDULES,
+    ScheduleTooLarge,
+    build_schedule,
+)
 from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.result import SimResult, uncovered_length, union_intervals
@@ -33,7 +38,6 @@ from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
-TORCH_SCHEDULES = frozenset(name for name, _ in TORCHTITAN_SCHEDULES.values())  # what torch's pipelining runs
 
 def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
     """The scenario with another pipeline schedule (same pp, vpp, microbatches)."""

@@ -30,6 +30,9 @@ SCHEDULE_NAMES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1",
                                    "dualpipe", "dualpipev")
 _ONE_STAGE = {"1f1b": one_f_one_b, "zb_h1": zb_h1, "zb_h2": zb_h2}
 _TWO_STAGES = {"zbv": zbv, "v_half": v_half, "v_min": v_min, "dualpipev": dualpipev}
+# The schedules torch.distributed.pipelining runs (GPipe, 1F1B, Interleaved1F1B, LoopedBFS as looped gpipe,
+# ZBVZeroBubble, DualPipeV): the ones `--schedule all` compares for a torch-style (TorchTitan) plan.
+TORCH_SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev"})
 
 
 def stages_per_rank_problem(name: str, vpp: int) -> str | None:

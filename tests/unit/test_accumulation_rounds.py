@@ -63,3 +63,11 @@ def test_torch_style_compares_only_torchs_schedules() -> None:
     names = applicable_schedules(scenario("torch"))
     assert {"gpipe", "1f1b"} <= set(names) and not {"zb_h1", "zb_h2", "dualpipe"} & set(names)
     assert {"zb_h1", "zb_h2"} <= set(applicable_schedules(scenario("megatron")))
+
+
+def test_torch_schedule_set_is_what_the_torchtitan_loader_maps_to() -> None:
+    """schedule.registry.TORCH_SCHEDULES and the TorchTitan loader's name table describe the same schedules."""
+    from projection.formats.torchtitan_schema import SCHEDULES
+    from projection.schedule.registry import TORCH_SCHEDULES
+
+    assert {name for name, _ in SCHEDULES.values()} == TORCH_SCHEDULES
