@@ -155,9 +155,11 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
             grad_s[r] += sum(b.seconds for b in mine)
             if not mine:
                 continue
-            if sp.fsdp_scatter_s:  # every unit's post-backward runs right after the stage's last backward
+            if sp.fsdp_scatter_s:  # every unit's post-backward runs right after the stage's last backward, and
+                # the stage's root post-backward callback makes the compute stream wait for it (FSDP2
+                # FSDPParamGroup.finalize_backward: current_stream().wait_event on the post-reduce events)
                 tasks.append(CommTask(r, _last_backward(acts, s), mine[0].seconds, f"fsdp grad s{s}",
-                                      _crosses(places)))
+                                      _crosses(places), blocks_compute=True))
                 continue
             if overlap:
                 last = _last_backward(acts, s)

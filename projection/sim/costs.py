@@ -7,7 +7,9 @@ gradient send k+1 -> k. A p2p time is only paid when the two stages live on diff
 
 `CommTask` is extra communication on a rank's own comm stream (e.g. the DP reduce-scatter of a stage's gradients
 after its last backward): it starts when the action it follows has finished and the previous task on the same stream
-is done, and it overlaps compute.
+is done, and it overlaps compute. A task with `blocks_compute` also holds the rank's compute stream: no later action of
+that rank starts before it ends (the compute stream waits on its event, as FSDP2's final post-backward callback makes
+`current_stream().wait_event(...)` on the reduce-scatter of a stage's last backward).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class CommTask:
     duration_s: float
     label: str = "comm"
     shares_nic: bool = True  # in the event loop's "nic" link mode, the task queues on the rank's NIC with p2p sends
+    blocks_compute: bool = False  # the rank's actions after `after` wait for this task to end
 
 
 @dataclass(frozen=True)

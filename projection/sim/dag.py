@@ -6,7 +6,8 @@ event loop in des.py models shared links). Dependencies, in torch.distributed.pi
   F(s, m) <- F(s-1, m);   B(s, m) or I(s, m) <- F(s, m) and the input gradient from stage s+1 (its B or I);
   W(s, m) <- I(s, m).
 Explicit SEND_*/RECV_* actions in a schedule are not timed: p2p is always derived from the data dependencies.
-Extra comm tasks (costs.CommTask) run afterwards on each rank's comm stream, in the order given.
+Extra comm tasks (costs.CommTask) run on each rank's comm stream, in the order given, after the walk; those that
+block compute are advanced during it, as far as the next action of their rank needs (_StreamClock).
 
 Because the schedule is static the result is a longest path, independent of visiting order; the walk visits each
 action once (a rank blocked on an input parks until that input's producer is done), so it is O(actions).
@@ -22,7 +23,7 @@ from numpy.typing import NDArray
 
 from projection.errors import ConfigError, Problem
 from projection.schedule.action import Action, Schedule
-from projection.sim.costs import StageCosts
+from projection.sim.costs import CommTask, StageCosts
 from projection.sim.result import CommInterval, RunData, SimResult, make_result
 
 KIND_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
@@ -225,12 +226,15 @@ def walk(schedule: Schedule | CompiledSchedule, costs: StageCosts) -> SimResult:
     his = cs.hi
     free = [0.0] * n_ranks
     waiters: dict[int, list[int]] = {}
+    holds = blocking_tasks(cs, costs)
+    streams = _StreamClock(cs, costs, end) if any(holds) else None
     stack = list(range(n_ranks - 1, -1, -1))
     while stack:
         r = stack.pop()
         p = ptr[r]
         hi = his[r]
         t = free[r]
+        held = holds[r]
         while p < hi:
             d = dep1[p]
             e1 = end[d]
@@ -248,6 +252,8 @@ def walk(schedule: Schedule | CompiledSchedule, costs: StageCosts) -> SimResult:
             e2 += lat2[p]
             if e2 > t:
                 t = e2
+            if held and held[0][0] < p and streams is not None:  # a blocking comm task before p on this rank
+                t = max(t, streams.hold_until(r, p))
             start[p] = t
             t += dur[p]
             end[p] = t
@@ -261,7 +267,67 @@ def walk(schedule: Schedule | CompiledSchedule, costs: StageCosts) -> SimResult:
         raise deadlock(cs, ptr, end)
     del end[n]
     comm = comm_stream_times(cs, costs, end)
-    return make_result(RunData(cs, "dag", start, end, dur, lat1, lat2, None, comm))
+    return make_result(RunData(cs, "dag", start, end, dur, lat1, lat2, None, comm,
+                               holding=tuple(i for h in holds for _, i in h)))
+
+
+def task_position(cs: CompiledSchedule, task: CommTask) -> int:
+    """Position of the action a comm task follows; ConfigError when that action runs on another rank."""
+    p = cs.position(task.after)
+    if cs.rank_of[p] != task.rank:
+        raise ConfigError(Problem(f"comm task {task.label!r} on rank {task.rank} follows {task.after}, which runs "
+                                  f"on rank {cs.rank_of[p]}", key="comm_tasks", fix="use an action of that rank"))
+    return p
+
+
+def blocking_tasks(cs: CompiledSchedule, costs: StageCosts) -> list[list[tuple[int, int]]]:
+    """Per rank, (position of `after`, task index) of each comm task with `blocks_compute`, in stream order. Raises
+    ConfigError when one waits on its stream behind a task that follows a later action: that action would wait for
+    the blocking task, which waits for it."""
+    out: list[list[tuple[int, int]]] = [[] for _ in cs.lo]
+    latest: dict[int, tuple[int, str]] = {}
+    for i, task in enumerate(costs.comm_tasks):
+        p = task_position(cs, task)
+        if task.blocks_compute:
+            prev = latest.get(task.rank)
+            if prev is not None and prev[0] > p:
+                raise ConfigError(Problem(f"comm task {task.label!r} holds rank {task.rank}'s compute after "
+                                          f"{task.after} but waits on its stream behind {prev[1]!r}, which follows "
+                                          f"{cs.acts[prev[0]]}: a deadlock", key="comm_tasks",
+                                          fix="order each rank's comm tasks by the actions they follow"))
+            out[task.rank].append((p, i))
+        if p > latest.get(task.rank, (-1, ""))[0]:
+            latest[task.rank] = (p, task.label)
+    return out
+
+
+class _StreamClock:
+    """The comm streams of `walk`, advanced only as far as a blocking task needs: each task starts when its `after`
+    ends and the previous task on its rank's stream is done (comm_stream_times gives the same floats)."""
+
+    def __init__(self, cs: CompiledSchedule, costs: StageCosts, end: list[float]):
+        self.end = end
+        self.tasks = costs.comm_tasks
+        self.after = [cs.position(t.after) for t in costs.comm_tasks]
+        self.order: list[list[int]] = [[] for _ in cs.lo]
+        for i, t in enumerate(costs.comm_tasks):
+            self.order[t.rank].append(i)
+        self.next = [0] * len(cs.lo)
+        self.free = [0.0] * len(cs.lo)
+        self.hold = [0.0] * len(cs.lo)
+
+    def hold_until(self, r: int, p: int) -> float:
+        """When every blocking task of rank r that follows an action before position p has ended."""
+        order, k = self.order[r], self.next[r]
+        while k < len(order) and self.after[order[k]] < p:
+            i = order[k]
+            t = max(self.free[r], self.end[self.after[i]]) + self.tasks[i].duration_s
+            self.free[r] = t
+            if self.tasks[i].blocks_compute:
+                self.hold[r] = max(self.hold[r], t)
+            k += 1
+        self.next[r] = k
+        return self.hold[r]
 
 
 def deadlock(cs: CompiledSchedule, ptr: list[int], end: list[float]) -> ConfigError:
@@ -286,10 +352,7 @@ def comm_stream_times(cs: CompiledSchedule, costs: StageCosts,
     stream_free: dict[int, float] = {}
     out = []
     for task in costs.comm_tasks:
-        p = cs.position(task.after)
-        if cs.rank_of[p] != task.rank:
-            raise ConfigError(Problem(f"comm task {task.label!r} on rank {task.rank} follows {task.after}, which runs "
-                                      f"on rank {cs.rank_of[p]}", key="comm_tasks", fix="use an action of that rank"))
+        p = task_position(cs, task)
         t = max(stream_free.get(task.rank, 0.0), end[p])
         out.append((task.rank, task.label, t, t + task.duration_s, p))
         stream_free[task.rank] = t + task.duration_s

@@ -6,7 +6,8 @@ given). Every input produced on another rank is a p2p transfer of its boundary's
   links="pair"  one link per ordered (sender, receiver) rank pair: transfers on it run one at a time, FIFO;
   links="nic"   one egress NIC per sending rank: all its sends, and its comm tasks with `shares_nic`, run one at a
                 time, FIFO (e.g. a DP reduce-scatter delays the PP activation sends queued behind it).
-A compute action starts when its stream is free and every input has arrived. Events are keyed (time_s, seq, kind,
+A compute action starts when its stream is free, every input has arrived and every earlier comm task of its rank that
+blocks compute (CommTask.blocks_compute) has ended. Events are keyed (time_s, seq, kind,
 index) so ties resolve in creation order: deterministic. All state lives in one _Loop object (SimPy's design).
 """
 
@@ -19,7 +20,16 @@ from typing import Literal
 from projection.errors import ConfigError, Problem
 from projection.schedule.action import Schedule
 from projection.sim.costs import StageCosts
-from projection.sim.dag import CompiledSchedule, check_costs, compile_schedule, deadlock, duration_table, latency_table
+from projection.sim.dag import (
+    CompiledSchedule,
+    blocking_tasks,
+    check_costs,
+    compile_schedule,
+    deadlock,
+    duration_table,
+    latency_table,
+    task_position,
+)
 from projection.sim.result import CommInterval, RunData, SimResult, make_result
 
 Links = Literal["none", "pair", "nic"]
@@ -68,12 +78,7 @@ class _Loop:
         self.n_events = 0
         # comm streams
         self.tasks = costs.comm_tasks
-        self.task_after = [cs.position(t.after) for t in self.tasks]
-        for i, t in enumerate(self.tasks):
-            if cs.rank_of[self.task_after[i]] != t.rank:
-                raise ConfigError(Problem(f"comm task {t.label!r} on rank {t.rank} follows {t.after}, which runs on "
-                                          f"rank {cs.rank_of[self.task_after[i]]}", key="comm_tasks",
-                                          fix="use an action of that rank"))
+        self.task_after = [task_position(cs, t) for t in self.tasks]
         self.stream_tasks: list[list[int]] = [[] for _ in range(n_ranks)]
         for i, t in enumerate(self.tasks):
             self.stream_tasks[t.rank].append(i)
@@ -84,6 +89,8 @@ class _Loop:
         self.comm_busy = [False] * n_ranks
         self.comm_start = [0.0] * len(self.tasks)
         self.comm_out: dict[int, CommInterval] = {}
+        self.holds = [sorted(h) for h in blocking_tasks(cs, costs)]  # (after position, task) per rank
+        self.hold_ptr = [0] * n_ranks
 
     def push(self, t: float, kind: int, i: int) -> None:
         self.seq += 1
@@ -99,6 +106,12 @@ class _Loop:
         end = self.end
         if end[self.cs.dep1[p]] < 0.0 or end[self.cs.dep2[p]] < 0.0:
             return  # a same-rank input not yet produced: only in a deadlocked schedule
+        holds, k = self.holds[r], self.hold_ptr[r]
+        while k < len(holds) and holds[k][0] < p:
+            if holds[k][1] not in self.comm_out:
+                return  # the compute stream waits for a blocking comm task (CommTask.blocks_compute)
+            k += 1
+        self.hold_ptr[r] = k
         self.start[p] = t
         self.busy[r] = True
         self.ptr[r] = p + 1
@@ -193,6 +206,8 @@ class _Loop:
                 self.comm_busy[task.rank] = False
                 self.release_link(-i - 1, t)
                 self.try_comm(task.rank, t)
+                if task.blocks_compute:
+                    self.try_start(task.rank, t)
 
 
 def simulate_events(schedule: Schedule | CompiledSchedule, costs: StageCosts, *, links: Links = "none") -> SimResult:
@@ -210,5 +225,5 @@ def simulate_events(schedule: Schedule | CompiledSchedule, costs: StageCosts, *,
         loop.arr[2 * pf + 1] = loop.arr[2 * pb + 1]
     comm = tuple(loop.comm_out[i] for i in range(len(loop.tasks)))
     run = RunData(cs, f"des:{links}", loop.start, loop.end, loop.dur, loop.lat1, loop.lat2, loop.arr, comm, loop.xfer,
-                  loop.n_events)
+                  loop.n_events, tuple(i for h in loop.holds for _, i in h))
     return make_result(run)

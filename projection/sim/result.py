@@ -53,6 +53,7 @@ class RunData:
     comm: tuple[CommInterval, ...]
     transfers: list[tuple[int, float, float]] | None = None  # (2 * position + input, start_s, end_s)
     events: int = 0  # events the event loop processed (0 for the walk)
+    holding: tuple[int, ...] = ()  # indices into `comm` of the tasks that block their rank's compute
 
     def arrival(self, p: int, j: int) -> float:
         """When input j (0 or 1) of position p was ready on p's rank (seconds); 0.0 when p has no such input."""
@@ -176,6 +177,10 @@ class SimResult:
                     break
             if nxt < 0 and p > cs.lo[cs.rank_of[p]] and run.end[p - 1] == s:
                 nxt = p - 1
+            if nxt < 0:  # held by a comm task that blocks compute: continue from the action at its root
+                held = [i for i in run.holding if run.comm[i][0] == cs.rank_of[p] and run.comm[i][4] < p
+                        and run.comm[i][3] == s]
+                nxt = _comm_origin(run.comm, held[0], run.end) if held else -1
             if nxt < 0:
                 break
             path.append(nxt)

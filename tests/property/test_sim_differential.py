@@ -63,7 +63,7 @@ def random_schedule(seed: int, n_ranks: int, n_stages: int, n_mb: int) -> Schedu
     return Schedule("random", n_ranks, n_stages, n_mb, tuple(s2r), tuple(tuple(x) for x in per_rank))
 
 
-def random_costs(seed: int, sched: Schedule, with_tasks: bool) -> StageCosts:
+def random_costs(seed: int, sched: Schedule, with_tasks: bool, blocking: bool = False) -> StageCosts:
     rng = random.Random(seed + 1)
     n = sched.n_stages
     b = [rng.uniform(0.3, 2.7) for _ in range(n)]
@@ -74,8 +74,12 @@ def random_costs(seed: int, sched: Schedule, with_tasks: bool) -> StageCosts:
         return costs
     tasks = []
     for r, acts in enumerate(sched.actions):
-        for a in rng.sample(acts, min(2, len(acts))):
-            tasks.append(CommTask(r, a, rng.uniform(0.05, 1.5), f"task {a}"))
+        picked = rng.sample(acts, min(2, len(acts)))
+        if blocking:  # in the order the rank runs them, each holding the rank's compute or not
+            picked.sort(key=acts.index)
+        for a in picked:
+            tasks.append(CommTask(r, a, rng.uniform(0.05, 1.5), f"task {a}",
+                                  blocks_compute=blocking and rng.random() < 0.5))
     return costs.with_comm_tasks(tasks)
 
 
@@ -128,8 +132,11 @@ def simpy_step(sched: Schedule, costs: StageCosts) -> float:
                 inputs[a].append(done[d])
 
     def rank(acts: tuple[Action, ...]) -> Generator[simpy.Event, Any, None]:
-        for a in acts:
+        for k, a in enumerate(acts):
             yield env.all_of(inputs[a])
+            holds = [task_done[i] for i, t in enumerate(costs.comm_tasks)
+                     if t.blocks_compute and t.after in acts[:k]]
+            yield env.all_of(holds)
             yield env.timeout(_duration(costs, a))
             ends.append(env.now)
             done[a].succeed()
@@ -173,15 +180,20 @@ def networkx_step(sched: Schedule, costs: StageCosts) -> float:
             g.add_edge(("task", prev[t.rank]), node, w=costs.comm_tasks[prev[t.rank]].duration_s)
         g.add_edge(node, "sink", w=t.duration_s)
         prev[t.rank] = k
+        acts = sched.actions[t.rank]
+        i = acts.index(t.after)
+        if t.blocks_compute and i + 1 < len(acts):  # the rank's next action waits for the task
+            g.add_edge(node, acts[i + 1], w=t.duration_s)
     return float(nx.dag_longest_path_length(g, weight="w"))
 
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), n_ranks=st.integers(1, 4), extra=st.integers(0, 4), n_mb=st.integers(1, 5),
-       with_tasks=st.booleans())
-def test_four_models_agree(seed: int, n_ranks: int, extra: int, n_mb: int, with_tasks: bool) -> None:
+       with_tasks=st.booleans(), blocking=st.booleans())
+def test_four_models_agree(seed: int, n_ranks: int, extra: int, n_mb: int, with_tasks: bool, blocking: bool) -> None:
+    """Comm tasks that block their rank's compute (FSDP2's final wait) included."""
     sched = random_schedule(seed, n_ranks, n_ranks + extra, n_mb)
-    costs = random_costs(seed, sched, with_tasks)
+    costs = random_costs(seed, sched, with_tasks, blocking)
     exact = walk(sched, costs)
     events = simulate_events(sched, costs, links="none")
     assert events.run.start == exact.run.start and events.run.end == exact.run.end
@@ -190,6 +202,7 @@ def test_four_models_agree(seed: int, n_ranks: int, extra: int, n_mb: int, with_
     for b, x, busy in zip(exact.bubble_s, exact.exposed_comm_s, exact.busy_s, strict=True):
         assert b + x + busy == pytest.approx(exact.step_time_s, rel=1e-9)
     assert events.exposed_comm_s == pytest.approx(exact.exposed_comm_s, rel=1e-9, abs=1e-12)
+    assert events.critical_path == exact.critical_path
 
 
 @settings(max_examples=40, deadline=None)

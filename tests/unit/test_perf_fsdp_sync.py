@@ -63,6 +63,27 @@ def test_pipelined_fsdp_gathers_and_reduces_once_per_step() -> None:
             assert row.count_per_step == 1, row
 
 
+def test_the_compute_stream_waits_for_a_stages_final_reduction() -> None:
+    """FSDP2's root post-backward callback of a stage's last backward makes the compute stream wait on the
+    reduce-scatter (FSDPParamGroup.finalize_backward): with two chunks per rank (Interleaved1F1B), the shallower
+    chunk's remaining backwards start only after the deeper chunk's reduction ends."""
+    base = scenario(pp=2, reshard=False)
+    sc = base.model_copy(update={"plan": base.plan.model_copy(update={"schedule": "interleaved_1f1b", "vpp": 2})})
+    assert sc.plan.pipelined_fsdp
+    proj = project(sc)
+    tasks = [t for t in proj.dp.tasks if t.label.startswith("fsdp grad")]
+    assert len(tasks) == 4 and all(t.blocks_compute for t in tasks)
+    held = 0
+    for t in tasks:
+        line = proj.sim.timeline[t.rank]
+        (comm,) = [e for e in line if e.stream == "comm" and e.label == t.label]
+        order = [e for e in line if e.stream == "compute"]
+        k = next(i for i, e in enumerate(order) if e.action == t.after)
+        assert all(e.start_s >= comm.end_s for e in order[k + 1:]), t
+        held += len(order) > k + 1 and order[k + 1].start_s == comm.end_s
+    assert held >= 1  # a deeper chunk's reduction sets when the other chunk's next backward starts
+
+
 def test_unpipelined_fsdp_syncs_every_microbatch() -> None:
     sc = scenario(pp=1, reshard=True)
     assert not sc.plan.pipelined_fsdp

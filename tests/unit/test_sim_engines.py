@@ -89,6 +89,29 @@ def test_comm_task_overlaps_compute_and_shares_the_nic() -> None:
     assert simulate_events(s, costs, links="nic").step_time_s == 9.5
 
 
+def test_blocking_comm_task_holds_the_rank() -> None:
+    """Two stages on one rank (0F0 1F0 1B0 0B0; F 1 s, B 2 s). A 3 s reduction after 1B0 (ends 4 s) overlaps 0B0
+    (step 7 s) unless it blocks compute, as FSDP2's final wait does: then 0B0 runs 7-9 s."""
+    s = Schedule("hand", 1, 2, 1, (0, 0), (tuple(A(t) for t in ["0F0", "1F0", "1B0", "0B0"]),))
+    base = StageCosts.uniform(2, 1.0, 2.0)
+    free = base.with_comm_tasks([CommTask(0, A("1B0"), 3.0, "fsdp grad s1")])
+    held = base.with_comm_tasks([CommTask(0, A("1B0"), 3.0, "fsdp grad s1", blocks_compute=True)])
+    assert walk(s, free).step_time_s == 7.0
+    for res in (walk(s, held), simulate_events(s, held), simulate_events(s, held, links="nic")):
+        got = {str(e.action): (e.start_s, e.end_s) for e in res.timeline[0] if e.stream == "compute"}
+        assert got["0B0"] == (7.0, 9.0)
+        assert res.step_time_s == 9.0
+        assert res.exposed_comm_s == (3.0,)
+        assert [str(a) for a in res.critical_path] == ["0F0", "1F0", "1B0", "0B0"]
+    # a blocking task queued behind one that follows a later action would wait for itself
+    bad = base.with_comm_tasks([CommTask(0, A("0B0"), 1.0, "late"), CommTask(0, A("1B0"), 1.0, "held",
+                                                                             blocks_compute=True)])
+    for engine in (walk, simulate_events):
+        with pytest.raises(ConfigError, match="'held' holds rank 0's compute after 1B0 but waits on its stream "
+                                              "behind 'late', which follows 0B0"):
+            engine(s, bad)
+
+
 def test_overlapped_pairs_wait_for_both_inputs() -> None:
     s = build_schedule("dualpipev", 4, 8, 2)
     res = walk(s, StageCosts.uniform(8, 1.0, 2.0, 1.0, 0.25))
