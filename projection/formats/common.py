@@ -125,6 +125,11 @@ def parse_set(items: list[str] | tuple[str, ...] | None) -> dict[str, Any]:
                                     fix="write it as --set key=value, e.g. --set tensor_model_parallel_size=8"))
             continue
         k, v = item.split("=", 1)
+        if not v.strip():  # an empty value would reset the key to its default without a word
+            problems.append(Problem(f"--set {item!r} gives {k.strip() or 'the key'} no value", key=k.strip() or item,
+                                    file=COMMAND_LINE, fix=f"give a value (--set {k.strip() or 'key'}=VALUE), or "
+                                    "null to clear a key that may be unset"))
+            continue
         out[k.strip().lstrip("-")] = coerce_scalar(v.strip())
     if problems:
         raise ConfigError(problems)

@@ -32,6 +32,7 @@ from projection.formats.primus_defaults import (
     TORCHTITAN_MODEL_PRESETS,
     Layer,
 )
+from projection.formats.primus_set import split_set, unknown_set_keys
 from projection.formats.torchtitan import job_config_to_raw
 from projection.paths import MODELS_DIR
 from projection.specs.scenario import Origin, RawScenario
@@ -309,9 +310,18 @@ def load_primus(path: Path, overrides: Mapping[str, Any] | None = None, *, primu
 
     primus_root: a Primus checkout to read module configs and model presets from; without it, module configs are
     the built-in Primus defaults and model presets come from `models_dir`. env: the environment for `${VAR}`."""
-    exp = resolve_experiment(path, overrides, primus_root=primus_root, models_dir=models_dir, env=env)
+    primus_keys, canonical = split_set(overrides or {})
+    exp = resolve_experiment(path, primus_keys if canonical else overrides, primus_root=primus_root,
+                             models_dir=models_dir, env=env)
     if exp.framework == "megatron":
-        return args_to_raw(exp.params, exp.origins, source=exp.source, framework="primus-megatron")
+        unknown_set_keys(primus_keys, exp.module, lambda: resolve_experiment(
+            path, {}, primus_root=primus_root, models_dir=models_dir, env=env).params)
+        raw = args_to_raw(exp.params, exp.origins, source=exp.source, framework="primus-megatron")
+        for key, value in canonical.items():
+            raw.set(key, value, Origin("--set", None, key))
+        return raw
+    if canonical:  # TorchTitan's JobConfig has its own model. and training. sections: the keys are its own
+        exp = resolve_experiment(path, overrides, primus_root=primus_root, models_dir=models_dir, env=env)
     sections = {k: v for k, v in exp.params.items() if k not in _MODULE_BASE_KEYS}
     return job_config_to_raw(sections, exp.origins, source=exp.source, framework="primus-torchtitan")
 

@@ -179,3 +179,9 @@ def test_unknown_hardware_in_the_config(capsys: pytest.CaptureFixture[str], tmp_
     cfg.write_text(Path(E8).read_text().replace("hardware: mi300x", "hardware: mi999x"))
     err = fails(capsys, "memory", "--config", str(cfg))
     assert f"{cfg}:" in err and "key 'cluster.hardware'" in err and "mi300x" in err
+
+
+def test_an_empty_set_value_is_refused_not_reset(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set plan.tp=` would otherwise read as null and quietly put the key back to its default."""
+    err = fails(capsys, "performance", "--config", E8, "--set", "plan.tp=", "--set", "plan.pp=2")
+    assert "key 'plan.tp'" in err and "no value" in err and "null to clear" in err

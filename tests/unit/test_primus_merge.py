@@ -15,6 +15,7 @@ from projection.formats.primus import (
     Tracked,
     combine_module_and_model,
     is_primus_experiment,
+    load_primus,
     load_primus_yaml,
     merge_into,
     resolve_experiment,
@@ -268,3 +269,23 @@ def test_is_primus_experiment() -> None:
     assert not is_primus_experiment({"modules": [{"name": "pre_trainer"}]})
     assert not is_primus_experiment({"num_layers": 2})
     assert not is_primus_experiment([1, 2])
+
+
+def test_set_keys_a_megatron_experiment_would_not_read_are_refused(tmp_path: Path, root: Path) -> None:
+    """Primus merges any `--set` key into the trainer's arguments; one that projection does not read and the
+    experiment does not hold would change nothing, so it is refused (as the Megatron loader refuses it), and dotted
+    model./training./plan./cluster. keys are canonical keys, applied after the Megatron arguments."""
+    write(root / "primus/configs/models/megatron/toy.yaml",
+          "num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\nffn_hidden_size: 256\n"
+          "tokenizer_type: NullTokenizer\nvocab_size: 1000\nmax_position_embeddings: 1024\n")
+    exp = experiment(tmp_path, "      lr: 1.0e-4\n")
+    with pytest.raises(ConfigError) as err:
+        load_primus(exp, {"bogus_key": 5, "tensor-model-parallel-size": 2, "lr": 3e-4}, primus_root=root, env={})
+    assert [(p.key, p.fix) for p in err.value.problems] == [
+        ("bogus_key", "use a Megatron argument name (e.g. tensor_model_parallel_size) or a canonical key (e.g. "
+                      "training.global_batch_size)"),
+        ("tensor-model-parallel-size", "did you mean tensor_model_parallel_size?")]  # lr: the experiment's own key
+    raw = load_primus(exp, {"training.global_batch_size": 64, "modules.pre_trainer.overrides.micro_batch_size": 1,
+                            "plan.tp": 2}, primus_root=root, env={})
+    assert raw.get("training.global_batch_size") == 64 and raw.get("training.micro_batch_size") == 1
+    assert raw.get("plan.tp") == 2 and raw.origins["plan.tp"] == Origin("--set", None, "plan.tp")
