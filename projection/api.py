@@ -28,14 +28,15 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
          gpus_per_node: int | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None,
          primus_root: str | Path | None = None, env: Mapping[str, str] | None = None,
          fmt: str | None = None, hardware_dir: Path = HARDWARE_DIR, models_dir: Path = MODELS_DIR,
-         default_nodes: int = 1) -> Scenario:
+         default_nodes: int = 1, schedule: str | None = None) -> Scenario:
     """Load and validate any supported config file into a Scenario.
 
     overrides: `KEY=VALUE` strings or a mapping, in the file's own key space (Megatron/Primus argument names,
     TorchTitan `section.key`, canonical `plan.tp` for native and HF files). `env` resolves `${VAR}` in Primus YAML and
     `$VAR` in launch scripts (the CLI passes the process environment; the default is an empty environment).
     Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, `default_nodes` (1)
-    nodes and the device's usual GPUs per node.
+    nodes and the device's usual GPUs per node. schedule: a pipeline schedule name that replaces the file's before the
+    plan is checked (the CLI's --schedule NAME).
     """
     ov = dict(overrides) if isinstance(overrides, Mapping) else parse_set(list(overrides or ()))
     # `cluster.*` is projection's own key in every format (no Primus, Megatron or TorchTitan file has it): applied
@@ -52,6 +53,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
                    models_dir=models_dir, env=env or {})
     for key, value in cluster.items():
         raw.set(key, value, Origin("command line", None, f"--set {key}"))
+    if schedule is not None:
+        raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
     if hardware is not None:
         raw.set("cluster.hardware", hardware, Origin("command line", None, "--hardware"))
     if nodes is not None:

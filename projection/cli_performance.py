@@ -141,9 +141,26 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
 
 def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | None,
           default_nodes: int = 1) -> Scenario:
-    return api.load(args.config, hardware=args.hardware, nodes=nodes,
-                    gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
-                    primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes)
+    """The scenario, with --schedule NAME in place of the file's schedule before the plan is checked. With
+    --schedule all the file's own schedule need not fit the plan: when it is the only thing that keeps the file from
+    loading, the plan is checked with gpipe (any pp, vpp and microbatch count) and every applicable one compared."""
+    name = getattr(args, "schedule", None)
+
+    def load(schedule: str | None) -> Scenario:
+        return api.load(args.config, hardware=args.hardware, nodes=nodes,
+                        gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
+                        primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes,
+                        schedule=schedule)
+    if name != "all":
+        return load(name)
+    try:
+        return load(None)
+    except ProjectionError:
+        try:
+            return load("gpipe")
+        except ProjectionError:
+            pass
+        raise
 
 
 def _loads_at(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> bool:
@@ -173,6 +190,11 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     if args.scaling and args.schedule == "all":
         problems.append(Problem("--scaling and --schedule all cannot be combined", key="--schedule",
                                 file=COMMAND_LINE, fix="compare schedules at one node count, or scale one schedule"))
+    from projection.schedule.registry import SCHEDULE_NAMES
+
+    if args.schedule is not None and args.schedule != "all" and args.schedule not in SCHEDULE_NAMES:
+        problems.append(Problem(f"unknown schedule {args.schedule!r}", key="--schedule", file=COMMAND_LINE,
+                                fix=f"use one of {', '.join(SCHEDULE_NAMES)}, or all to compare the applicable ones"))
     counts = _node_counts(args.scaling) if args.scaling is not None else []
     if args.scaling is not None and not counts:
         problems.append(Problem(f"cannot read node counts {args.scaling!r}", key="--scaling", file=COMMAND_LINE,

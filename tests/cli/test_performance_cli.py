@@ -134,6 +134,21 @@ def test_one_named_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["schedule"] == "gpipe"
 
 
+def test_the_command_line_schedule_replaces_one_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    """vpp 2 does not fit the file's 1f1b: --schedule NAME replaces it before the plan is checked, --schedule all
+    compares what applies, and a name that does not fit either is refused at --schedule."""
+    vpp2 = ("--config", str(LLAMA), "--set", "plan.vpp=2")
+    code, _, err = perf(capsys, *vpp2)
+    assert code == 2 and "1f1b runs one stage per rank" in err
+    assert perf_json(capsys, *vpp2, "--schedule", "interleaved_1f1b")["schedule"] == "interleaved_1f1b"
+    rows = perf_json(capsys, *vpp2, "--schedule", "all")["schedules"]
+    assert "interleaved_1f1b" in {r["schedule"] for r in rows} and "1f1b" not in {r["schedule"] for r in rows}
+    code, _, err = perf(capsys, *vpp2, "--schedule", "zb_h1")
+    assert code == 2 and "key '--schedule'" in err and "vpp must be 1" in err
+    code, _, err = perf(capsys, *vpp2, "--schedule", "bogus")
+    assert code == 2 and "unknown schedule 'bogus'" in err and "interleaved_1f1b" in err
+
+
 def test_scaling_table_and_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "scaling.png"
