@@ -287,18 +287,25 @@ def _scaling_row(proj: Projection) -> dict[str, Any]:
     dp = sc.plan.dp_()
     return {"nodes": sc.cluster.nodes, "world_size": proj.world_size, "dp": dp, "microbatches": proj.n_microbatches,
             "step_time_s": proj.step_time_s, "tokens_per_s_per_gpu": proj.tokens_per_s_per_gpu,
-            "model_tflops_per_gpu": proj.model_tflops_per_gpu, "mfu": proj.mfu, "memory_verdict": _verdict(proj)}
+            "model_tflops_per_gpu": proj.model_tflops_per_gpu, "mfu": proj.mfu, "peak_dtype": proj.peak_dtype,
+            "memory_verdict": _verdict(proj), "notes": list(proj.notes)}
 
 
 def _scaling_table(rows: Sequence[Projection], scenario: Scenario) -> str:
     lines = [f"scaling at fixed global batch (dp grows, microbatches per rank shrink): {_title(scenario)}",
              f"{'nodes':>6} {'world':>7} {'dp':>6} {'microbatches':>12} {'step s':>10} {'tokens/s/GPU':>13} "
-             f"{'TFLOP/s/GPU':>12} {'MFU':>7}  memory"]
+             f"{'TFLOP/s/GPU':>12} {'MFU':>7} {'vs peak':>7}  memory"]
     for p in rows:
         r = _scaling_row(p)
         lines.append(f"{r['nodes']:>6d} {r['world_size']:>7d} {r['dp']:>6d} {r['microbatches']:>12d} "
                      f"{r['step_time_s']:>10.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['model_tflops_per_gpu']:>12.1f} "
-                     f"{r['mfu']:>7.1%}  {r['memory_verdict']}")
+                     f"{r['mfu']:>7.1%} {r['peak_dtype']:>7}  {r['memory_verdict']}")
+    # a note that holds at some node counts only (e.g. TorchTitan without FSDP runs in fp32) explains a row that
+    # breaks the trend: printed with the counts it applies to
+    for note in dict.fromkeys(n for p in rows for n in p.notes):
+        at = [p.scenario.cluster.nodes for p in rows if note in p.notes]
+        if len(at) < len(rows):
+            lines.append(f"note at {', '.join(map(str, at))} node{'s' if at != [1] else ''}: {note}")
     return "\n".join(lines)
 
 

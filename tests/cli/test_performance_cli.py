@@ -242,3 +242,19 @@ def test_schedules_table_marks_only_a_schedule_whose_memory_fits() -> None:
     table = _schedules_table([unmodelled, *projs], sc)
     (marked,) = [line for line in table.splitlines() if "<- fastest" in line]
     assert not marked.startswith("dualpipe") and "not modelled" not in marked
+
+
+def test_scaling_rows_say_which_peak_their_mfu_is_against(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    """TorchTitan at dp_shard 1 (one node, tp 8) has no FSDP, and under TP no mixed precision: that row runs and is
+    measured in fp32, the others in bf16. The table says so per row, and the note names the node count."""
+    toml = tmp_path / "llama.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 2048\n'
+                    '[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 8\n')
+    code, out, err = perf(capsys, "--config", str(toml), "--scaling", "1,2", "--set", "training.global_batch_size=8")
+    assert code == 0, err
+    one, two = (line.split() for line in out.splitlines()[2:4])
+    assert (one[0], one[8], two[0], two[8]) == ("1", "fp32", "2", "bf16")
+    assert "note at 1 node: TorchTitan applies no FSDP" in out
+    doc = perf_json(capsys, "--config", str(toml), "--scaling", "1,2", "--set", "training.global_batch_size=8")
+    assert [r["peak_dtype"] for r in doc["scaling"]] == ["fp32", "bf16"]
