@@ -125,10 +125,12 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         bad("training.seq_length", f"seq_length {training.seq_length} is not divisible by cp * tp = {plan.cp} * {tp} "
             "(sequence parallelism splits each context-parallel rank's tokens over the tp ranks)",
             f"use a sequence length divisible by {plan.cp * tp}, or turn sequence parallelism off")
+    titan_round = (training.local_batch_size * plan.dp if plan.dp is not None and "torchtitan" in raw.framework
+                   and training.local_batch_size is not None else None)
     if plan.dp is not None:
         per_step = training.micro_batch_size * plan.dp
         gbs = training.resolved_global_batch(plan.dp)
-        if gbs % per_step:
+        if gbs % per_step and not (titan_round and gbs % titan_round):  # TorchTitan's own check (below) says it
             bad("training.global_batch_size", f"global batch {gbs} is not divisible by micro batch * dp = "
                 f"{training.micro_batch_size} * {plan.dp} = {per_step}",
                 f"use a global batch that is a multiple of {per_step}")
@@ -140,13 +142,12 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("plan.ep", f"ep {plan.ep} leaves {plan.edp()} expert-data-parallel ranks, which the "
                 f"{plan.sharding.dp_replicate} HSDP replicas do not divide",
                 "use an ep (or replicate degree) such that dp_replicate divides the expert-data-parallel size")
-    if plan.dp is not None and "torchtitan" in raw.framework and training.local_batch_size is not None:
-        per_round = training.local_batch_size * plan.dp
+    if titan_round and plan.dp is not None and training.local_batch_size is not None:
         gbs = training.resolved_global_batch(plan.dp)
-        if gbs % per_round:  # torchtitan train.py: global_batch_size % (local_batch_size * dp_degree) == 0
+        if gbs % titan_round:  # torchtitan train.py: global_batch_size % (local_batch_size * dp_degree) == 0
             bad("training.global_batch_size", f"global batch {gbs} is not a multiple of local batch * dp = "
-                f"{training.local_batch_size} * {plan.dp} = {per_round} (TorchTitan asserts it)",
-                f"use a global batch that is a multiple of {per_round}")
+                f"{training.local_batch_size} * {plan.dp} = {titan_round} (TorchTitan asserts it)",
+                f"use a global batch that is a multiple of {titan_round}")
     if plan.dp is not None and plan.pp > 1 and plan.vpp_ > 1 and plan.schedule == "interleaved_1f1b":
         from projection.schedule.interleaved import megatron_group_size, torch_group_size
 

@@ -427,6 +427,12 @@ def test_global_batch_and_schedule_rules_per_accumulation_step(tmp_path: Path) -
         api.load(path, nodes=2, hardware="h100-sxm",
                  overrides={**pp, "training.local_batch_size": 4, "training.global_batch_size": 24})
     assert err.value.problems[0].key == "training.global_batch_size"
+    with pytest.raises(PlanError) as err:  # without PP microbatch = local batch: one rule, said once
+        api.load(path, nodes=2, hardware="h100-sxm",
+                 overrides={"parallelism.tensor_parallel_degree": 1, "training.local_batch_size": 4,
+                            "training.global_batch_size": 24})
+    assert [p.key for p in err.value.problems] == ["training.global_batch_size"]
+    assert "TorchTitan asserts it" in err.value.problems[0].message
     with pytest.raises(PlanError, match="needs at least pp = 4 microbatches") as err:  # 2 per schedule, 8 in all
         api.load(path, nodes=2, hardware="h100-sxm",
                  overrides={**pp, "training.local_batch_size": 2, "training.global_batch_size": 32})
