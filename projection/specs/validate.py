@@ -117,6 +117,15 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         if plan.vpp and not plan.pipeline_layout:
             key = "plan.vpp"
         bad(key, str(e), "change pp/vpp (or the layout / first-last stage layer counts) so the layers split evenly")
+    mpe = model.max_position_embeddings
+    if mpe and training.seq_length > mpe and (model.position_embedding == "learned" or runs_megatron(raw.framework)):
+        # a learned position table has max_position_embeddings rows; Megatron's validate_args asserts
+        # "max_position_embeddings (...) must be greater than or equal to seq_length (...)" for every position type
+        bad("training.seq_length", f"seq_length {training.seq_length} is longer than max_position_embeddings {mpe}"
+            + (" (the learned position table)" if model.position_embedding == "learned" else
+               " (Megatron asserts max_position_embeddings >= seq_length)"),
+            f"use a sequence length of at most {mpe}, or raise max_position_embeddings "
+            "(Megatron's --max-position-embeddings)")
     if plan.cp > 1 and training.seq_length % (2 * plan.cp):
         bad("training.seq_length", f"seq_length {training.seq_length} is not divisible by 2 * cp = {2 * plan.cp}",
             "use a sequence length divisible by 2*cp (load-balanced causal context parallelism)")

@@ -461,3 +461,21 @@ def test_primus_schedules_it_cannot_project_or_primus_refuses() -> None:
     with pytest.raises(ConfigError, match="needs vpp 2, not 4"):
         raw_of(num_layers=16, pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=4,
                patch_primus_pipeline=True, pp_algorithm="v-half")
+
+
+def test_seq_length_beyond_max_position_embeddings_is_refused(tmp_path: Path) -> None:
+    """Megatron's validate_args asserts max_position_embeddings >= seq_length (RoPE models too); a learned table
+    has that many rows in every framework."""
+    from projection import api
+    from projection.errors import PlanError
+
+    path = write(tmp_path, "MODEL_ARGS:\n  --num-layers: 2\n  --hidden-size: 64\n  --num-attention-heads: 4\n"
+                           "  --seq-length: 128\n  --max-position-embeddings: 128\n  --micro-batch-size: 1\n"
+                           "  --global-batch-size: 8\n  --bf16: true\n  --position-embedding-type: rope\n"
+                           "  --tokenizer-model: meta-llama/Llama-2-7b-hf\n", "model_config.yaml")
+    assert api.load(path).training.seq_length == 128
+    with pytest.raises((ConfigError, PlanError)) as err:
+        api.load(path, overrides={"seq_length": 256})
+    (p,) = err.value.problems
+    assert p.key == "seq_length" and "longer than max_position_embeddings 128" in p.message
+    assert "--max-position-embeddings" in (p.fix or "")
