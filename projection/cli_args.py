@@ -9,15 +9,35 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from projection.errors import ConfigError, Problem
+from projection.errors import COMMAND_LINE, ConfigError, Problem
+
+
+def count(text: str) -> int | str:
+    """argparse type of a node or GPU count: the integer, or the text as given when it is not one, so the command
+    reports it in its own error format (file, key, fix) instead of argparse's usage line; see count_problems."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def count_problems(args: argparse.Namespace, flags: Sequence[str]) -> list[Problem]:
+    """A problem per count flag (dest names) that is not a positive whole number."""
+    out = []
+    for flag in flags:
+        value = getattr(args, flag, None)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            out.append(Problem(f"must be a positive whole number (got {value!r})", key="--" + flag.replace("_", "-"),
+                               file=COMMAND_LINE, fix="give a whole number of at least 1"))
+    return out
 
 
 def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json")) -> None:
     p.add_argument("--config", required=True, help="Primus YAML, Megatron args/script/MODEL_ARGS YAML, TorchTitan "
                    "TOML, HF config.json or a native scenario YAML (format detected from the file)")
     p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
-    p.add_argument("--nodes", type=int, help="number of nodes")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the device's usual count)")
+    p.add_argument("--nodes", type=count, help="number of nodes")
+    p.add_argument("--gpus-per-node", type=count, help="GPUs per node (default: the device's usual count)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a value, in the config file's own key space (repeatable)")
     p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")

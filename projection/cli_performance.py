@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from projection import api
-from projection.cli_args import output_problems, write_outputs
+from projection.cli_args import count, count_problems, output_problems, write_outputs
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 
 if TYPE_CHECKING:
@@ -45,11 +45,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "TFLOP/s / the device's dense peak.")
     p.add_argument("--config", required=True, help="Primus YAML, Megatron args/script/MODEL_ARGS YAML, TorchTitan "
                    "TOML, HF config.json or a native scenario YAML (format detected from the file)")
-    p.add_argument("--nodes", type=int, help="number of nodes (replaces the config's); with --target-nodes or "
+    p.add_argument("--nodes", type=count, help="number of nodes (replaces the config's); with --target-nodes or "
                    "--scaling, the node count the job is scaled from")
-    p.add_argument("--target-nodes", type=int, metavar="N",
+    p.add_argument("--target-nodes", type=count, metavar="N",
                    help="weak-scale from the config's own nodes (or --nodes) to N nodes at a fixed global batch")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the device's usual count)")
+    p.add_argument("--gpus-per-node", type=count, help="GPUs per node (default: the device's usual count)")
     p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
     p.add_argument("--calibration", metavar="FILE", help="a Calibration JSON (projection calibrate ...); default: "
                    "the shipped calibration of the device, else the roofline")
@@ -174,12 +174,7 @@ def _loads_at(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: in
 
 def _check_args(args: argparse.Namespace) -> list[int]:
     """Problems with the flags alone (before the config is read): all at once. Returns the --scaling counts."""
-    problems = []
-    for flag in ("nodes", "target_nodes", "gpus_per_node"):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            problems.append(Problem(f"must be a positive integer (got {value})", key="--" + flag.replace("_", "-"),
-                                    file=COMMAND_LINE, fix="give a whole number of at least 1"))
+    problems = count_problems(args, ("nodes", "target_nodes", "gpus_per_node"))
     if args.png and not args.scaling:
         problems.append(Problem("--png plots a scaling table", key="--png", file=COMMAND_LINE, fix="add --scaling "
                                 "1,2,4,... (or drop --png; `projection schedule --png` draws a timeline)"))
@@ -197,7 +192,12 @@ def _check_args(args: argparse.Namespace) -> list[int]:
                                 fix=f"use one of {', '.join(SCHEDULE_NAMES)}, or all to compare the applicable ones"))
     counts = _node_counts(args.scaling) if args.scaling is not None else []
     if args.scaling is not None and not counts:
-        problems.append(Problem(f"cannot read node counts {args.scaling!r}", key="--scaling", file=COMMAND_LINE,
+        items = args.scaling.replace(" ", "").split(",")
+        wrong = [x for x in items if not (x.isdigit() and int(x) > 0)]
+        what = ", ".join(repr(x) if x else "an empty item" for x in wrong) or "nothing"
+        problems.append(Problem(f"cannot read node counts {args.scaling!r}: {what} "
+                                f"{'is' if len(wrong) == 1 else 'are'} not a positive whole number",
+                                key="--scaling", file=COMMAND_LINE,
                                 fix="give positive integers separated by commas, e.g. 1,2,4,8"))
     problems += output_problems([("--png", args.png if args.scaling else None), ("--trace", args.trace)])
     if problems:

@@ -187,3 +187,20 @@ def test_an_empty_set_value_is_refused_not_reset(capsys: pytest.CaptureFixture[s
     """`--set plan.tp=` would otherwise read as null and quietly put the key back to its default."""
     err = fails(capsys, "performance", "--config", E8, "--set", "plan.tp=", "--set", "plan.pp=2")
     assert "key 'plan.tp'" in err and "no value" in err and "null to clear" in err
+
+
+@pytest.mark.parametrize("argv", [("performance", "--target-nodes", "1.5"), ("memory", "--nodes", "1.5"),
+                                  ("shapes", "--gpus-per-node", "two"), ("inspect", "--nodes", "0")])
+def test_counts_that_are_not_whole_numbers_in_the_tools_own_format(capsys: pytest.CaptureFixture[str],
+                                                                    argv: tuple[str, ...]) -> None:
+    """Not argparse's usage line: the flag, the value and the fix, like every other bad input."""
+    err = fails(capsys, *argv, "--config", E8)
+    assert f"<command line>: key '{argv[1]}': must be a positive whole number (got " in err
+    assert "fix: give a whole number of at least 1" in err and "usage:" not in err
+
+
+def test_scaling_names_the_item_it_cannot_read(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fails(capsys, "performance", "--config", E8, "--scaling", "0,1")
+    assert "'0' is not a positive whole number" in err
+    err = fails(capsys, "performance", "--config", E8, "--scaling", "8,,16")
+    assert "an empty item is not a positive whole number" in err
