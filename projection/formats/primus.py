@@ -315,7 +315,7 @@ def load_primus(path: Path, overrides: Mapping[str, Any] | None = None, *, primu
                              models_dir=models_dir, env=env)
     if exp.framework == "megatron":
         unknown_set_keys(primus_keys, exp.module, lambda: resolve_experiment(
-            path, {}, primus_root=primus_root, models_dir=models_dir, env=env).params)
+            path, {}, primus_root=primus_root, models_dir=models_dir, env=env).params, primus_root is not None)
         raw = args_to_raw(exp.params, exp.origins, source=exp.source, framework="primus-megatron")
         for key, value in canonical.items():
             raw.set(key, value, Origin("--set", None, key))

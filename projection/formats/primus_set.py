@@ -15,6 +15,7 @@ from typing import Any
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.formats.megatron_args import DESTS, canonical_dest
+from projection.formats.primus_keys import PRIMUS_MEGATRON_KEYS
 
 CANONICAL_SECTIONS = ("model", "training", "plan", "cluster")
 
@@ -25,32 +26,50 @@ def split_set(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return {k: v for k, v in overrides.items() if k not in canonical}, canonical
 
 
-def unknown_set_keys(overrides: Mapping[str, Any], trainer: str, file_keys: Callable[[], Mapping[str, Any]]) -> None:
+def unknown_set_keys(overrides: Mapping[str, Any], trainer: str, file_keys: Callable[[], Mapping[str, Any]],
+                     primus_root_given: bool = False) -> None:
     """ConfigError listing every `--set` key (after Primus's optional `modules.<trainer>.[overrides.]` prefix) that is
-    not a Megatron argument projection reads and not a key of the experiment (`file_keys`, resolved without --set,
-    is called only when some key needs it)."""
-    candidates = []
+    not a Megatron argument projection reads, not a key of Primus's Megatron module configs (primus_keys) and not a
+    key of the experiment (`file_keys`: resolved without --set, nested keys by their dotted path; called only when
+    some key needs it). `model` is refused too: the preset is chosen by `modules.<trainer>.model` before any override,
+    so setting it would rename the model without changing it."""
+    candidates, problems = [], []
     for dotted in overrides:
         key = dotted
         for prefix in (f"modules.{trainer}.overrides.", f"modules.{trainer}."):
             if key.startswith(prefix):
                 key = key[len(prefix):]
                 break
-        if canonical_dest(key) not in DESTS:
+        if key == "model":
+            problems.append(Problem(f"--set {dotted}: the model preset is chosen by modules.{trainer}.model before "
+                                    "any override, so this would rename the model without changing its architecture",
+                                    key=dotted, file=COMMAND_LINE,
+                                    fix=f"edit modules.{trainer}.model in the experiment, or --set the architecture's "
+                                        "own keys (num_layers, hidden_size, ...)"))
+        elif canonical_dest(key) not in DESTS and key.split(".")[0] not in PRIMUS_MEGATRON_KEYS:
             candidates.append((dotted, key))
-    if not candidates:
-        return
-    known = file_keys()
-    problems = []
+    known = file_keys() if candidates else {}
     for dotted, key in candidates:
-        if key in known:
-            continue  # an argument the experiment sets that nothing here reads (lr): merged, unused
+        if _holds(known, key):
+            continue  # an argument the experiment sets that nothing here reads: merged, unused
         dashed = canonical_dest(key.replace("-", "_"))
         close = [dashed] if dashed in DESTS else difflib.get_close_matches(key, list(DESTS), n=3)
+        hint = "" if primus_root_given else (" (without --primus-root the keys of Primus @fd1eeab's module configs "
+                                             "are known; pass --primus-root PATH to read your version's)")
         problems.append(Problem(
-            f"--set {dotted}: not a Megatron argument this projection reads, nor a key of the experiment",
-            key=dotted, file=COMMAND_LINE,
+            f"--set {dotted}: not a Megatron argument this projection reads, nor a key of the experiment or of "
+            f"Primus's Megatron module configs{hint}", key=dotted, file=COMMAND_LINE,
             fix=f"did you mean {', '.join(close)}?" if close else "use a Megatron argument name (e.g. "
             "tensor_model_parallel_size) or a canonical key (e.g. training.global_batch_size)"))
     if problems:
         raise ConfigError(problems)
+
+
+def _holds(params: Mapping[str, Any], dotted: str) -> bool:
+    """Whether the nested params hold the dotted key path (`torch_compile.enable`)."""
+    node: Any = params
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
