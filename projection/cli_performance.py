@@ -98,7 +98,12 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
                                  if p.fix else "give --nodes N, a node count this plan fits, to start from")
                          for p in err.problems]) from None
     if args.target_nodes is not None:
-        scenario = extrapolate(scenario, args.target_nodes, flag="--target-nodes")
+        try:
+            scenario = extrapolate(scenario, args.target_nodes, flag="--target-nodes")
+        except PlanError:  # with --schedule all the file's schedule need not fit the target
+            if args.schedule != "all" or scenario.plan.schedule == "gpipe":
+                raise
+            scenario = extrapolate(_with_gpipe(scenario), args.target_nodes, flag="--target-nodes")
     calibration = Path(args.calibration) if args.calibration else None
     if calibration is not None and not calibration.is_file():
         raise ConfigError(Problem("calibration file not found", file=str(calibration), key="--calibration",
@@ -141,9 +146,10 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
 
 def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | None,
           default_nodes: int = 1) -> Scenario:
-    """The scenario, with --schedule NAME in place of the file's schedule before the plan is checked. With
-    --schedule all the file's own schedule need not fit the plan: when it is the only thing that keeps the file from
-    loading, the plan is checked with gpipe (any pp, vpp and microbatch count) and every applicable one compared."""
+    """The scenario, with --schedule NAME in place of the file's schedule before the plan is checked (a name that
+    does not fit is refused with the schedules that do). With --schedule all the file's own schedule need not fit
+    the plan: when only the plan's check fails (PlanError; a schema error such as an unknown name is still reported)
+    and the plan passes with gpipe (any pp, vpp and microbatch count), every applicable schedule is compared."""
     name = getattr(args, "schedule", None)
 
     def load(schedule: str | None) -> Scenario:
@@ -151,16 +157,34 @@ def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | 
                         gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
                         primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes,
                         schedule=schedule)
-    if name != "all":
-        return load(name)
     try:
-        return load(None)
+        return load(None if name == "all" else name)
+    except PlanError as err:
+        if name is None:
+            raise
+        fallback = _loads_or_none(load, "gpipe") if name == "all" else (
+            _loads_or_none(load, None) or _loads_or_none(load, "gpipe"))
+        if fallback is None:
+            raise
+        if name == "all":
+            return fallback
+        from projection.perf import applicable_schedules
+
+        ok = ", ".join(applicable_schedules(fallback))
+        raise PlanError([replace(p, fix=f"use one of {ok}; or --schedule all to compare them") if p.key == "--schedule"
+                         else p for p in err.problems]) from None
+
+
+def _loads_or_none(load: Callable[[str | None], Scenario], schedule: str | None) -> Scenario | None:
+    try:
+        return load(schedule)
     except ProjectionError:
-        try:
-            return load("gpipe")
-        except ProjectionError:
-            pass
-        raise
+        return None
+
+
+def _with_gpipe(scenario: Scenario) -> Scenario:
+    """The scenario with gpipe as its plan's schedule, for --schedule all when the file's does not fit a node count."""
+    return scenario.model_copy(update={"plan": scenario.plan.model_copy(update={"schedule": "gpipe"})})
 
 
 def _loads_at(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> bool:
@@ -193,7 +217,7 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     counts = _node_counts(args.scaling) if args.scaling is not None else []
     if args.scaling is not None and not counts:
         items = args.scaling.replace(" ", "").split(",")
-        wrong = [x for x in items if not (x.isdigit() and int(x) > 0)]
+        wrong = [x for x in items if not (x.isdecimal() and x.isascii() and int(x) > 0)]
         what = ", ".join(repr(x) if x else "an empty item" for x in wrong) or "nothing"
         problems.append(Problem(f"cannot read node counts {args.scaling!r}: {what} "
                                 f"{'is' if len(wrong) == 1 else 'are'} not a positive whole number",
@@ -300,12 +324,12 @@ def _scaling_table(rows: Sequence[Projection], scenario: Scenario) -> str:
         lines.append(f"{r['nodes']:>6d} {r['world_size']:>7d} {r['dp']:>6d} {r['microbatches']:>12d} "
                      f"{r['step_time_s']:>10.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['model_tflops_per_gpu']:>12.1f} "
                      f"{r['mfu']:>7.1%} {r['peak_dtype']:>7}  {r['memory_verdict']}")
-    # a note that holds at some node counts only (e.g. TorchTitan without FSDP runs in fp32) explains a row that
-    # breaks the trend: printed with the counts it applies to
+    # the projections' notes; one that holds at some node counts only (e.g. TorchTitan without FSDP runs in fp32)
+    # explains a row that breaks the trend: printed with the counts it applies to
     for note in dict.fromkeys(n for p in rows for n in p.notes):
         at = [p.scenario.cluster.nodes for p in rows if note in p.notes]
-        if len(at) < len(rows):
-            lines.append(f"note at {', '.join(map(str, at))} node{'s' if at != [1] else ''}: {note}")
+        lines.append(f"note at {', '.join(map(str, at))} node{'s' if at != [1] else ''}: {note}"
+                     if len(at) < len(rows) else f"note: {note}")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 
 from projection.cost.model import CostModel
-from projection.errors import PlanError, Problem, count_of
+from projection.errors import COMMAND_LINE, PlanError, Problem, count_of
 from projection.perf.project import Engine, project
 from projection.perf.result import Projection
 from projection.specs.plan import ParallelPlan
@@ -82,7 +82,8 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
             out.append(Problem(p.message, key=flag, file=scenario.source, fix=hint))
         else:
             where = f"at {_n(nodes)}" + (f" (dp {plan.dp})" if plan is not None else "")
-            fix = f"{hint}; or {p.fix} ({p.key})" if p.fix else hint
+            key = _given_as(scenario, p.key or "")
+            fix = f"{hint}; or {p.fix} ({key})" if p.fix else hint
             if p.key == "training.global_batch_size" and plan is not None:
                 step = scenario.training.micro_batch_size * plan.dp_()
                 local = scenario.training.local_batch_size
@@ -90,8 +91,14 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
                     step = math.lcm(step, local * plan.dp_())  # TorchTitan: a multiple of local batch x dp too
                 gbs = scenario.training.resolved_global_batch(scenario.plan.dp_())
                 fix += f", e.g. --set training.global_batch_size={-(-gbs // step) * step}"
-            out.append(Problem(f"{where}: {p.message} [{p.key}]", key=flag, file=scenario.source, fix=fix))
+            out.append(Problem(f"{where}: {p.message} [{key}]", key=flag, file=scenario.source, fix=fix))
     return out
+
+
+def _given_as(scenario: Scenario, key: str) -> str:
+    """The command-line flag that gave canonical `key` (plan.schedule from --schedule), else the key itself."""
+    origin = scenario.origins.get(key, "")
+    return origin[len(COMMAND_LINE) + 2:-1] if origin.startswith(f"{COMMAND_LINE} (--") else key
 
 
 def extrapolate(scenario: Scenario, nodes: int, *, flag: str = "nodes") -> Scenario:

@@ -145,6 +145,14 @@ def test_the_command_line_schedule_replaces_one_that_does_not_fit(capsys: pytest
     assert "interleaved_1f1b" in {r["schedule"] for r in rows} and "1f1b" not in {r["schedule"] for r in rows}
     code, _, err = perf(capsys, *vpp2, "--schedule", "zb_h1")
     assert code == 2 and "key '--schedule'" in err and "vpp must be 1" in err
+    assert "fix: use one of gpipe, interleaved_1f1b, zbv, v_half, v_min, dualpipev; or --schedule all" in err
+    # at a node count the named schedule does not fit, the flag (not plan.schedule) is named
+    code, _, err = perf(capsys, *vpp2, "--schedule", "interleaved_1f1b", "--target-nodes", "32")
+    assert code == 2 and "[--schedule]" in err and "plan.schedule" not in err
+    # --schedule all compares what fits the target when the file's schedule does not fit there
+    rows = perf_json(capsys, *vpp2, "--set", "plan.schedule=interleaved_1f1b", "--schedule", "all",
+                     "--target-nodes", "32")["schedules"]
+    assert [r["schedule"] for r in rows] and "interleaved_1f1b" not in {r["schedule"] for r in rows}
     code, _, err = perf(capsys, *vpp2, "--schedule", "bogus")
     assert code == 2 and "unknown schedule 'bogus'" in err and "interleaved_1f1b" in err
 
@@ -258,3 +266,13 @@ def test_scaling_rows_say_which_peak_their_mfu_is_against(capsys: pytest.Capture
     assert "note at 1 node: TorchTitan applies no FSDP" in out
     doc = perf_json(capsys, "--config", str(toml), "--scaling", "1,2", "--set", "training.global_batch_size=8")
     assert [r["peak_dtype"] for r in doc["scaling"]] == ["fp32", "bf16"]
+
+
+def test_schedule_all_still_reports_a_schedule_name_the_file_gets_wrong(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Path) -> None:
+    """Only a valid schedule that does not fit the plan is passed over by --schedule all; a misspelt one is the
+    file's error and is reported."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(LLAMA.read_text().replace("plan:\n", "plan:\n  schedule: one_f_one_b\n", 1))
+    code, _, err = perf(capsys, "--config", str(bad), "--schedule", "all")
+    assert code == 2 and "key 'plan.schedule'" in err and "one_f_one_b" in err

@@ -204,3 +204,5 @@ def test_scaling_names_the_item_it_cannot_read(capsys: pytest.CaptureFixture[str
     assert "'0' is not a positive whole number" in err
     err = fails(capsys, "performance", "--config", E8, "--scaling", "8,,16")
     assert "an empty item is not a positive whole number" in err
+    err = fails(capsys, "performance", "--config", E8, "--scaling", "1,\u00b2")  # a digit int() does not read
+    assert "'\u00b2' is not a positive whole number" in err
