@@ -57,7 +57,10 @@ def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence
         if not path:
             continue
         p = Path(path)
-        if p.is_dir():
+        if flag == "--png" and p.suffix.lower() != ".png":  # matplotlib picks the format from the name
+            out.append(Problem(f"a --png file needs a .png name (got {p.suffix or 'none'})", key=flag, file=path,
+                               fix=f"name it {p.with_suffix('.png').name}"))
+        elif p.is_dir():
             out.append(Problem("is a directory", key=flag, file=path, fix="give a file name"))
         elif not p.parent.is_dir():
             what = "is not a directory" if p.parent.exists() else "does not exist"

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,9 @@ def _seconds(value: str | None, flag: str) -> float | None:
 
 def _schedule(args: argparse.Namespace) -> Schedule:
     if args.csv:
+        conflicts = _csv_conflicts(args)
+        if conflicts:
+            raise ConfigError(conflicts)
         try:
             sched = load_csv(args.csv, name=args.schedule)
         except (OSError, ValueError) as e:
@@ -83,16 +87,40 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     if missing:
         raise ConfigError(Problem(f"missing {', '.join(missing)}", key=missing[0], file=COMMAND_LINE,
                                   fix="give --schedule NAME --pp P --microbatches M (or --csv FILE)"))
+    bad = [Problem(f"must be a positive whole number (got {v})", key=flag, file=COMMAND_LINE,
+                   fix="give a whole number of at least 1")
+           for flag, v in (("--pp", args.pp), ("--microbatches", args.microbatches), ("--vpp", args.vpp),
+                           ("--microbatch-group-size", args.microbatch_group_size)) if v is not None and v < 1]
+    if args.microbatch_group_size is not None and args.schedule != "interleaved_1f1b":
+        bad.append(Problem(f"Megatron's microbatch group size applies to interleaved_1f1b only, not to "
+                           f"{args.schedule}", key="--microbatch-group-size", file=COMMAND_LINE,
+                           fix="drop it, or use --schedule interleaved_1f1b"))
+    if bad:
+        raise ConfigError(bad)
     try:
         return build_schedule(args.schedule, args.pp, args.microbatches, args.vpp,
                               microbatch_group_size=args.microbatch_group_size)
     except ValueError as e:
-        raise ConfigError(Problem(str(e), key="--schedule", file=COMMAND_LINE, fix="pick --pp, --vpp and "
+        # the registry speaks Megatron's flag; this command's is --microbatch-group-size
+        text = str(e).replace("--microbatch-group-size-per-vp-stage", "--microbatch-group-size")
+        raise ConfigError(Problem(text, key="--schedule", file=COMMAND_LINE, fix="pick --pp, --vpp and "
                                   "--microbatches that the schedule accepts")) from e
 
 
+def _csv_conflicts(args: argparse.Namespace) -> list[Problem]:
+    """Flags that a --csv schedule holds itself (ranks, stages, microbatches): given beside it they would be ignored."""
+    return [Problem("the CSV schedule holds its own ranks, stages and microbatches", key=flag, file=COMMAND_LINE,
+                    fix=f"drop {flag} (or drop --csv and use a built-in --schedule)")
+            for flag, v in (("--pp", args.pp), ("--microbatches", args.microbatches),
+                            ("--vpp", None if args.vpp == 1 else args.vpp),
+                            ("--microbatch-group-size", args.microbatch_group_size)) if v is not None]
+
+
 def _closed_form(args: argparse.Namespace, sched: Schedule, f: float, b: float, w: float | None,
-                 lat: float) -> float | None:
+                 lat: float) -> tuple[float, bool] | None:
+    """(closed-form step seconds, whether it is exact here), or None where the schedule has no closed form. The
+    interleaved form is exact for m a multiple of pp and p2p at most a chunk's forward and backward; outside that it
+    is a lower bound (projection/sim/closed_form.py)."""
     name = sched.name
     if args.csv or name not in closed_form.CLOSED_FORMS or (name == "gpipe" and args.vpp != 1):
         return None
@@ -100,18 +128,22 @@ def _closed_form(args: argparse.Namespace, sched: Schedule, f: float, b: float, 
         return None
     per = sched.n_stages / sched.n_ranks
     ww = None if w is None else w / per
-    return float(closed_form.step_time_s(name, args.pp, args.microbatches, f / per, b / per, vpp=args.vpp, w_s=ww,
-                                         p2p_s=lat))
+    cf = float(closed_form.step_time_s(name, args.pp, args.microbatches, f / per, b / per, vpp=args.vpp, w_s=ww,
+                                       p2p_s=lat))
+    exact = not (name == "interleaved_1f1b" and args.vpp > 1 and args.pp > 1
+                 and (lat > min(f, b) / per or args.microbatches % args.pp))
+    return cf, exact
 
 
-def _table(res: SimResult, cf: float | None, written: list[str]) -> str:
+def _table(res: SimResult, cf: tuple[float, bool] | None, written: list[str]) -> str:
     s = res.schedule
     lines = [f"schedule {s.name}  ranks {s.n_ranks}  stages {s.n_stages}  microbatches {s.n_microbatches}  "
              f"engine {res.engine}",
              f"step time     {res.step_time_s:.6g} s",
              f"bubble ratio  {res.bubble_ratio:.2%}"]
     if cf is not None:
-        lines.append(f"closed form   {cf:.6g} s")
+        lines.append(f"closed form   {cf[0]:.6g} s" + ("" if cf[1] else "  (a lower bound here: the interleaved form "
+                                                        "is exact for m a multiple of pp and p2p <= a chunk's f, b)"))
     lines.append(f"{'rank':>4}  {'busy_s':>12}  {'bubble_s':>12}  {'exposed_comm_s':>14}  {'peak_in_flight':>14}")
     for r in range(res.n_ranks):
         lines.append(f"{r:>4}  {res.busy_s[r]:>12.6g}  {res.bubble_s[r]:>12.6g}  {res.exposed_comm_s[r]:>14.6g}  "
@@ -133,7 +165,15 @@ def run(args: argparse.Namespace) -> int:
                                    [("--pp-vis", args.pp_vis)])
         if problems:  # before any work, and before anything is written
             raise ConfigError(problems)
-        res = simulate(sched, rank_costs(sched, f, b, w, lat), engine=args.engine, links=args.links)
+        if args.links != "none" and args.engine != "des":
+            raise ConfigError(Problem(f"--links {args.links} models shared links in the event loop only",
+                                      key="--links", file=COMMAND_LINE, fix="add --engine des, or drop --links"))
+        try:
+            costs = rank_costs(sched, f, b, w, lat)
+        except ConfigError as e:  # the costs' own keys are this command's flags
+            raise ConfigError([replace(p, key=f"--{(p.key or '').replace('_', '-')}", file=COMMAND_LINE)
+                               for p in e.problems]) from None
+        res = simulate(sched, costs, engine=args.engine, links=args.links)
         cf = _closed_form(args, sched, f, b, w, lat)
         written = _write_outputs(args, res)
     except ProjectionError as e:
@@ -141,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.format == "json":
         d = res.to_dict()
-        d["closed_form_step_time_s"] = cf
+        d["closed_form_step_time_s"] = None if cf is None else cf[0]
+        d["closed_form_exact"] = None if cf is None else cf[1]
         d["wrote"] = written
         print(json.dumps(d, indent=2))
     else:

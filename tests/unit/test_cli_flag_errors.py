@@ -206,3 +206,35 @@ def test_scaling_names_the_item_it_cannot_read(capsys: pytest.CaptureFixture[str
     assert "an empty item is not a positive whole number" in err
     err = fails(capsys, "performance", "--config", E8, "--scaling", "1,\u00b2")  # a digit int() does not read
     assert "'\u00b2' is not a positive whole number" in err
+
+
+def test_schedule_flags_are_named_as_given(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Each bad `projection schedule` flag is named as the command spells it, and none is silently ignored."""
+    err = fails(capsys, "schedule", "--schedule", "1f1b", "--pp", "0", "--microbatches", "0", "--vpp", "0")
+    assert all(f"key '{k}': must be a positive whole number" in err for k in ("--pp", "--microbatches", "--vpp"))
+    err = fails(capsys, *SCHED, "--w-s", "3")
+    assert "<command line>: key '--w-s'" in err
+    err = fails(capsys, *SCHED, "--links", "nic")
+    assert "key '--links'" in err and "--engine des" in err
+    err = fails(capsys, *SCHED, "--microbatch-group-size", "4")
+    assert "key '--microbatch-group-size'" in err and "interleaved_1f1b only" in err
+    err = fails(capsys, "schedule", "--schedule", "interleaved_1f1b", "--pp", "4", "--vpp", "2", "--microbatches", "6")
+    assert "--microbatch-group-size-per-vp-stage" not in err and "set --microbatch-group-size" in err
+    csv = tmp_path / "s.csv"
+    csv.write_text("0F0,0B0\n")
+    err = fails(capsys, "schedule", "--csv", str(csv), "--pp", "4", "--microbatches", "8")
+    assert "key '--pp'" in err and "key '--microbatches'" in err
+    err = fails(capsys, *SCHED, "--png", str(tmp_path / "x.foo"))
+    assert "key '--png'" in err and "name it x.png" in err and files_under(tmp_path) == [csv]
+
+
+def test_schedule_marks_a_closed_form_that_is_only_a_lower_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    """Interleaved 1F1B with p2p above a chunk's forward: the walk is 70 s, the closed form 62.5 s, a lower bound."""
+    assert main(["schedule", "--schedule", "interleaved_1f1b", "--pp", "4", "--vpp", "2", "--microbatches", "8",
+                 "--p2p-s", "2", "--format", "json"]) == 0
+    doc = __import__("json").loads(capsys.readouterr().out)
+    assert (doc["step_time_s"], doc["closed_form_step_time_s"], doc["closed_form_exact"]) == (70.0, 62.5, False)
+    assert main(["schedule", "--schedule", "interleaved_1f1b", "--pp", "4", "--vpp", "2", "--microbatches", "8",
+                 "--format", "json"]) == 0
+    doc = __import__("json").loads(capsys.readouterr().out)
+    assert doc["closed_form_exact"] is True and doc["closed_form_step_time_s"] == doc["step_time_s"]
