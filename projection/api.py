@@ -38,6 +38,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     nodes and the device's usual GPUs per node. schedule: a pipeline schedule name that replaces the file's before the
     plan is checked (the CLI's --schedule NAME).
     """
+    _check_load_args(config, overrides, env, hardware_dir, models_dir)
+    hardware_dir, models_dir = Path(hardware_dir), Path(models_dir)
     ov = dict(overrides) if isinstance(overrides, Mapping) else parse_set(list(overrides or ()))
     # `cluster.*` is projection's own key in every format (no Primus, Megatron or TorchTitan file has it): applied
     # after loading, so a Primus experiment does not merge it away and a TorchTitan TOML does not take it for a section
@@ -75,8 +77,38 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     return build_scenario(raw, device)
 
 
+def _check_load_args(config: Any, overrides: Any, env: Any, hardware_dir: Any, models_dir: Any) -> None:
+    """ConfigError (not a TypeError from deep inside) for arguments of `load` of the wrong kind, all at once."""
+    def problem(key: str, got: Any, want: str) -> Problem:
+        return Problem(f"{key} must be {want}, got {type(got).__name__} {got!r}"[:200], key=key, file="<api.load>",
+                       fix=f"pass {want}")
+    bad = []
+    if not isinstance(config, str | Path):
+        bad.append(problem("config", config, "a path (str or pathlib.Path)"))
+    if isinstance(overrides, Mapping):
+        bad += [problem("overrides", k, "a mapping with str keys") for k in overrides if not isinstance(k, str)]
+    elif overrides is not None and (isinstance(overrides, str | bytes) or not isinstance(overrides, Sequence)
+                                    or not all(isinstance(x, str) for x in overrides)):
+        bad.append(problem("overrides", overrides, "a mapping or a list of 'KEY=VALUE' strings"))
+    if env is not None and not isinstance(env, Mapping):
+        bad.append(problem("env", env, "a mapping of environment variables"))
+    for key, value in (("hardware_dir", hardware_dir), ("models_dir", models_dir)):
+        if not isinstance(value, str | Path):
+            bad.append(problem(key, value, "a folder path (str or pathlib.Path)"))
+    if bad:
+        raise ConfigError(bad)
+
+
+def _need(value: Any, kind: type, what: str, name: str) -> None:
+    if not isinstance(value, kind):
+        raise ConfigError(Problem(f"{name} needs {what}, got {type(value).__name__}", key=name, file="<api>",
+                                  fix=f"pass {what}" + (" (from api.load)" if kind is Scenario else
+                                                        " (from api.estimate_memory)" if kind is MemoryReport else "")))
+
+
 def inspect(scenario: Scenario) -> InspectReport:
     """Resolved values with their origins, and parameter counts (total, by component, activated, per rank)."""
+    _need(scenario, Scenario, "a Scenario", "inspect")
     return build_inspect_report(scenario)
 
 
@@ -85,6 +117,7 @@ def estimate_memory(scenario: Scenario) -> MemoryReport:
     buffers), allocated and reserved peaks, and the verdict against the device's HBM."""
     from projection.memory.estimate import estimate_memory as _estimate
 
+    _need(scenario, Scenario, "a Scenario", "estimate_memory")
     return _estimate(scenario)
 
 
@@ -92,4 +125,5 @@ def explain_memory(report: MemoryReport) -> str:
     """Each memory term as a sympy formula with the numbers substituted."""
     from projection.memory.explain import explain
 
+    _need(report, MemoryReport, "a MemoryReport", "explain_memory")
     return explain(report)

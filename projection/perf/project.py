@@ -68,6 +68,9 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     """Project one training step of `scenario` (its plan's schedule, or `schedule`). cost_model: default
     `default_cost_model(scenario)` (shipped calibration over the roofline). engine: "des" (event loop, shared
     links) or "dag" (exact walk, p2p as latency)."""
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(Problem(f"project needs a Scenario, got {type(scenario).__name__}", key="scenario",
+                                  file="<api>", fix="pass a Scenario from projection.api.load"))
     sc = with_schedule(scenario, schedule) if schedule is not None else scenario
     cm = cost_model if cost_model is not None else default_cost_model(sc)
     n = rounds(sc)

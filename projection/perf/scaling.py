@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from projection.cost.model import CostModel
-from projection.errors import COMMAND_LINE, PlanError, Problem, count_of
+from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, count_of
 from projection.perf.project import Engine, project
 from projection.perf.result import Projection
 from projection.specs.plan import ParallelPlan
@@ -106,6 +107,7 @@ def extrapolate(scenario: Scenario, nodes: int, *, flag: str = "nodes") -> Scena
     tp x cp x pp, or the global batch is not a multiple of micro batch x the new dp (or any other layout rule of
     projection.specs.validate breaks); the error is located at the scenario's file with key `flag` (the CLI passes
     '--target-nodes' or '--scaling') and suggests the nearest node counts that work."""
+    _check_counts([nodes], flag)
     problems = node_count_problems(scenario, nodes, flag=flag)
     if problems:
         raise PlanError(problems)
@@ -120,8 +122,20 @@ def scaling_table(scenario: Scenario, node_counts: Iterable[int], cost_model: Co
     compute ops and collectives (its fabric must suit the cluster's nodes: same GPUs per node); default: the shipped
     calibration of each extrapolated scenario. PlanError listing every count that does not fit (key `flag`) before
     anything is projected."""
+    if not isinstance(node_counts, Iterable) or isinstance(node_counts, str | bytes):
+        raise ConfigError(Problem(f"node counts must be a list of whole numbers, got {node_counts!r}", key=flag,
+                                  file="<api>", fix="pass e.g. [1, 2, 4, 8]"))
     counts = list(node_counts)
+    _check_counts(counts, flag)
     problems = [p for n in counts for p in node_count_problems(scenario, n, flag=flag)]
     if problems:
         raise PlanError(problems)
     return [project(extrapolate(scenario, n, flag=flag), cost_model, engine=engine) for n in counts]
+
+
+def _check_counts(counts: list[Any], flag: str) -> None:
+    """ConfigError naming every count that is not a positive whole number (1.5, '4', True)."""
+    bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 1]
+    if bad:
+        raise ConfigError(Problem(f"node counts must be positive whole numbers, got {', '.join(map(repr, bad))}",
+                                  key=flag, file="<api>", fix="pass whole numbers of at least 1, e.g. [1, 2, 4, 8]"))

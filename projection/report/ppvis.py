@@ -198,8 +198,12 @@ def load_pp_data(directory: str | Path) -> MeasuredPipeline:
         raise ConfigError(Problem(f"cannot read a pp_data config: {e}", file=str(cfg_path),
                                   fix="point at a directory with config.json and pp_rank_<i>.json")) from e
     pp = _num(cfg, "pp_size", str(cfg_path))
-    vpp = int(cfg.get("vp_size") or cfg.get("vpp_size") or 1)
-    m = int(cfg.get("num_mbs") or cfg.get("micro_batches") or 0)
+    try:
+        vpp = int(cfg.get("vp_size") or cfg.get("vpp_size") or 1)
+        m = int(cfg.get("num_mbs") or cfg.get("micro_batches") or 0)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(Problem(f"vp_size / num_mbs must be whole numbers: {e}", file=str(cfg_path),
+                                  fix="point at a Primus pp_data directory (config.json + pp_rank_<i>.json)")) from e
     per_rank = []
     for r in range(pp):
         path = root / f"pp_rank_{r}.json"
@@ -209,9 +213,13 @@ def load_pp_data(directory: str | Path) -> MeasuredPipeline:
             raise ConfigError(Problem(f"cannot read rank {r}: {e}", file=str(path),
                                       fix=f"the dump needs one pp_rank_<i>.json per pipeline rank (pp_size = {pp})"
                                       )) from e
-    iters = sorted(set.intersection(*(set(d) for d in per_rank)), key=int)
     out = []
-    for it in iters:
-        ranks = tuple(_rank_actions(d[it], m, vpp, pp) for d in per_rank)
-        out.append(MeasuredIteration(int(it), tuple(float(d[it]["total"]) / 1e3 for d in per_rank), ranks))
+    try:
+        for it in sorted(set.intersection(*(set(d) for d in per_rank)), key=int):
+            ranks = tuple(_rank_actions(d[it], m, vpp, pp) for d in per_rank)
+            out.append(MeasuredIteration(int(it), tuple(float(d[it]["total"]) / 1e3 for d in per_rank), ranks))
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # unequal lists, non-numbers, missing keys
+        raise ConfigError(Problem(f"malformed pp_data record: {type(e).__name__}: {e}", file=str(root),
+                                  fix="each pp_rank_<i>.json maps iteration -> {fwd_start, fwd_end, bwd_start, "
+                                      "bwd_end, ..., total} with equal-length lists of numbers")) from e
     return MeasuredPipeline(str(root), pp, vpp, m, tuple(out))
