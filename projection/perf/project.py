@@ -86,7 +86,7 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     pg = param_gather_exposed_s(dp, priced, sched, sim)
     tails = [o + g for o, g in zip(_per_schedule_rank(opt, sched), pg, strict=True)]
     step = sim.step_time_s + max(tails, default=0.0)
-    notes = _unmodelled(sc) + _foreign_calibration(sc, cm)
+    notes = _unmodelled(sc) + _foreign_calibration(sc, cm) + _partial_calibration(sc, cm)
     memory = _memory(sc, notes)
     return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes)
 
@@ -172,6 +172,25 @@ def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
     return [f"calibration {getattr(cm, 'name', '')} was measured on {', '.join(foreign)}, not on {dev.name}: its "
             "seconds are used as they are (calibrate on this device, or pass --hardware with the device it was "
             "measured on)"]
+
+
+def _partial_calibration(sc: Scenario, cm: CostModel) -> list[str]:
+    """A note when a calibration other than the device's shipped one lacks tables the shipped one has: those ops
+    fall back to the roofline, not to the shipped tables (a host-only --calibration drops the shipped GEMMs)."""
+    from projection.calibrate.calibration import TABLES, load_calibration
+    from projection.perf.costmodel import shipped_calibration
+
+    cal, name = getattr(cm, "calibration", None), getattr(cm, "name", "")
+    shipped = shipped_calibration(sc.cluster.device.name)
+    if cal is None or shipped is None or name == shipped.name:
+        return []
+    have, ship = cal.row_counts(), load_calibration(shipped).row_counts()
+    missing = [t for t in TABLES if t != "host" and ship.get(t) and not have.get(t)]
+    if not missing:
+        return []
+    return [f"calibration {name} has no {', '.join(missing)} rows: those ops are priced by the "
+            f"{sc.cluster.device.name} roofline, not by the shipped calibrations/{shipped.name} (to keep both, "
+            f"combine them: projection calibrate import calibrations/{shipped.name} {name} --out CAL.json)"]
 
 
 def _squash(text: str) -> str:

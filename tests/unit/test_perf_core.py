@@ -599,3 +599,20 @@ def test_parameter_gather_starts_at_the_first_forward_or_aligned_at_the_step_sta
         assert p.param_gather_exposed_s[1] < buckets[0].seconds
     else:
         assert p.param_gather_exposed_s[1] == pytest.approx(buckets[0].seconds, rel=1e-9)
+
+
+def test_a_calibration_without_the_shipped_tables_says_what_falls_back(tmp_path: Path) -> None:
+    """A host-only --calibration replaces the shipped one: its GEMMs, attention, memory-bound ops and collectives go
+    to the roofline. The projection says so, and how to keep both."""
+    from projection import api
+    from projection.calibrate.calibration import Calibration, HostRow, Provenance
+    from projection.perf import default_cost_model, project
+
+    sc = api.load(Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml")
+    path = tmp_path / "host.json"
+    Calibration(provenance=(Provenance(device_name="AMD Instinct MI300X"),),
+                host=(HostRow(host_s=2e-5, kernels=100),)).save(path)
+    notes = project(sc, default_cost_model(sc, calibration=path)).notes
+    (note,) = [n for n in notes if "has no" in n]
+    assert "has no gemm, attention, memory_bound, collective rows" in note and "calibrations/mi300x.json" in note
+    assert not [n for n in project(sc).notes if "has no" in n]  # the shipped one itself
