@@ -69,6 +69,8 @@ KNOWN_CONVERTERS = FLOAT8_LINEAR_CONVERTERS | MX_LINEAR_CONVERTERS | OTHER_CONVE
 _MISSING = object()
 
 
+JOB_CONFIG_DEFAULT = "default (TorchTitan JobConfig)"
+
 class JobReader:
     """Typed access to a nested job config; every problem is collected (never raised one at a time)."""
 
@@ -89,18 +91,20 @@ class JobReader:
         return self.get(key, _MISSING) is not _MISSING
 
     def origin(self, key: str) -> Origin:
-        """Where `key` was written; for a table, its first line; for an absent key, the source file."""
+        """Where `key` was written; for a table, its first line; for an absent key, TorchTitan's JobConfig default
+        (as Megatron's argparse defaults are labelled)."""
         if key in self.origins:
             return self.origins[key]
         below = [o for k, o in self.origins.items() if k.startswith(key + ".")]
         if below:
             first = min(below, key=lambda o: (o.line is None, o.line or 0))
             return Origin(first.file, first.line, key)
-        return Origin(self.source, None, key)
+        return Origin(JOB_CONFIG_DEFAULT, None, key)
 
     def problem(self, key: str, message: str, fix: str) -> None:
         o = self.origin(key)
-        self.problems.append(Problem(message, key=key, file=o.file, line=o.line, fix=fix))
+        file = self.source if o.file == JOB_CONFIG_DEFAULT else o.file  # an absent key: the file it belongs in
+        self.problems.append(Problem(message, key=key, file=file, line=o.line, fix=fix))
 
     def integer(self, key: str, default: int, *, minimum: int = 1, also: tuple[int, ...] = ()) -> int:
         value = self.get(key, default)

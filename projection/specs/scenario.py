@@ -92,6 +92,8 @@ def origin_problem(raw: RawScenario, dotted: str, message: str, fix: str | None 
     o = closest(raw.origins, dotted)
     if o is None:
         return Problem(message, key=dotted, file=raw.source, fix=fix)
+    if o.file.startswith("default"):  # a framework default: the file it would be written in, by its own key
+        return Problem(message, key=o.key or dotted, file=raw.source, fix=fix)
     return Problem(message, key=o.key or dotted, file=o.file, line=o.line, fix=fix)
 
 

@@ -468,3 +468,22 @@ def test_target_nodes_hint_respects_the_local_batch_rule(tmp_path: Path) -> None
     with pytest.raises(PlanError) as err:
         extrapolate(sc, 4)
     assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
+
+
+def test_defaults_are_labelled_as_torchtitans_not_the_files(tmp_path: Path) -> None:
+    """A key the TOML does not hold takes TorchTitan's JobConfig default, and says so (as Megatron's argparse
+    defaults do); a problem about such a key is still located at the file, by the key to add."""
+    from projection import api
+    from projection.errors import PlanError
+
+    path = tmp_path / "job.toml"
+    path.write_text('[job]\nname = "x"\n[model]\nname = "llama3"\nflavor = "8B"\n')
+    sc = api.load(path, nodes=1, hardware="h100-sxm")
+    for key in ("training.seq_length", "training.local_batch_size", "plan.cp"):
+        assert sc.origins[key].startswith("default (TorchTitan JobConfig)"), (key, sc.origins[key])
+    assert sc.origins["model.hidden_size"].startswith(f"{path}:5")
+    with pytest.raises(PlanError) as err:  # the default seq_len 2048 is not divisible by 2 * cp = 6
+        api.load(path, nodes=1, hardware="h100-sxm", overrides={"parallelism.context_parallel_degree": 3,
+                                                                 "parallelism.data_parallel_shard_degree": 2})
+    (seq,) = [p for p in err.value.problems if "seq_length 2048" in p.message]
+    assert (seq.file, seq.key) == (str(path), "training.seq_len")
