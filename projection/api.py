@@ -54,15 +54,15 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
                    models_dir=models_dir, env=env or {})
     for key, value in cluster.items():
-        raw.set(key, value, Origin("command line", None, f"--set {key}"))
+        raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
     if schedule is not None:
         raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
     if hardware is not None:
-        raw.set("cluster.hardware", hardware, Origin("command line", None, "--hardware"))
+        raw.set("cluster.hardware", hardware, Origin(COMMAND_LINE, None, "--hardware"))
     if nodes is not None:
-        raw.set("cluster.nodes", nodes, Origin("command line", None, "--nodes"))
+        raw.set("cluster.nodes", nodes, Origin(COMMAND_LINE, None, "--nodes"))
     if gpus_per_node is not None:
-        raw.set("cluster.gpus_per_node", gpus_per_node, Origin("command line", None, "--gpus-per-node"))
+        raw.set("cluster.gpus_per_node", gpus_per_node, Origin(COMMAND_LINE, None, "--gpus-per-node"))
     if raw.get("cluster.nodes") is None:
         raw.set("cluster.nodes", default_nodes,
                 Origin(f"default ({count_of(default_nodes, 'node')}; --nodes to change)"))
@@ -73,7 +73,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
     else:
         device = load_device(str(raw.get("cluster.hardware")), hardware_dir, key=origin.key or "cluster.hardware",
-                             file=COMMAND_LINE if origin.file == "command line" else origin.file, line=origin.line)
+                             file=origin.file, line=origin.line)
     return build_scenario(raw, device)
 
 

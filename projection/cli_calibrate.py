@@ -86,14 +86,16 @@ def _run_import(args: argparse.Namespace) -> int:
 def _run_fit(args: argparse.Namespace) -> int:
     raise_all(out_problems(args.out))
     fitted = fit_calibration(load_calibration(args.calibration), file=args.calibration)
+    doc = json.dumps({"quality": [q.model_dump() for q in fitted.quality()], **fitted.model_dump(mode="json")},
+                     indent=2)  # the same document on stdout and in --out
     if args.out:
         try:
-            Path(args.out).write_text(fitted.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            Path(args.out).write_text(doc + "\n", encoding="utf-8")
         except OSError as err:
             raise CalibrationError(Problem(f"cannot write the fit: {err.strerror or err}", file=args.out,
                                            fix="give a writable path for --out")) from None
     if args.format == "json":
-        print(json.dumps({"quality": [q.model_dump() for q in fitted.quality()], **fitted.model_dump()}, indent=2))
+        print(doc)
     else:
         print(fitted.to_table())
     return 0

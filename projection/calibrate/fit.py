@@ -33,7 +33,7 @@ from projection.cost.collectives import (
     bus_factor,
     tier_from_curve,
 )
-from projection.errors import Problem
+from projection.errors import Problem, count_of
 from projection.specs.base import Spec
 
 MAX_SEGMENTS = 6  # 3 protocols (LL, LL128, Simple) x 2 algorithms (ring, tree)
@@ -157,7 +157,8 @@ class FittedFabric(Spec):
         if self.tiers:
             lines.append("")
             lines += [f"tier {t.tier}: alpha {t.alpha_s * 1e6:.2f} us per step, beta {t.beta_bytes_per_s / 1e9:.1f} "
-                      f"GB/s per GPU (from {t.from_kind}, {t.n_ranks} ranks on {t.n_nodes} nodes)" for t in self.tiers]
+                      f"GB/s per GPU (from {t.from_kind}, {t.n_ranks} ranks on {count_of(t.n_nodes, 'node')})"
+                      for t in self.tiers]
         lines += [f"skipped: {s}" for s in self.skipped]
         return "\n".join(lines)
 

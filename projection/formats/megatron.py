@@ -66,7 +66,7 @@ def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, sourc
     else:
         stem = Path(source).stem
         raw.set("model.name", Path(source).parent.name if stem == "model_config" else stem,
-                Origin(source, None, "(file name)"))
+                Origin(source, None, "the file name"))
     return raw
 
 

@@ -47,7 +47,7 @@ def test_inspect_provenance_and_overrides() -> None:
     assert d["cluster"]["world_size"] == 64
     assert d["origins"]["plan.tp"].startswith(str(EXAMPLE)) and ":10" in d["origins"]["plan.tp"]
     assert d["origins"]["plan.pp"] == "--set (plan.pp)"
-    assert d["origins"]["cluster.nodes"] == "command line (--nodes)"
+    assert d["origins"]["cluster.nodes"] == "<command line> (--nodes)"
     assert d["origins"]["model.num_layers"].endswith("models/llama3.1_70B.yaml:9 (num_layers)")
     assert len(d["params"]["per_rank"]) == 8
     assert d["derived"]["dp"] == 1 and d["derived"]["microbatches_per_step"] == 128

@@ -358,6 +358,7 @@ def test_cli_import_and_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert run(parser.parse_args(["calibrate", "fit", str(out), "--format", "json"])) == 0
     data = json.loads(capsys.readouterr().out)
     assert {q["name"] for q in data["quality"]} >= {"intra_node", "all_gather"} and len(data["curves"]) == 6
+    assert json.loads((tmp_path / "fit.json").read_text()) == data  # --out holds what --format json prints
     assert run(parser.parse_args(["calibrate", "import", str(FIXTURES / "README.md"), "--out", str(out)])) == 2
     assert "no benchmark table" in capsys.readouterr().err
     assert run(parser.parse_args(["calibrate", "fit", str(tmp_path / "missing.json")])) == 2

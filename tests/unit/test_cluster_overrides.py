@@ -27,7 +27,7 @@ def test_cluster_keys_apply_in_every_format(config: Path) -> None:
         pytest.skip(f"{config} absent (user clone without shared fixtures)")
     sc = api.load(config, overrides=SET)
     assert (sc.cluster.oversubscription, sc.cluster.inter_node_topology) == (4.0, "fat_tree")
-    assert sc.origins["cluster.oversubscription"] == "command line (--set cluster.oversubscription)"
+    assert sc.origins["cluster.oversubscription"] == "<command line> (--set cluster.oversubscription)"
 
 
 def test_misspelt_cluster_key_is_named() -> None:
