@@ -33,9 +33,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         if argv is not None and wanted != name:
             sub.add_parser(name, help=help_text, add_help=False)
         elif name == "calibrate":
-            from projection.calibrate.cli_bench import register as register_benchmarks
-
-            _extra(name).add_parser(sub, hooks=(register_benchmarks,))
+            _extra(name).add_parser(sub, hooks=(_benchmark_register(argv),))
         else:
             _extra(name).add_parser(sub)
     return parser
@@ -49,6 +47,24 @@ _EXTRA_HELP = {"calibrate": "microbenchmarks, benchmark-log importers and collec
                "schedule": "build a pipeline schedule and simulate its timeline (what-ifs, traces, PNG)",
                "performance": "step time, tokens/s/GPU, MFU and breakdown; scaling at fixed global batch "
                               "(--target-nodes, --scaling)"}
+
+
+_BENCHMARKS = ("gemm", "attention", "collective", "memory", "host")
+
+
+def _benchmark_register(argv: Sequence[str] | None) -> Any:
+    """The hook adding the microbenchmark sub-commands to `calibrate`: the real ones (which import torch) unless
+    argv names another calibrate sub-command (import, fit), where listed stubs keep `import`/`fit` torch-free."""
+    positional = [a for a in (argv or ()) if not a.startswith("-")]
+    sub_name = positional[1] if argv is not None and len(positional) > 1 else None
+    if sub_name is not None and sub_name not in _BENCHMARKS:
+        def stubs(calibrate_subparsers: Any) -> None:
+            for name in _BENCHMARKS:
+                calibrate_subparsers.add_parser(name, add_help=False)
+        return stubs
+    from projection.calibrate.cli_bench import register
+
+    return register
 
 
 def _extra(name: str) -> Any:

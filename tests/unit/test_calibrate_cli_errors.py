@@ -96,3 +96,15 @@ def test_fit_without_collective_rows_names_the_file_given(scratch: Path, capsys:
     code, err = _run(["fit", "gemm_only.json", "--out", "fit.json"], capsys)
     _assert_user_error(code, err, ["gemm_only.json: no collective rows to fit", "1 gemm row"])
     assert _written(scratch) == ["gemm_only.json"]
+
+
+def test_import_and_fit_do_not_import_torch(tmp_path: Path) -> None:
+    """Reading logs and fitting curves needs no PyTorch (about 1 s of start-up): only the microbenchmarks load it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from projection.cli import main; "
+            f"main(['calibrate', 'fit', {str(CALIBRATIONS / 'mi300x.json')!r}]); "
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("NO-TORCH")
