@@ -80,6 +80,8 @@ def _run_import(args: argparse.Namespace) -> int:
     devices = sorted({p.device_name for p in cal.provenance if p.device_name})
     print(f"wrote {args.out}: {counts or 'no rows'} from {len(args.files)} file(s)"
           + (f"; device {', '.join(devices)}" if devices else ""))
+    for note in (n for p in cal.provenance for n in p.notes if n.startswith("skipped ")):
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 

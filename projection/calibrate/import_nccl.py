@@ -98,6 +98,7 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
                 keep.nodes_hint
             run.versions = keep.versions
 
+    malformed: list[int] = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         half = _data_row(line, number)
@@ -105,6 +106,10 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
             if run.halves and half[0].size < run.halves[-1].size:
                 close(same_table=True)
             run.halves.extend(half)
+            continue
+        tokens = line.split()
+        if len(tokens) >= 3 and tokens[0].isdigit() and tokens[1].isdigit() and tokens[2] in _NCCL_TYPES:
+            malformed.append(number)  # a data row's start, but its numbers cannot be read: said, not dropped silently
             continue
         for lib, pattern in _VERSIONS.items():
             if m := pattern.search(line):
@@ -159,6 +164,11 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
                                      source_files=(source,),
                                      notes=(f"{kind}, {n_ranks} ranks, {n_nodes or '?'} nodes: lines "
                                             f"{r.halves[0].line}-{r.halves[-1].line}",)))
+    if malformed:
+        lines = ", ".join(map(str, malformed[:10])) + (f" (+{len(malformed) - 10} more)" if len(malformed) > 10 else "")
+        provenance.append(Provenance(source_files=(source,), notes=(
+            f"skipped {len(malformed)} malformed data row(s) of {source} (numbers that cannot be read) at lines "
+            f"{lines}",)))
     return Calibration(provenance=tuple(provenance), collective=tuple(rows))
 
 

@@ -385,3 +385,22 @@ def test_trace_host_issue_time(trace: str, device: str) -> None:
     assert len(rows) == 1 and rows[0].kernels >= len(starts) - 2
     assert rows[0].host_s == pytest.approx(raw, rel=0.01)
     assert rows[0].host_s == pytest.approx(load_device(device).host_kernel_issue_s, rel=0.01)
+
+
+def test_a_data_row_that_cannot_be_read_is_said_not_dropped_silently(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """One time replaced by 'abc' in an nccl-tests log: that row (both halves) is skipped and the import says which
+    line; the fixture's own rows all read (no note)."""
+    log = (COLLECTIVES / "nccl_allreduce.log").read_text().splitlines()
+    row = next(i for i, line in enumerate(log) if line.split()[:1] == ["4"])
+    log[row] = log[row].replace(log[row].split()[4], "abc", 1)
+    bad = tmp_path / "bad.log"
+    bad.write_text("\n".join(log) + "\n")
+    parser = argparse.ArgumentParser(prog="projection")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    assert run(parser.parse_args(["calibrate", "import", str(bad), "--out", str(tmp_path / "c.json")])) == 0
+    assert f"skipped 1 malformed data row(s) of {bad} (numbers that cannot be read) at lines {row + 1}" in \
+        capsys.readouterr().err
+    assert run(parser.parse_args(["calibrate", "import", str(COLLECTIVES / "nccl_allreduce.log"), "--out",
+                                  str(tmp_path / "d.json")])) == 0
+    assert "skipped" not in capsys.readouterr().err
