@@ -13,6 +13,7 @@ small default sweep. Registered into the `calibrate` group through `register` (p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, cast
 
@@ -279,9 +280,46 @@ def _run_collective(args: argparse.Namespace) -> int:
     if not sizes:
         sizes = [2**k for k in range(12, 21, 2)] if device.type == "cpu" else [2**k for k in range(20, 29, 2)]
     world = args.world_size or (torch.cuda.device_count() if device.type == "cuda" else 2)
+    _collective_memory_check(sizes, world, device, "--sizes" if args.sizes else "--config")
     cal_rows = bench_collectives(kinds, sizes, device, world_size=world, backend=args.backend, warmup=args.warmup,
                                  repeat=args.repeat, progress=_progress(args, len(kinds) * len(sizes)))
     return _write(Calibration(provenance=(provenance(device, _command(args)),), collective=cal_rows), args)
+
+
+def _collective_memory_check(sizes: list[int], world: int, device: torch.device, key: str) -> None:
+    """CalibrationError before any process starts when the largest size does not fit: each rank holds the full
+    buffer, its 1/world part and an output as large as the buffer (bench_collective._worker), all ranks in the host's
+    RAM on a CPU, each in its own GPU's free memory on CUDA. (A rank killed for memory says nothing useful.)"""
+    largest = max(sizes)
+    per_rank = largest * (2 + 1 / world)
+    free: float
+    if device.type == "cuda":
+        free = float(min(torch.cuda.mem_get_info(i)[0] for i in range(world)))
+        need, where = per_rank, f"the free memory of one GPU ({free / 2**30:.1f} GiB)"
+    else:
+        free = _available_ram_bytes()
+        need, where = world * per_rank, f"the host's available RAM ({free / 2**30:.1f} GiB)"
+    if free and need > 0.9 * free:
+        raise CalibrationError(Problem(
+            f"the largest collective, {largest / 2**30:.2f} GiB, needs about {need / 2**30:.1f} GiB over {world} "
+            f"ranks, more than {where}", key=key, file=COMMAND_LINE,
+            fix="give --sizes up to " + f"{0.9 * free / (world if device.type != 'cuda' else 1) / (2 + 1 / world):.3g}"
+                " bytes (e.g. --sizes 1MiB,16MiB,256MiB); the curve fit extrapolates larger messages"))
+
+
+def _available_ram_bytes() -> float:
+    """MemAvailable of /proc/meminfo (Linux), else the physical memory, else 0 (unknown: not checked)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0.0
 
 
 def _sizes(args: argparse.Namespace) -> list[int]:
