@@ -30,7 +30,7 @@ CASES = [
     ("attention --dtype unknown", ["attention", *CPU, "--shape", "1x2x2x8x16", "--dtype", "bogus"], ["--dtype"]),
     ("collective unknown kind", ["collective", *CPU, "--kinds", "all_reduce,gossip"], ["--kinds", "'gossip'"]),
     ("collective larger than the host's RAM", ["collective", *CPU, "--sizes", "1PiB"],
-     ["<command line>: key '--sizes'", "more than the host's available RAM", "give --sizes up to"]),
+     ["--sizes", "<command line>", "more than the host's available RAM", "give --sizes up to"]),
     ("--out onto a directory", ["gemm", *CPU, "--shape", "8x8x8", "--out", "outdir"], ["--out", "is a directory"]),
     ("--out in a missing directory", ["host", *CPU, "--out", "missing/h.json"], ["--out", "does not exist"]),
     ("import --out in a missing directory", ["import", str(CALIBRATIONS / "mi300x.json"), "--out", "missing/c.json"],
