@@ -58,3 +58,9 @@ def test_malformed_pp_data_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"pp_size": 1, "num_mbs": "x"}))
     with pytest.raises(ConfigError, match="whole numbers"):
         load_pp_data(tmp_path)
+
+
+def test_a_missing_primus_root_is_refused_for_any_format(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist") as err:
+        api.load(E8, primus_root=tmp_path / "nope")
+    assert err.value.problems[0].key == "--primus-root"
