@@ -8,7 +8,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,9 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     nodes and the device's usual GPUs per node. schedule: a pipeline schedule name that replaces the file's before the
     plan is checked (the CLI's --schedule NAME).
     """
-    _check_load_args(config, overrides, env, hardware_dir, models_dir)
+    if overrides is not None and not isinstance(overrides, Mapping | str | bytes) and isinstance(overrides, Iterable):
+        overrides = list(overrides)  # a generator is read once
+    _check_load_args(config, overrides, env, hardware_dir, models_dir, primus_root)
     if primus_root is not None and not Path(primus_root).is_dir():  # whatever the file's format: a wrong path is a slip
         what = "is not a directory" if Path(primus_root).exists() else "does not exist"
         raise ConfigError(Problem(f"Primus root {primus_root} {what}", key="--primus-root", file=str(config),
@@ -82,23 +85,24 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     return build_scenario(raw, device)
 
 
-def _check_load_args(config: Any, overrides: Any, env: Any, hardware_dir: Any, models_dir: Any) -> None:
+def _check_load_args(config: Any, overrides: Any, env: Any, hardware_dir: Any, models_dir: Any,
+                     primus_root: Any) -> None:
     """ConfigError (not a TypeError from deep inside) for arguments of `load` of the wrong kind, all at once."""
     def problem(key: str, got: Any, want: str) -> Problem:
         return Problem(f"{key} must be {want}, got {type(got).__name__} {got!r}"[:200], key=key, file="<api.load>",
                        fix=f"pass {want}")
     bad = []
-    if not isinstance(config, str | Path):
+    if not isinstance(config, str | os.PathLike):
         bad.append(problem("config", config, "a path (str or pathlib.Path)"))
     if isinstance(overrides, Mapping):
         bad += [problem("overrides", k, "a mapping with str keys") for k in overrides if not isinstance(k, str)]
-    elif overrides is not None and (isinstance(overrides, str | bytes) or not isinstance(overrides, Sequence)
+    elif overrides is not None and (isinstance(overrides, str | bytes) or not isinstance(overrides, list)
                                     or not all(isinstance(x, str) for x in overrides)):
         bad.append(problem("overrides", overrides, "a mapping or a list of 'KEY=VALUE' strings"))
     if env is not None and not isinstance(env, Mapping):
         bad.append(problem("env", env, "a mapping of environment variables"))
-    for key, value in (("hardware_dir", hardware_dir), ("models_dir", models_dir)):
-        if not isinstance(value, str | Path):
+    for key, value in (("hardware_dir", hardware_dir), ("models_dir", models_dir), ("primus_root", primus_root)):
+        if not isinstance(value, str | os.PathLike) and not (key == "primus_root" and value is None):
             bad.append(problem(key, value, "a folder path (str or pathlib.Path)"))
     if bad:
         raise ConfigError(bad)

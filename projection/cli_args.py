@@ -48,6 +48,11 @@ def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("t
 
 
 
+# what matplotlib's savefig writes with the Agg backend (FigureCanvasBase.get_supported_filetypes), by extension
+PICTURE_FORMATS = frozenset({"png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "pgf",
+                             "raw", "rgba", "gif"})
+
+
 def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence[tuple[str, str | None]] = ()
                     ) -> list[Problem]:
     """What stops writing each (flag, path) of `files` (a file; its folder must exist) or `dirs` (a folder, created
@@ -57,9 +62,10 @@ def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence
         if not path:
             continue
         p = Path(path)
-        if flag == "--png" and p.suffix.lower() != ".png":  # matplotlib picks the format from the name
-            out.append(Problem(f"a --png file needs a .png name (got {p.suffix or 'none'})", key=flag, file=path,
-                               fix=f"name it {p.with_suffix('.png').name}"))
+        if flag == "--png" and p.suffix.lower().lstrip(".") not in PICTURE_FORMATS:  # matplotlib reads the name
+            out.append(Problem(f"a --png picture needs a name ending in a format matplotlib writes (got "
+                               f"{p.suffix or 'no extension'})", key=flag, file=path,
+                               fix=f"name it {p.with_suffix('.png').name} (or .svg, .pdf, ...)"))
         elif p.is_dir():
             out.append(Problem("is a directory", key=flag, file=path, fix="give a file name"))
         elif not p.parent.is_dir():
@@ -105,6 +111,9 @@ def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list
                 raise ConfigError(Problem(f"cannot write output: {e.strerror or e}", key=flag,
                                           file=str(getattr(e, "filename", None) or path),
                                           fix="choose a writable path")) from e
+            except ValueError as e:  # e.g. a picture format this matplotlib cannot write
+                raise ConfigError(Problem(f"cannot write output: {e}", key=flag, file=path,
+                                          fix="choose another file name (a .png picture always works)")) from e
     except BaseException:  # a user error, or anything else: the run wrote nothing
         for out, old in before.items():
             _remove(sorted(_entries(out) - old, key=lambda p: len(p.parts), reverse=True))

@@ -107,6 +107,13 @@ def _schedule(args: argparse.Namespace) -> Schedule:
                                   "--microbatches that the schedule accepts")) from e
 
 
+def _spelled(text: str | None, flags: dict[str, str]) -> str | None:
+    """`text` with the cost model's argument names written as this command's flags."""
+    for name, flag in flags.items():
+        text = text.replace(name, flag) if text else text
+    return text
+
+
 def _csv_conflicts(args: argparse.Namespace) -> list[Problem]:
     """Flags that a --csv schedule holds itself (ranks, stages, microbatches): given beside it they would be ignored."""
     return [Problem("the CSV schedule holds its own ranks, stages and microbatches", key=flag, file=COMMAND_LINE,
@@ -171,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             costs = rank_costs(sched, f, b, w, lat)
         except ConfigError as e:  # the costs' own keys are this command's flags
-            raise ConfigError([replace(p, key=f"--{(p.key or '').replace('_', '-')}", file=COMMAND_LINE)
-                               for p in e.problems]) from None
+            flags = {"w_s": "--w-s", "bwd_s": "--bwd-s", "fwd_s": "--fwd-s", "p2p_s": "--p2p-s"}
+            raise ConfigError([replace(p, key=flags.get(p.key or "", p.key), file=COMMAND_LINE,
+                                       fix=_spelled(p.fix, flags)) for p in e.problems]) from None
         res = simulate(sched, costs, engine=args.engine, links=args.links)
         cf = _closed_form(args, sched, f, b, w, lat)
         written = _write_outputs(args, res)

@@ -280,31 +280,35 @@ def _run_collective(args: argparse.Namespace) -> int:
     if not sizes:
         sizes = [2**k for k in range(12, 21, 2)] if device.type == "cpu" else [2**k for k in range(20, 29, 2)]
     world = args.world_size or (torch.cuda.device_count() if device.type == "cuda" else 2)
-    _collective_memory_check(sizes, world, device, "--sizes" if args.sizes else "--config")
+    _collective_memory_check(kinds, sizes, world, device, "--sizes" if args.sizes else "--config")
     cal_rows = bench_collectives(kinds, sizes, device, world_size=world, backend=args.backend, warmup=args.warmup,
                                  repeat=args.repeat, progress=_progress(args, len(kinds) * len(sizes)))
     return _write(Calibration(provenance=(provenance(device, _command(args)),), collective=cal_rows), args)
 
 
-def _collective_memory_check(sizes: list[int], world: int, device: torch.device, key: str) -> None:
-    """CalibrationError before any process starts when the largest size does not fit: each rank holds the full
-    buffer, its 1/world part and an output as large as the buffer (bench_collective._worker), all ranks in the host's
-    RAM on a CPU, each in its own GPU's free memory on CUDA. (A rank killed for memory says nothing useful.)"""
+def _collective_memory_check(kinds: list[str], sizes: list[int], world: int, device: torch.device,
+                             key: str) -> None:
+    """CalibrationError before any process starts when the largest size does not fit: each rank holds the buffer and
+    its 1/world part, and all_to_all an output as large as the buffer (bench_collective._runner); all ranks share
+    the host's RAM on a CPU, each has its own GPU on CUDA (its total memory: no CUDA context is opened here). A rank
+    killed for memory would say nothing useful. Too many ranks for the GPUs is bench_collectives' own check."""
+    if device.type == "cuda" and world > torch.cuda.device_count():
+        return
     largest = max(sizes)
-    per_rank = largest * (2 + 1 / world)
-    free: float
+    factor = 1 + 1 / world + (1 if "all_to_all" in kinds else 0)
+    per_rank = largest * factor
     if device.type == "cuda":
-        free = float(min(torch.cuda.mem_get_info(i)[0] for i in range(world)))
-        need, where = per_rank, f"the free memory of one GPU ({free / 2**30:.1f} GiB)"
+        free = float(min(torch.cuda.get_device_properties(i).total_memory for i in range(world)))
+        need, where, share = per_rank, f"the memory of one GPU ({free / 2**30:.1f} GiB)", 1
     else:
         free = _available_ram_bytes()
-        need, where = world * per_rank, f"the host's available RAM ({free / 2**30:.1f} GiB)"
+        need, where, share = world * per_rank, f"the host's available RAM ({free / 2**30:.1f} GiB)", world
     if free and need > 0.9 * free:
         raise CalibrationError(Problem(
             f"the largest collective, {largest / 2**30:.2f} GiB, needs about {need / 2**30:.1f} GiB over {world} "
             f"ranks, more than {where}", key=key, file=COMMAND_LINE,
-            fix="give --sizes up to " + f"{0.9 * free / (world if device.type != 'cuda' else 1) / (2 + 1 / world):.3g}"
-                " bytes (e.g. --sizes 1MiB,16MiB,256MiB); the curve fit extrapolates larger messages"))
+            fix=f"give --sizes up to {0.9 * free / share / factor:.3g} bytes (e.g. --sizes 1MiB,16MiB,256MiB); the "
+                "curve fit extrapolates larger messages"))
 
 
 def _available_ram_bytes() -> float:

@@ -189,12 +189,13 @@ def _data_row(line: str, number: int) -> list[_Half]:
 
 
 def _numbers(group: list[str]) -> bool:
-    """time algbw busbw #wrong: three floats and an integer or N/A."""
+    """time algbw busbw and the check column: three floats, then N/A, a count of wrong elements (newer
+    nccl-tests) or a maximum error printed with %le (older ones: 0e+00, 5e-07), either starred when over the limit."""
     try:
         [float(x) for x in group[:3]]
     except ValueError:
         return False
-    return group[3] == "N/A" or re.fullmatch(r"\d+\*?", group[3]) is not None
+    return group[3] == "N/A" or re.fullmatch(r"\d+\*?|\d(\.\d+)?e[-+]\d+\*?", group[3]) is not None
 
 
 def _kind_of(run: _Run, source: str) -> CollectiveKind:

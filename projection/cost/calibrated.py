@@ -27,6 +27,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -113,8 +114,9 @@ class CalibratedCostModel:
 
     def __init__(self, calibration: Calibration, fallback: RooflineCostModel | None = None, *,
                  fabric: Fabric | None = None, groups: Mapping[str, GroupPlacement] | None = None,
-                 name: str = "calibration") -> None:
+                 name: str = "calibration", path: Path | None = None) -> None:
         self.calibration, self.fallback, self.name = calibration, fallback, name
+        self.path = path  # the file it was read from, as given (None: built in memory)
         self.groups: Mapping[str, GroupPlacement] = groups if groups is not None else (
             fallback.groups if fallback is not None else {})
         self.fabric = self._fitted_fabric(fabric or (fallback.fabric if fallback is not None else None))

@@ -47,7 +47,7 @@ _FRAMEWORKS = {"megatron": "megatron", "light-megatron": "megatron", "torchtitan
 _UNSUPPORTED = ("maxtext", "megatron_bridge")
 # Primus logging bookkeeping (primus/configs/modules/module_base.yaml): not JobConfig sections, so not for TorchTitan.
 _MODULE_BASE_KEYS = frozenset({"trainable", "sink_level", "file_sink_level", "stderr_sink_level"})
-CLI = "cli"
+CLI = "--set"  # the Origin file of --set values, as the Megatron and TorchTitan loaders name it
 
 
 @dataclass

@@ -39,7 +39,7 @@ def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> C
     path = Path(calibration) if calibration is not None else shipped_calibration(device.name)
     if path is None:
         return roofline
-    return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name)
+    return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name, path=path)
 
 
 def host_issue(scenario: Scenario, cost_model: CostModel) -> tuple[float, str]:

@@ -9,6 +9,7 @@ the rank pair) -> optimizer step (optimizer.py) and exposed parameter all-gather
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 from projection.cost.model import CostModel
@@ -175,22 +176,25 @@ def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
 
 
 def _partial_calibration(sc: Scenario, cm: CostModel) -> list[str]:
-    """A note when a calibration other than the device's shipped one lacks tables the shipped one has: those ops
-    fall back to the roofline, not to the shipped tables (a host-only --calibration drops the shipped GEMMs)."""
+    """A note when a calibration file other than the device's shipped one lacks tables the shipped one has: those
+    ops fall back to the roofline, not to the shipped tables (a host-only --calibration drops the shipped GEMMs)."""
     from projection.calibrate.calibration import TABLES, load_calibration
     from projection.perf.costmodel import shipped_calibration
 
-    cal, name = getattr(cm, "calibration", None), getattr(cm, "name", "")
+    cal, path = getattr(cm, "calibration", None), getattr(cm, "path", None)
     shipped = shipped_calibration(sc.cluster.device.name)
-    if cal is None or shipped is None or name == shipped.name:
+    if cal is None or path is None or shipped is None or Path(path).resolve() == shipped.resolve():
         return []
-    have, ship = cal.row_counts(), load_calibration(shipped).row_counts()
+    theirs = load_calibration(shipped)
+    have, ship = cal.row_counts(), theirs.row_counts()
     missing = [t for t in TABLES if t != "host" and ship.get(t) and not have.get(t)]
     if not missing:
         return []
-    return [f"calibration {name} has no {', '.join(missing)} rows: those ops are priced by the "
-            f"{sc.cluster.device.name} roofline, not by the shipped calibrations/{shipped.name} (to keep both, "
-            f"combine them: projection calibrate import calibrations/{shipped.name} {name} --out CAL.json)"]
+    devices = {p.device_name for c in (cal, theirs) for p in c.provenance if p.device_name}
+    mixed = " --allow-mixed-devices" if len(devices) > 1 else ""
+    return [f"calibration {path} has no {', '.join(missing)} rows: those ops are priced by the "
+            f"{sc.cluster.device.name} roofline, not by the shipped {shipped} (to keep both, combine them: "
+            f"projection calibrate import {shipped} {path} --out CAL.json{mixed})"]
 
 
 def _squash(text: str) -> str:

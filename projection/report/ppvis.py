@@ -163,8 +163,8 @@ class MeasuredPipeline:
 
 
 def _num(d: dict[str, Any], key: str, where: str) -> int:
-    if key not in d or not isinstance(d[key], int):
-        raise ConfigError(Problem(f"missing or non-integer {key!r}", key=key, file=where,
+    if key not in d or not isinstance(d[key], int) or isinstance(d[key], bool) or d[key] < 1:
+        raise ConfigError(Problem(f"missing, non-integer or non-positive {key!r}", key=key, file=where,
                                   fix="point at a Primus pp_data directory (config.json + pp_rank_<i>.json)"))
     return int(d[key])
 

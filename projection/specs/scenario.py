@@ -87,13 +87,19 @@ class Scenario(Spec):
         return self.cluster.world_size
 
 
+# origins of defaults whose key is one the config file itself may hold (Megatron's argparse flags, TorchTitan's
+# JobConfig keys): a problem about such a value is located at the file, by that key; other defaults (an HF file's
+# training settings, the API's node count) keep their own origin, which says how to change them
+FILE_KEY_DEFAULTS = ("default (Megatron-LM argparse)", "default (TorchTitan JobConfig)")
+
+
 def origin_problem(raw: RawScenario, dotted: str, message: str, fix: str | None = None) -> Problem:
     """A Problem located at the file/line/native key that set `dotted` (or at the scenario's source file)."""
     o = closest(raw.origins, dotted)
     if o is None:
         return Problem(message, key=dotted, file=raw.source, fix=fix)
-    if o.file.startswith("default"):  # a framework default: the file it would be written in, by its own key
-        return Problem(message, key=o.key or dotted, file=raw.source, fix=fix)
+    if o.file.startswith(FILE_KEY_DEFAULTS) and o.key:  # a framework default the file could set by that key
+        return Problem(message, key=o.key, file=raw.source, fix=fix)
     return Problem(message, key=o.key or dotted, file=o.file, line=o.line, fix=fix)
 
 

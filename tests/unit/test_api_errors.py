@@ -21,7 +21,7 @@ E8 = Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml"
 @pytest.mark.parametrize(("kwargs", "key"), [
     ({"config": None}, "config"), ({"config": 123}, "config"),
     ({"overrides": "plan.tp=4"}, "overrides"), ({"overrides": 5}, "overrides"), ({"overrides": {1: 2}}, "overrides"),
-    ({"env": 5}, "env"), ({"hardware_dir": 3}, "hardware_dir"),
+    ({"env": 5}, "env"), ({"hardware_dir": 3}, "hardware_dir"), ({"primus_root": 123}, "primus_root"),
 ])
 def test_load_names_the_argument(kwargs: dict[str, Any], key: str) -> None:
     args = {"config": E8, **kwargs}
@@ -64,3 +64,11 @@ def test_a_missing_primus_root_is_refused_for_any_format(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="does not exist") as err:
         api.load(E8, primus_root=tmp_path / "nope")
     assert err.value.problems[0].key == "--primus-root"
+
+
+def test_load_takes_any_path_like_and_any_iterable_of_overrides() -> None:
+    class Where:  # an os.PathLike that is not a pathlib.Path (py.path, a notebook's own class)
+        def __fspath__(self) -> str:
+            return str(E8)
+
+    assert api.load(Where(), overrides=(x for x in ["plan.tp=2"])).plan.tp == 2

@@ -615,4 +615,10 @@ def test_a_calibration_without_the_shipped_tables_says_what_falls_back(tmp_path:
     notes = project(sc, default_cost_model(sc, calibration=path)).notes
     (note,) = [n for n in notes if "has no" in n]
     assert "has no gemm, attention, memory_bound, collective rows" in note and "calibrations/mi300x.json" in note
+    assert f"projection calibrate import {Path(__file__).resolve().parents[2] / 'calibrations' / 'mi300x.json'} " \
+        f"{path} --out CAL.json" in note
     assert not [n for n in project(sc).notes if "has no" in n]  # the shipped one itself
+    (tmp_path / "mine").mkdir()
+    same_name = tmp_path / "mine" / "mi300x.json"  # a user's file named like the shipped one is still the user's
+    same_name.write_text(path.read_text())
+    assert [n for n in project(sc, default_cost_model(sc, calibration=same_name)).notes if "has no" in n]

@@ -196,8 +196,8 @@ def test_cli_overrides_come_last(tmp_path: Path, root: Path) -> None:
     e = resolve_experiment(exp, {"micro_batch_size": 8, "modules.pre_trainer.seq_length": 2048,
                                  "train_data_path": "null"}, primus_root=root, env={})
     assert (e.params["micro_batch_size"], e.params["seq_length"], e.params["train_data_path"]) == (8, 2048, None)
-    assert e.origins["micro_batch_size"] == Origin("cli", None, "micro_batch_size")
-    assert e.origins["seq_length"] == Origin("cli", None, "modules.pre_trainer.seq_length")
+    assert e.origins["micro_batch_size"] == Origin("--set", None, "micro_batch_size")
+    assert e.origins["seq_length"] == Origin("--set", None, "modules.pre_trainer.seq_length")
 
 
 def test_environment_picks_the_model(tmp_path: Path, root: Path) -> None:
@@ -212,7 +212,7 @@ def test_torchtitan_overrides_nest(tmp_path: Path, root: Path) -> None:
     assert e.params["training"] == {"seq_len": 8192, "local_batch_size": 2}
     assert e.params["parallelism"] == {"data_parallel_shard_degree": -1}
     assert e.params["model"] == {"name": "llama3", "flavor": "debugmodel"}
-    assert e.origins["training.seq_len"].line == 9 and e.origins["training.local_batch_size"].file == "cli"
+    assert e.origins["training.seq_len"].line == 9 and e.origins["training.local_batch_size"].file == "--set"
 
 
 def test_missing_presets_list_what_exists(tmp_path: Path, root: Path) -> None:

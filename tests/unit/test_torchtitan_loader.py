@@ -487,3 +487,18 @@ def test_defaults_are_labelled_as_torchtitans_not_the_files(tmp_path: Path) -> N
                                                                  "parallelism.data_parallel_shard_degree": 2})
     (seq,) = [p for p in err.value.problems if "seq_length 2048" in p.message]
     assert (seq.file, seq.key) == (str(path), "training.seq_len")
+
+
+def test_only_defaults_the_file_could_set_are_located_at_the_file() -> None:
+    """Megatron's and TorchTitan's defaults are keys the file may hold; an HF config.json's training defaults are not
+    (their origin says to --set them), so a problem about one keeps that origin."""
+    from projection.formats.megatron_model import DEFAULT_FILE
+    from projection.formats.torchtitan_schema import JOB_CONFIG_DEFAULT
+    from projection.specs.scenario import FILE_KEY_DEFAULTS, Origin, RawScenario, origin_problem
+
+    assert {DEFAULT_FILE, JOB_CONFIG_DEFAULT} == set(FILE_KEY_DEFAULTS)
+    raw = RawScenario(source="config.json", framework="hf")
+    raw.set("training.seq_length", 4096, Origin("default (config.json has no training settings; --set "
+                                                "training.seq_length=N to change)"))
+    p = origin_problem(raw, "training.seq_length", "bad")
+    assert p.file.startswith("default (config.json has no training settings")
