@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from projection.formats.primus_defaults import (
     TORCHTITAN_MODEL_PRESETS,
     Layer,
 )
+from projection.formats.primus_env import substitute_env
 from projection.formats.primus_set import split_set, unknown_set_keys
 from projection.formats.torchtitan import job_config_to_raw
 from projection.paths import MODELS_DIR
@@ -39,9 +39,6 @@ from projection.specs.scenario import Origin, RawScenario
 
 KeyPath = tuple[str, ...]
 
-# Primus's pattern (yaml_loader.py ENV_PATTERN): the name has no ':', '{' or '}'; the default may be empty or hold ':'.
-_VAR = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?\}")
-_INT = re.compile(r"-?\d+")
 # Primus module `framework` values and the preset folder each reads (parser.py get_model_format).
 _FRAMEWORKS = {"megatron": "megatron", "light-megatron": "megatron", "torchtitan": "torchtitan"}
 _UNSUPPORTED = ("maxtext", "megatron_bridge")
@@ -79,43 +76,6 @@ def is_primus_experiment(data: Any) -> bool:
         return False
     return any("trainer" in str(name) and isinstance(m, dict) and any(k in m for k in ("framework", "config", "model"))
                for name, m in modules.items())
-
-
-def substitute_env(text: str, env: Mapping[str, str], *, file: str | None = None, line: int | None = None,
-                   key: str | None = None) -> Any:
-    """Replace `${VAR}` / `${VAR:default}` in `text` from `env`. If anything was replaced, the whole result is coerced
-    (so `${TP:1}` -> 1, `${X:null}` -> "null", `a${X:1}` -> "a1"); otherwise `text` is returned unchanged.
-    An unset `${VAR}` without a default is a ConfigError located at file/line/key."""
-    replaced = False
-
-    def one(m: re.Match[str]) -> str:
-        nonlocal replaced
-        name, default = m.group(1), m.group(2)
-        if name in env:  # an empty value counts as set (Primus reads the process environment with a default)
-            value = env[name]
-        elif default is not None:
-            value = default
-        else:
-            raise ConfigError(Problem(f"environment variable {name} is not set and ${{{name}}} has no default",
-                                      key=key, file=file, line=line,
-                                      fix=f"set {name} in the environment or give a default ${{{name}:value}}"))
-        replaced = True
-        return value
-
-    out = _VAR.sub(one, text)
-    return _coerce(out) if replaced else text
-
-
-def _coerce(text: str) -> Any:
-    """Primus yaml_loader._resolve_env_in_string: true/false (any case) -> bool, integer -> int, float -> float."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if _INT.fullmatch(text):
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def load_primus_yaml(path: Path, env: Mapping[str, str], _active: tuple[Path, ...] = ()) -> Tracked:
