@@ -103,7 +103,9 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
         except PlanError:  # with --schedule all the file's schedule need not fit the target
             if args.schedule != "all" or scenario.plan.schedule == "gpipe":
                 raise
-            scenario = extrapolate(_with_gpipe(scenario), args.target_nodes, flag="--target-nodes")
+            from projection.perf.project import with_schedule
+
+            scenario = extrapolate(with_schedule(scenario, "gpipe"), args.target_nodes, flag="--target-nodes")
     calibration = Path(args.calibration) if args.calibration else None
     if calibration is not None and not calibration.is_file():
         raise ConfigError(Problem("calibration file not found", file=str(calibration), key="--calibration",
@@ -180,11 +182,6 @@ def _loads_or_none(load: Callable[[str | None], Scenario], schedule: str | None)
         return load(schedule)
     except ProjectionError:
         return None
-
-
-def _with_gpipe(scenario: Scenario) -> Scenario:
-    """The scenario with gpipe as its plan's schedule, for --schedule all when the file's does not fit a node count."""
-    return scenario.model_copy(update={"plan": scenario.plan.model_copy(update={"schedule": "gpipe"})})
 
 
 def _loads_at(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> bool:
