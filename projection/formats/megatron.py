@@ -226,6 +226,7 @@ def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
             pending = str(a.get("zero_bubble_max_pending_backward"))
             name = "zb_h2" if pending.isdigit() and int(pending) >= 2 * pp else "zb_h1"
             origin = a.origin("patch_zero_bubble")
+        _zero_bubble_rules(a)
     if name is None or origin is None:
         return
     raw.set("plan.schedule", name, origin)
@@ -237,6 +238,20 @@ def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
                       "set the virtual pipeline to 2 stages per rank, or pick a non-V schedule")
             return
         raw.set("plan.vpp", 2, origin)
+
+
+def _zero_bubble_rules(a: MegatronArgs) -> None:
+    """What Primus's zero-bubble runtime refuses at start-up (AMD-AGI/Primus zerobubble/zbpp_utils.py
+    validate_arguments, read at f8abd27): with the distributed optimizer, overlapped gradient reduction or parameter
+    gather; and the runtime without gradient-accumulation fusion."""
+    if a.get("use_distributed_optimizer"):
+        for dest in ("overlap_grad_reduce", "overlap_param_gather"):
+            if a.get(dest):
+                a.problem(dest, f"Primus's zero-bubble schedules refuse {a.key(dest)} with the distributed optimizer",
+                          f"turn {a.key(dest)} off, or use a schedule without zero bubble")
+    if a.get("gradient_accumulation_fusion") is False:
+        a.problem("gradient_accumulation_fusion", "Primus's zero-bubble runtime needs gradient-accumulation fusion",
+                  f"turn {a.key('gradient_accumulation_fusion')} back on, or use a schedule without zero bubble")
 
 
 def _vpp(a: MegatronArgs) -> tuple[int, Origin] | None:

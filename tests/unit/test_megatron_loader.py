@@ -461,6 +461,16 @@ def test_primus_schedules_it_cannot_project_or_primus_refuses() -> None:
     with pytest.raises(ConfigError, match="needs vpp 2, not 4"):
         raw_of(num_layers=16, pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=4,
                patch_primus_pipeline=True, pp_algorithm="v-half")
+    # Primus's zero-bubble runtime (zbpp_utils.validate_arguments): no overlapped reduction or gather with the
+    # distributed optimizer, and gradient-accumulation fusion on
+    with pytest.raises(ConfigError) as err:
+        raw_of(pipeline_model_parallel_size=4, patch_zero_bubble=True, enable_zero_bubble=True,
+               use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True,
+               gradient_accumulation_fusion=False)
+    assert {p.key for p in err.value.problems} >= {"overlap_grad_reduce", "overlap_param_gather",
+                                                   "gradient_accumulation_fusion"}
+    assert raw_of(pipeline_model_parallel_size=4, patch_zero_bubble=True, enable_zero_bubble=True,
+                  use_distributed_optimizer=False, overlap_grad_reduce=True).data["plan"]["schedule"] == "zb_h1"
 
 
 def test_seq_length_beyond_max_position_embeddings_is_refused(tmp_path: Path) -> None:
