@@ -41,12 +41,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 # Sub-commands implemented in their own modules: each has add_parser(subparsers) and run(args) -> int.
 _EXTRA = {"calibrate": "projection.cli_calibrate", "shapes": "projection.cli_shapes",
-          "schedule": "projection.cli_schedule", "performance": "projection.cli_performance"}
+          "schedule": "projection.cli_schedule", "performance": "projection.cli_performance",
+          "plan": "projection.cli_plan"}
 _EXTRA_HELP = {"calibrate": "microbenchmarks, benchmark-log importers and collective fits",
                "shapes": "GEMM, attention and collective shapes of one training step",
                "schedule": "build a pipeline schedule and simulate its timeline (what-ifs, traces, PNG)",
                "performance": "step time, tokens/s/GPU, MFU and breakdown; scaling at fixed global batch "
-                              "(--target-nodes, --scaling)"}
+                              "(--target-nodes, --scaling)",
+               "plan": "search tp / pp / vpp / cp / ep / micro batch layouts: the fastest that fit"}
 
 
 _BENCHMARKS = ("gemm", "attention", "collective", "memory", "host")
@@ -91,7 +93,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     if args.command in _EXTRA:
         try:
-            if args.command in ("shapes", "performance"):
+            if args.command in ("shapes", "performance", "plan"):
                 return int(_extra(args.command).run(args, env=dict(os.environ)))
             return int(_extra(args.command).run(args))
         except ProjectionError as e:

@@ -1,0 +1,69 @@
+"""`search_layouts` / `projection plan` (projection/perf/search.py, cli_plan.py) against a second path to the same
+numbers: each layout loaded from the config with its --set overrides (the loader's own checks) and projected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.cli import main
+from projection.errors import ConfigError, PlanError
+from projection.perf import default_cost_model, project
+from projection.perf.search import search_layouts
+
+L70 = Path(__file__).resolve().parents[2] / "examples" / "llama3.1_70B-mi300x.yaml"  # tp 8 pp 4 vpp 5, 32 GPUs
+
+
+@pytest.fixture(scope="module")
+def found() -> list:
+    return search_layouts(api.load(L70), tp=[2, 4, 8], pp=[1, 2, 4], vpp=[1, 5])
+
+
+def test_each_fitting_layout_is_what_the_loader_and_projection_give(found: list) -> None:
+    fits = [c for c in found if c.status == "fits"]
+    assert len(fits) >= 4
+    for c in fits:
+        over = {"plan.tp": c.tp, "plan.pp": c.pp, "plan.vpp": c.vpp if c.vpp > 1 else None,
+                "plan.schedule": c.scenario.plan.schedule}
+        sc = api.load(L70, overrides=over)
+        p = project(sc, default_cost_model(sc))
+        assert c.projection.step_time_s == pytest.approx(p.step_time_s, rel=1e-12), over
+        assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes, over
+    steps = [c.projection.step_time_s for c in fits]
+    assert steps == sorted(steps)
+
+
+def test_out_of_memory_layouts_are_not_projected_and_refused_ones_say_why(found: list) -> None:
+    statuses = [c.status for c in found]
+    assert statuses == sorted(statuses, key=["fits", "out of memory", "refused"].index)
+    for c in found:
+        if c.status == "out of memory":
+            assert c.projection is None and c.memory.verdict == "out of memory"
+            assert api.estimate_memory(api.load(L70, overrides={"plan.tp": c.tp, "plan.pp": c.pp, "plan.vpp": (
+                c.vpp if c.vpp > 1 else None), "plan.schedule": c.scenario.plan.schedule})).verdict == "out of memory"
+    (pp1_vpp5,) = [c for c in found if (c.tp, c.pp, c.vpp) == (8, 1, 5)]
+    with pytest.raises(PlanError) as err:  # the loader refuses the same layout for the same reason
+        api.load(L70, overrides={"plan.tp": 8, "plan.pp": 1, "plan.vpp": 5})
+    assert {p.message for p in pp1_vpp5.problems} <= {p.message for p in err.value.problems}
+
+
+def test_values_must_be_positive_whole_numbers() -> None:
+    with pytest.raises(ConfigError, match="tp values must be positive whole numbers"):
+        search_layouts(api.load(L70), tp=[0, 2])
+
+
+def test_plan_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", str(L70), "--tp", "4,8", "--pp", "2,4", "--vpp", "5", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {(r["tp"], r["pp"]): r for r in doc["candidates"]}
+    assert rows[(8, 4)]["step_time_s"] == pytest.approx(
+        project(api.load(L70), default_cost_model(api.load(L70))).step_time_s, rel=1e-12)
+    assert main(["plan", "--config", str(L70), "--tp", "4,8", "--pp", "4", "--vpp", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("layouts of llama3.1_70B on 32 x mi300x, global batch 128: 2 fit")
+    assert main(["plan", "--config", str(L70), "--tp", "x", "--top", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "key '--tp'" in err and "key '--top'" in err and "Traceback" not in err
