@@ -1,13 +1,15 @@
 """`search_layouts`: the parallel layouts of one cluster and global batch, memory first, then time.
 
 For each combination of tp, pp, vpp, cp, ep and micro batch size (the scenario's own value of any not given), the
-layout is built from the scenario's plan (dp = world / (tp cp pp); a pipeline layout, stage split or group size the
-file fixed for its own pp is dropped; the schedule is the file's when it fits, else interleaved_1f1b for vpp > 1 and
-1f1b for vpp 1, or their torch equivalents), checked with the same rules a config file is checked with
-(specs.validate.layout_problems, TorchTitan's FSDP rules), then its memory is estimated (projection.memory); only a
-layout that fits is projected (perf.project). Candidates come back fastest first, then the out-of-memory ones, then
-the refused ones with every reason. Nothing here is new arithmetic: each number is what `projection memory` and
-`projection performance` print for that layout (tests/unit/test_search_layouts.py checks it through the loader).
+layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage split or group size the
+file fixed for its own pp is dropped; for another pp, TorchTitan's own layer split (default less-layers counts), its
+pipeline microbatch of 1 and its "default" resharding (not under PP) are taken; the schedule is the file's where it
+fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp 1 (or their torch equivalents), else gpipe. The layout is
+checked with the rules a config file is checked with (specs.validate.layout_problems, TorchTitan's FSDP rules), its
+memory estimated (projection.memory), and only a layout that fits is projected (perf.project). Candidates come back
+fastest first, then the out-of-memory ones, then the refused ones with every reason. Nothing here is new arithmetic:
+each number is what `projection memory` and `projection performance` print for that layout loaded with its --set
+overrides at the same global batch (tests/unit/test_search_layouts.py).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)]
     if bad:
         raise ConfigError(bad)
-    out = [_candidate(scenario, *combo, cost_model=cost_model, engine=engine)
+    out = [_candidate(scenario, *combo, cost_model=cost_model, engine=engine, mbs_given=micro_batch_size is not None)
            for combo in itertools.product(*axes.values())]
     fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
@@ -75,7 +77,7 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
 
 
 def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *,
-               cost_model: CostModel | None, engine: Engine) -> Candidate:
+               cost_model: CostModel | None, engine: Engine, mbs_given: bool = True) -> Candidate:
     def refused(problems: Sequence[Problem]) -> Candidate:
         return Candidate(tp, pp, vpp, cp, ep, mbs, None, problems=tuple(problems))
 
@@ -90,6 +92,21 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
                                                "last_stage_layers": None, "stage_layers": None,
                                                "microbatch_group_size": None}))
+    titan = "torchtitan" in sc.framework
+    if titan and not same_pipeline and pp > 1:  # TorchTitan splits the layers itself (generate_llm_fqn_per_model_part)
+        from projection.formats.torchtitan import stage_layer_counts
+
+        try:
+            fields["stage_layers"] = tuple(stage_layer_counts(sc.model.num_layers, pp * vpp))
+        except ValueError as err:
+            return refused([Problem(str(err), key="plan.pp", fix="choose another pp or vpp")])
+    if base.sharding.reshard_policy == "default":
+        # TorchTitan's fsdp_reshard_after_forward "default": reshard unless PP is on (parallelize: not pp_enabled)
+        fields["sharding"] = {**fields["sharding"], "reshard_after_forward": pp == 1}
+    if titan and not mbs_given and (pp > 1) != (base.pp > 1):
+        # TorchTitan's pipeline microbatch is pipeline_parallel_microbatch_size (default 1); without a pipeline
+        # the whole local batch runs at once
+        mbs = 1 if pp > 1 else (sc.training.local_batch_size or mbs)
     try:
         plan = ParallelPlan.model_validate(fields)
         training = TrainingSpec.model_validate({**sc.training.model_dump(), "micro_batch_size": mbs,

@@ -67,3 +67,26 @@ def test_plan_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--config", str(L70), "--tp", "x", "--top", "0"]) == 2
     err = capsys.readouterr().err
     assert "key '--tp'" in err and "key '--top'" in err and "Traceback" not in err
+
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+
+
+@pytest.mark.parametrize(("config", "nodes", "axis", "value", "overrides"), [
+    ("megatron/mixtral_8x7b_tp1pp4ep8vpp8_release/model_config.yaml", 4, "ep", 4,
+     {"expert_model_parallel_size": 4}),
+    # TorchTitan: its own layer split, pipeline microbatch 1 and "default" resharding (off under PP) for pp 2
+    ("torchtitan/deepseek_v3_16b.toml", 4, "pp", 2,
+     {"parallelism.pipeline_parallel_degree": 2, "parallelism.pipeline_parallel_schedule": "1F1B",
+      "training.global_batch_size": 128}),
+])
+def test_other_formats_match_their_loader(config: str, nodes: int, axis: str, value: int,
+                                          overrides: dict) -> None:
+    path = FIXTURES / config
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared fixtures are not in a user's clone)")
+    (c,) = search_layouts(api.load(path, nodes=nodes), **{axis: [value]})
+    sc = api.load(path, nodes=nodes, overrides=overrides)
+    assert c.status == "fits"
+    assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+    assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes
