@@ -160,7 +160,6 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
         # "default" reshards after forward unless PP is on (torchtitan parallelize: not pp_enabled).
         reshard = {"always": True, "never": False}.get(policy, pp == 1)
         raw.set("plan.sharding.reshard_after_forward", reshard, job.origin(f"{p}.fsdp_reshard_after_forward"))
-        raw.set("plan.sharding.reshard_policy", policy, job.origin(f"{p}.fsdp_reshard_after_forward"))
         raw.set("plan.overlap.param_gather", True, origin)  # FSDP2 prefetches the next all-gather
     if rep > 1 and fsdp:  # HSDP; replicas without a shard group are DDP (apply_ddp), over the whole dp group
         raw.set("plan.sharding.dp_replicate", rep, job.origin(f"{p}.data_parallel_replicate_degree"))

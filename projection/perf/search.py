@@ -2,10 +2,10 @@
 
 For each combination of tp, pp, vpp, cp, ep and micro batch size (the scenario's own value of any not given), the
 layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage split or group size the
-file fixed for its own pp is dropped; for another pp, TorchTitan's own layer split (default less-layers counts), its
-pipeline microbatch of 1 and its "default" resharding (not under PP) are taken; the schedule is the file's where it
-fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp 1 (or their torch equivalents), else gpipe. The layout is
-checked with the rules a config file is checked with (specs.validate.layout_problems, TorchTitan's FSDP rules), its
+file fixed for its own pp is dropped; the schedule is the file's where it fits, else interleaved_1f1b for vpp > 1
+and 1f1b for vpp 1, else gpipe. Native, HF and Megatron jobs, and Primus Megatron jobs at their own pipeline;
+TorchTitan jobs are refused (their layout rules depend on tp, pp and ep: _check_supported). The layout is
+checked with the rules a config file is checked with (specs.validate.layout_problems), its
 memory estimated (projection.memory), and only a layout that fits is projected (perf.project). Candidates come back
 fastest first, then the out-of-memory ones, then the refused ones with every reason. Nothing here is new arithmetic:
 each number is what `projection memory` and `projection performance` print for that layout loaded with its --set
@@ -15,7 +15,7 @@ overrides at the same global batch (tests/unit/test_search_layouts.py).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from projection.cost.model import CostModel
@@ -27,7 +27,7 @@ from projection.perf.result import Projection
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
-from projection.specs.validate import layout_problems, torchtitan_ddp_problem, torchtitan_without_fsdp
+from projection.specs.validate import layout_problems
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,8 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)]
     if bad:
         raise ConfigError(bad)
-    out = [_candidate(scenario, *combo, cost_model=cost_model, engine=engine, mbs_given=micro_batch_size is not None)
+    _check_supported(scenario, axes)
+    out = [_candidate(scenario, *combo, cost_model=cost_model, engine=engine)
            for combo in itertools.product(*axes.values())]
     fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
@@ -77,14 +78,15 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
 
 
 def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *,
-               cost_model: CostModel | None, engine: Engine, mbs_given: bool = True) -> Candidate:
+               cost_model: CostModel | None, engine: Engine) -> Candidate:
     def refused(problems: Sequence[Problem]) -> Candidate:
         return Candidate(tp, pp, vpp, cp, ep, mbs, None, problems=tuple(problems))
 
     world, base = sc.world_size, sc.plan
     if world % (tp * cp * pp):
-        return refused([Problem(f"world size {world} is not a multiple of tp * cp * pp = {tp * cp * pp}",
-                                key="plan", fix="choose tp, cp and pp whose product divides the GPUs")])
+        return refused([Problem(f"world size {world} is not divisible by tp * cp * pp = {tp} * {cp} * {pp} = "
+                                f"{tp * cp * pp}", key="plan", fix="choose tp, cp and pp whose product divides the "
+                                "GPUs")])
     gbs = sc.training.resolved_global_batch(base.dp_())
     fields = base.model_dump()
     same_pipeline = (pp, vpp) == (base.pp, base.vpp_)
@@ -92,21 +94,6 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
                                                "last_stage_layers": None, "stage_layers": None,
                                                "microbatch_group_size": None}))
-    titan = "torchtitan" in sc.framework
-    if titan and not same_pipeline and pp > 1:  # TorchTitan splits the layers itself (generate_llm_fqn_per_model_part)
-        from projection.formats.torchtitan import stage_layer_counts
-
-        try:
-            fields["stage_layers"] = tuple(stage_layer_counts(sc.model.num_layers, pp * vpp))
-        except ValueError as err:
-            return refused([Problem(str(err), key="plan.pp", fix="choose another pp or vpp")])
-    if base.sharding.reshard_policy == "default":
-        # TorchTitan's fsdp_reshard_after_forward "default": reshard unless PP is on (parallelize: not pp_enabled)
-        fields["sharding"] = {**fields["sharding"], "reshard_after_forward": pp == 1}
-    if titan and not mbs_given and (pp > 1) != (base.pp > 1):
-        # TorchTitan's pipeline microbatch is pipeline_parallel_microbatch_size (default 1); without a pipeline
-        # the whole local batch runs at once
-        mbs = 1 if pp > 1 else (sc.training.local_batch_size or mbs)
     try:
         plan = ParallelPlan.model_validate(fields)
         training = TrainingSpec.model_validate({**sc.training.model_dump(), "micro_batch_size": mbs,
@@ -114,12 +101,10 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     except ValueError as err:
         return refused([Problem(str(err).splitlines()[0], key="plan", fix="choose another layout")])
     plan = _fitting_schedule(sc, plan, training)
-    runs, training = torchtitan_without_fsdp(sc.framework, plan, training)
-    problems = layout_problems(RawScenario(sc.source, sc.framework), sc.model, training, runs, world)
-    ddp = torchtitan_ddp_problem(sc.framework, plan, runs)
-    if problems or ddp is not None:
-        return refused([*problems, *([ddp] if ddp is not None else [])])
-    cand = sc.model_copy(update={"plan": runs, "training": training})
+    problems = layout_problems(RawScenario(sc.source, sc.framework), sc.model, training, plan, world)
+    if problems:
+        return refused(problems)
+    cand = sc.model_copy(update={"plan": plan, "training": training})
     try:
         from projection.memory.estimate import estimate_memory
 
@@ -130,6 +115,25 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     except ProjectionError as err:
         return refused(err.problems)
     return Candidate(tp, pp, vpp, cp, ep, mbs, cand, memory, proj)
+
+
+def _check_supported(sc: Scenario, axes: Mapping[str, Sequence[int]]) -> None:
+    """ConfigError where the search would not re-derive the framework's own layout rules. TorchTitan derives
+    sequence parallelism, async TP, expert TP, the layer split, the pipeline microbatch, resharding and its DDP rule
+    from tp, pp and ep; Primus's pipeline patches choose the schedule (and refuse layouts) from pp."""
+    fix_titan = ("project each layout with `projection performance --set parallelism.tensor_parallel_degree=... "
+                 "--set parallelism.pipeline_parallel_degree=...`")
+    if "torchtitan" in sc.framework:
+        raise ConfigError(Problem("the layout search does not re-derive TorchTitan's layout rules (sequence and "
+                                  "async tensor parallelism, expert TP, the layer split, the pipeline microbatch, "
+                                  "resharding and DDP depend on tp, pp and ep)", key="--config", file=sc.source,
+                                  fix=fix_titan))
+    if sc.framework.startswith("primus") and (list(axes["pp"]) != [sc.plan.pp] or list(axes["vpp"]) != [sc.plan.vpp_]):
+        raise ConfigError(Problem("the layout search keeps a Primus experiment's pipeline: Primus's pipeline patches "
+                                  "(zero bubble, primus_pipeline) choose the schedule and refuse layouts from pp",
+                                  key="--pp", file=sc.source, fix="search tp, cp, ep and micro batch sizes here; "
+                                  "project other pipelines with `projection performance --set "
+                                  "pipeline_model_parallel_size=...`"))
 
 
 def _fitting_schedule(sc: Scenario, plan: ParallelPlan, training: TrainingSpec) -> ParallelPlan:

@@ -77,9 +77,6 @@ class ShardingSpec(Spec):
     zero_stage: Literal[0, 1, 2, 3] = 0
     fsdp: Literal["none", "torch_fsdp2", "megatron_fsdp"] = "none"
     reshard_after_forward: bool = True
-    reshard_policy: Literal["default", "always", "never"] | None = Field(
-        None, description="TorchTitan's fsdp_reshard_after_forward as written: 'default' reshards unless PP is on "
-        "(what reshard_after_forward was derived from; a layout search re-derives it for another pp)")
     dp_replicate: int = Field(1, gt=0, description="HSDP replicas: shards live inside dp / dp_replicate ranks")
     distributed_optimizer_instances: int = Field(1, gt=0)
 

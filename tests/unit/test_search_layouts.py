@@ -75,10 +75,10 @@ FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 @pytest.mark.parametrize(("config", "nodes", "axis", "value", "overrides"), [
     ("megatron/mixtral_8x7b_tp1pp4ep8vpp8_release/model_config.yaml", 4, "ep", 4,
      {"expert_model_parallel_size": 4}),
-    # TorchTitan: its own layer split, pipeline microbatch 1 and "default" resharding (off under PP) for pp 2
-    ("torchtitan/deepseek_v3_16b.toml", 4, "pp", 2,
-     {"parallelism.pipeline_parallel_degree": 2, "parallelism.pipeline_parallel_schedule": "1F1B",
-      "training.global_batch_size": 128}),
+    ("megatron/gpt3_mcore_te_tp2_pp2_resume_torch_dist/model_config.yaml", 1, "pp", 4,
+     {"pipeline_model_parallel_size": 4}),
+    ("primus/examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml", 1, "tp", 2,
+     {"tensor_model_parallel_size": 2}),
 ])
 def test_other_formats_match_their_loader(config: str, nodes: int, axis: str, value: int,
                                           overrides: dict) -> None:
@@ -90,3 +90,16 @@ def test_other_formats_match_their_loader(config: str, nodes: int, axis: str, va
     assert c.status == "fits"
     assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
     assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes
+
+
+def test_layouts_whose_framework_rules_it_does_not_re_derive_are_refused(tmp_path: Path) -> None:
+    """TorchTitan derives SP, async TP, expert TP, its layer split, pipeline microbatch, resharding and DDP from tp,
+    pp and ep; Primus's pipeline patches choose the schedule from pp: refused rather than projected wrongly."""
+    toml = tmp_path / "job.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = -1\n')
+    with pytest.raises(ConfigError, match="does not re-derive TorchTitan's layout rules"):
+        search_layouts(api.load(toml), tp=[1, 2])
+    primus = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml"
+    if primus.is_file():
+        with pytest.raises(ConfigError, match="keeps a Primus experiment's pipeline"):
+            search_layouts(api.load(primus), pp=[1, 2])
