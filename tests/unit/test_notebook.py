@@ -44,12 +44,11 @@ def test_planning_notebook_agrees_with_the_cli(monkeypatch: pytest.MonkeyPatch,
     scaling = _cli_json(capsys, "performance", "--config", config, "--scaling", "4,8,16", "--format", "json")
     assert [p.step_time_s for p in ns["rows"]] == pytest.approx([r["step_time_s"] for r in scaling["projections"]])
     # the layout search: the chosen layout fits and no fitting layout is faster; the CLI projects it the same way
-    best, results = ns["best"], ns["results"]
-    assert best is not None and best[6] == "fits"
-    assert all(r[3] >= best[3] for r in results if r[6] == "fits")
-    tp, pp, vpp = best[:3]
-    again = _cli_json(capsys, "performance", "--config", config, "--set", f"plan.tp={tp}", "--set", f"plan.pp={pp}",
-                      "--set", f"plan.vpp={vpp}", "--set",
-                      f"plan.schedule={'interleaved_1f1b' if vpp > 1 else '1f1b'}", "--format", "json")
-    assert again["step_time_s"] == pytest.approx(best[3], rel=1e-12)
-    assert ns["rejected"], "the search names the layouts the cluster cannot take"
+    best, found = ns["best"], ns["found"]
+    assert best is not None and best.status == "fits"
+    assert all(c.projection.step_time_s >= best.projection.step_time_s for c in found if c.status == "fits")
+    again = _cli_json(capsys, "performance", "--config", config, "--set", f"plan.tp={best.tp}", "--set",
+                      f"plan.pp={best.pp}", "--set", f"plan.vpp={best.vpp}", "--set",
+                      f"plan.schedule={best.scenario.plan.schedule}", "--format", "json")
+    assert again["step_time_s"] == pytest.approx(best.projection.step_time_s, rel=1e-12)
+    assert any(c.status == "refused" for c in found), "the search names the layouts the cluster cannot take"
