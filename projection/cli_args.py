@@ -49,8 +49,8 @@ def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("t
 
 
 # what matplotlib's savefig writes with the Agg backend (FigureCanvasBase.get_supported_filetypes), by extension
-PICTURE_FORMATS = frozenset({"png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "pgf",
-                             "raw", "rgba", "gif"})
+PICTURE_FORMATS = frozenset({"png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "raw",
+                             "rgba", "gif"})  # not pgf: it needs a LaTeX install
 
 
 def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence[tuple[str, str | None]] = ()
@@ -111,7 +111,7 @@ def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list
                 raise ConfigError(Problem(f"cannot write output: {e.strerror or e}", key=flag,
                                           file=str(getattr(e, "filename", None) or path),
                                           fix="choose a writable path")) from e
-            except ValueError as e:  # e.g. a picture format this matplotlib cannot write
+            except (ValueError, RuntimeError) as e:  # a picture format this matplotlib cannot write (or its tool)
                 raise ConfigError(Problem(f"cannot write output: {e}", key=flag, file=path,
                                           fix="choose another file name (a .png picture always works)")) from e
     except BaseException:  # a user error, or anything else: the run wrote nothing

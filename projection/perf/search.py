@@ -3,13 +3,13 @@
 For each combination of tp, pp, vpp, cp, ep and micro batch size (the scenario's own value of any not given), the
 layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage split or group size the
 file fixed for its own pp is dropped; the schedule is the file's where it fits, else interleaved_1f1b for vpp > 1
-and 1f1b for vpp 1, else gpipe. Native, HF and Megatron jobs, and Primus Megatron jobs at their own pipeline;
-TorchTitan jobs are refused (their layout rules depend on tp, pp and ep: _check_supported). The layout is
-checked with the rules a config file is checked with (specs.validate.layout_problems), its
-memory estimated (projection.memory), and only a layout that fits is projected (perf.project). Candidates come back
-fastest first, then the out-of-memory ones, then the refused ones with every reason. Nothing here is new arithmetic:
-each number is what `projection memory` and `projection performance` print for that layout loaded with its --set
-overrides at the same global batch (tests/unit/test_search_layouts.py).
+and 1f1b for vpp 1 (a layout neither fits is refused with the schedule's reason). Native, HF and Megatron jobs, and
+Primus Megatron jobs at their own pipeline; TorchTitan jobs are refused (their layout rules depend on tp, pp and ep:
+_check_supported). The layout is checked with the rules a config file is checked with
+(specs.validate.layout_problems), its memory estimated (projection.memory), and only a layout that fits is projected
+(perf.project). Candidates come back fastest first, then the out-of-memory ones, then the refused ones with every
+reason. Nothing here is new arithmetic: each number is what `projection memory` and `projection performance` print
+for that layout loaded with its --set overrides at the same global batch (tests/unit/test_search_layouts.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from projection.cost.model import CostModel
-from projection.errors import ConfigError, Problem, ProjectionError
+from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
 from projection.perf.project import Engine, applicable_schedules, project
@@ -128,17 +128,18 @@ def _check_supported(sc: Scenario, axes: Mapping[str, Sequence[int]]) -> None:
                                   "async tensor parallelism, expert TP, the layer split, the pipeline microbatch, "
                                   "resharding and DDP depend on tp, pp and ep)", key="--config", file=sc.source,
                                   fix=fix_titan))
-    if sc.framework.startswith("primus") and (list(axes["pp"]) != [sc.plan.pp] or list(axes["vpp"]) != [sc.plan.vpp_]):
+    changed = [k for k, own in (("pp", sc.plan.pp), ("vpp", sc.plan.vpp_)) if list(axes[k]) != [own]]
+    if sc.framework.startswith("primus") and changed:
         raise ConfigError(Problem("the layout search keeps a Primus experiment's pipeline: Primus's pipeline patches "
                                   "(zero bubble, primus_pipeline) choose the schedule and refuse layouts from pp",
-                                  key="--pp", file=sc.source, fix="search tp, cp, ep and micro batch sizes here; "
-                                  "project other pipelines with `projection performance --set "
-                                  "pipeline_model_parallel_size=...`"))
+                                  key=f"--{changed[0]}", file=COMMAND_LINE,
+                                  fix="search tp, cp, ep and micro batch sizes here; project other pipelines with "
+                                      "`projection performance --set pipeline_model_parallel_size=...`"))
 
 
 def _fitting_schedule(sc: Scenario, plan: ParallelPlan, training: TrainingSpec) -> ParallelPlan:
     """The file's schedule when it applies to the new pp, vpp and microbatches, else the interleaved one for
-    vpp > 1 and 1F1B for vpp 1 (in the plan's style), else gpipe; layout_problems still has the last word."""
+    vpp > 1 and 1F1B for vpp 1 (in the plan's style); else the file's, which layout_problems then refuses."""
     probe = sc.model_copy(update={"plan": plan, "training": training})
     try:
         ok = applicable_schedules(probe)
@@ -146,7 +147,6 @@ def _fitting_schedule(sc: Scenario, plan: ParallelPlan, training: TrainingSpec) 
         ok = []
     if plan.schedule in ok or plan.runs_as(plan.schedule) in ok:
         return plan
-    for name in (("interleaved_1f1b",) if plan.vpp_ > 1 else ("1f1b",)) + ("gpipe",):
-        if name in ok:
-            return plan.model_copy(update={"schedule": plan.runs_as(name)})
-    return plan
+    name = "interleaved_1f1b" if plan.vpp_ > 1 else "1f1b"
+    # no GPipe fallback: Megatron has no such schedule; a layout neither fits is refused with the schedule's reason
+    return plan.model_copy(update={"schedule": plan.runs_as(name)}) if name in ok else plan

@@ -26,7 +26,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a value came from: file (or 'default', 'cli'), 1-based line if known, and the key as written there."""
+    """Where a value came from: file (or 'default (...)', '--set', '<command line>'), 1-based line if known, and the
+    key as written there."""
 
     file: str
     line: int | None = None

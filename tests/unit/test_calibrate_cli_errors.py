@@ -110,3 +110,18 @@ def test_import_and_fit_do_not_import_torch(tmp_path: Path) -> None:
             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("NO-TORCH")
+
+
+def test_collective_memory_check_counts_the_output_buffer_of_all_to_all_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank holds the buffer and its 1/world part; all_to_all also an output as large as the buffer: with 100 GiB
+    of RAM, 20 GiB over 2 ranks fits an all-reduce (60 GiB) but not an all-to-all (100 GiB > 90 %)."""
+    import torch
+
+    from projection.calibrate import cli_bench
+    from projection.calibrate.errors import CalibrationError
+
+    monkeypatch.setattr(cli_bench, "_available_ram_bytes", lambda: 100 * 2**30)
+    cpu = torch.device("cpu")
+    cli_bench._collective_memory_check(["all_reduce", "all_gather"], [20 * 2**30], 2, cpu, "--sizes")
+    with pytest.raises(CalibrationError, match="needs about 100.0 GiB over 2 ranks"):
+        cli_bench._collective_memory_check(["all_to_all"], [20 * 2**30], 2, cpu, "--sizes")

@@ -101,5 +101,15 @@ def test_layouts_whose_framework_rules_it_does_not_re_derive_are_refused(tmp_pat
         search_layouts(api.load(toml), tp=[1, 2])
     primus = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml"
     if primus.is_file():
-        with pytest.raises(ConfigError, match="keeps a Primus experiment's pipeline"):
-            search_layouts(api.load(primus), pp=[1, 2])
+        with pytest.raises(ConfigError, match="keeps a Primus experiment's pipeline") as err:
+            search_layouts(api.load(primus), vpp=[2])
+        assert err.value.problems[0].key == "--vpp"
+
+
+def test_a_layout_whose_schedule_does_not_fit_is_refused_not_run_as_gpipe() -> None:
+    """Megatron has no GPipe schedule: interleaved 1F1B at 70B's pp 4 vpp 5 with micro batch 64 (2 microbatches per
+    rank, fewer than pp) is refused with the schedule's reason, as the loader refuses it."""
+    (c,) = search_layouts(api.load(L70), micro_batch_size=[64])
+    assert c.status == "refused" and "microbatch group size" in c.problems[0].message
+    with pytest.raises(PlanError, match="microbatch group size"):
+        api.load(L70, overrides={"training.micro_batch_size": 64})
