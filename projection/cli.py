@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from projection import __version__, api
-from projection.cli_args import add_scenario_args, count_problems
-from projection.errors import ConfigError, ProjectionError
+from projection.cli_args import add_scenario_args, load_scenario
+from projection.errors import ProjectionError
 
 _common = add_scenario_args
 
@@ -100,11 +100,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {e.render()}", file=sys.stderr)
             return 2
     try:
-        bad_counts = count_problems(args, ("nodes", "gpus_per_node"))
-        if bad_counts:
-            raise ConfigError(bad_counts)
-        scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                            overrides=args.set, primus_root=args.primus_root, env=dict(os.environ))
+        scenario = load_scenario(args, dict(os.environ))
         if args.command == "inspect":
             report = api.inspect(scenario)
             text = json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_table()

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
+
+if TYPE_CHECKING:
+    from projection.specs.scenario import Scenario
 
 
 def count(text: str) -> int | str:
@@ -30,6 +34,34 @@ def count_problems(args: argparse.Namespace, flags: Sequence[str]) -> list[Probl
             out.append(Problem(f"must be a positive whole number (got {value!r})", key="--" + flag.replace("_", "-"),
                                file=COMMAND_LINE, fix="give a whole number of at least 1"))
     return out
+
+
+def whole_numbers(text: str, flag: str, what: str = "values") -> tuple[list[int], list[Problem]]:
+    """The sorted distinct positive whole numbers of 'a,b,c' (ASCII digits), or a problem naming every item that is
+    not one (an empty item, as in '8,,16', included)."""
+    items = text.replace(" ", "").split(",")
+    wrong = [x for x in items if not (x.isascii() and x.isdecimal() and int(x) > 0)]
+    if not wrong:
+        return sorted({int(x) for x in items}), []
+    names = ", ".join(repr(x) if x else "an empty item" for x in wrong)
+    return [], [Problem(f"cannot read {what} {text!r}: {names} {'is' if len(wrong) == 1 else 'are'} not a positive "
+                        "whole number", key=flag, file=COMMAND_LINE,
+                        fix="give positive integers separated by commas, e.g. 1,2,4,8")]
+
+
+def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, nodes: int | None = None,
+                  default_nodes: int = 1, schedule: str | None = None) -> Scenario:
+    """api.load with the scenario flags every sub-command shares (add_scenario_args), after their counts are checked
+    (count_problems). `nodes`: the node count to load at (None: the --nodes flag's)."""
+    problems = count_problems(args, ("nodes", "gpus_per_node"))
+    if problems:
+        raise ConfigError(problems)
+    from projection import api
+
+    return api.load(args.config, hardware=args.hardware, nodes=args.nodes if nodes is None else nodes,
+                    gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
+                    primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes,
+                    schedule=schedule)
 
 
 def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json")) -> None:

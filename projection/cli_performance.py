@@ -26,8 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from projection import api
-from projection.cli_args import count, count_problems, output_problems, write_outputs
+from projection.cli_args import count, count_problems, load_scenario, output_problems, whole_numbers, write_outputs
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 
 if TYPE_CHECKING:
@@ -155,10 +154,7 @@ def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | 
     name = getattr(args, "schedule", None)
 
     def load(schedule: str | None) -> Scenario:
-        return api.load(args.config, hardware=args.hardware, nodes=nodes,
-                        gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
-                        primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes,
-                        schedule=schedule)
+        return load_scenario(args, env, nodes=nodes, default_nodes=default_nodes, schedule=schedule)
     try:
         return load(None if name == "all" else name)
     except PlanError as err:
@@ -211,29 +207,14 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     if args.schedule is not None and args.schedule != "all" and args.schedule not in SCHEDULE_NAMES:
         problems.append(Problem(f"unknown schedule {args.schedule!r}", key="--schedule", file=COMMAND_LINE,
                                 fix=f"use one of {', '.join(SCHEDULE_NAMES)}, or all to compare the applicable ones"))
-    counts = _node_counts(args.scaling) if args.scaling is not None else []
-    if args.scaling is not None and not counts:
-        items = args.scaling.replace(" ", "").split(",")
-        wrong = [x for x in items if not (x.isdecimal() and x.isascii() and int(x) > 0)]
-        what = ", ".join(repr(x) if x else "an empty item" for x in wrong) or "nothing"
-        problems.append(Problem(f"cannot read node counts {args.scaling!r}: {what} "
-                                f"{'is' if len(wrong) == 1 else 'are'} not a positive whole number",
-                                key="--scaling", file=COMMAND_LINE,
-                                fix="give positive integers separated by commas, e.g. 1,2,4,8"))
+    counts: list[int] = []
+    if args.scaling is not None:
+        counts, bad = whole_numbers(args.scaling, "--scaling", "node counts")
+        problems += bad
     problems += output_problems([("--png", args.png if args.scaling else None), ("--trace", args.trace)])
     if problems:
         raise ConfigError(problems)
     return counts
-
-
-def _node_counts(text: str) -> list[int]:
-    """The sorted distinct counts of '1,2,4'; [] when the text is not positive integers separated by commas (an
-    empty item, as in '8,,16' or '', included)."""
-    try:
-        counts = [int(x) for x in text.replace(" ", "").split(",")]
-    except ValueError:
-        return []
-    return [] if any(c < 1 for c in counts) else sorted(set(counts))
 
 
 def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_count: bool = False) -> None:

@@ -16,8 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from projection import api
-from projection.cli_args import add_scenario_args, count_problems
+from projection.cli_args import add_scenario_args, count_problems, load_scenario, whole_numbers
 from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 
 AXES = ("tp", "pp", "vpp", "cp", "ep", "mbs")
@@ -43,12 +42,9 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, list[int] | None], list
         if text is None:
             out[axis] = None
             continue
-        items = [x.strip() for x in text.split(",")]
-        if all(x.isdecimal() and x.isascii() and int(x) > 0 for x in items):
-            out[axis] = sorted({int(x) for x in items})
-        else:
-            problems.append(Problem(f"cannot read {text!r}: give positive whole numbers separated by commas",
-                                    key=f"--{axis}", file=COMMAND_LINE, fix=f"e.g. --{axis} 1,2,4"))
+        values, bad = whole_numbers(text, f"--{axis}", f"{axis} values")
+        out[axis] = values or None
+        problems += bad
     if args.top < 1:
         problems.append(Problem(f"must be a positive whole number (got {args.top})", key="--top", file=COMMAND_LINE,
                                 fix="give a whole number of at least 1"))
@@ -63,8 +59,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         problems += count_problems(args, ("nodes", "gpus_per_node"))
         if problems:
             raise ConfigError(problems)
-        scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                            overrides=args.set, primus_root=args.primus_root, env=env)
+        scenario = load_scenario(args, env)
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
                                ep=values["ep"], micro_batch_size=values["mbs"])
     except ProjectionError as err:

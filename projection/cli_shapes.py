@@ -18,9 +18,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from projection import api
-from projection.cli_args import add_scenario_args, count_problems
-from projection.errors import ConfigError, ProjectionError
+from projection.cli_args import add_scenario_args, load_scenario
+from projection.errors import ProjectionError
 from projection.workload.shapes import COLUMNS, step_shapes
 
 
@@ -36,12 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     try:
-        bad_counts = count_problems(args, ("nodes", "gpus_per_node"))
-        if bad_counts:
-            raise ConfigError(bad_counts)
-        scenario = api.load(args.config, hardware=args.hardware, nodes=args.nodes,
-                            gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
-                            primus_root=getattr(args, "primus_root", None), env=env)
+        scenario = load_scenario(args, env)
         rows = step_shapes(scenario)
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
