@@ -125,9 +125,8 @@ def _csv_conflicts(args: argparse.Namespace) -> list[Problem]:
 
 def _closed_form(args: argparse.Namespace, sched: Schedule, f: float, b: float, w: float | None,
                  lat: float) -> tuple[float, bool] | None:
-    """(closed-form step seconds, whether it is exact here), or None where the schedule has no closed form. The
-    interleaved form is exact for m a multiple of pp and p2p at most a chunk's forward and backward; outside that it
-    is a lower bound (projection/sim/closed_form.py)."""
+    """(closed-form step seconds, whether it is exact here: closed_form.is_exact), or None where the schedule has no
+    closed form."""
     name = sched.name
     if args.csv or name not in closed_form.CLOSED_FORMS or (name == "gpipe" and args.vpp != 1):
         return None
@@ -137,9 +136,7 @@ def _closed_form(args: argparse.Namespace, sched: Schedule, f: float, b: float, 
     ww = None if w is None else w / per
     cf = float(closed_form.step_time_s(name, args.pp, args.microbatches, f / per, b / per, vpp=args.vpp, w_s=ww,
                                        p2p_s=lat))
-    exact = not (name == "interleaved_1f1b" and args.vpp > 1 and args.pp > 1
-                 and (lat > min(f, b) / per or args.microbatches % args.pp))
-    return cf, exact
+    return cf, closed_form.is_exact(name, args.pp, args.microbatches, f / per, b / per, vpp=args.vpp, p2p_s=lat)
 
 
 def _table(res: SimResult, cf: tuple[float, bool] | None, written: list[str]) -> str:

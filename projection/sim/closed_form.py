@@ -117,6 +117,14 @@ def step_time_s(schedule: str, pp: ArrayLike, m: ArrayLike, f_s: ArrayLike, b_s:
     raise ValueError(f"no closed form for {schedule!r}; closed forms exist for {', '.join(CLOSED_FORMS)}")
 
 
+def is_exact(schedule: str, pp: int, m: int, f_s: float, b_s: float, *, vpp: int = 1, p2p_s: float = 0.0) -> bool:
+    """Whether `step_time_s` is exact for these values (f, b per chunk) or only a lower bound: the interleaved form
+    is exact for m a multiple of pp and p2p at most a chunk's f and b (module docstring); the others everywhere."""
+    if schedule != "interleaved_1f1b" or vpp == 1 or pp == 1:
+        return True
+    return p2p_s <= min(f_s, b_s) and m % pp == 0
+
+
 def bubble_ratio(schedule: str, pp: ArrayLike, m: ArrayLike, f_s: ArrayLike, b_s: ArrayLike, *, vpp: ArrayLike = 1,
                  w_s: ArrayLike | None = None, p2p_s: ArrayLike = 0.0) -> FloatArray:
     """1 - m * vpp * (f + b) / step: the idle fraction of every rank (uniform stages keep ranks equally busy)."""
