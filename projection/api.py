@@ -42,11 +42,10 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if overrides is not None and not isinstance(overrides, Mapping | str | bytes) and isinstance(overrides, Iterable):
         overrides = list(overrides)  # a generator is read once
     _check_load_args(config, overrides, env, hardware_dir, models_dir, primus_root)
-    if primus_root is not None and not Path(primus_root).is_dir():  # whatever the file's format: a wrong path is a slip
-        what = "is not a directory" if Path(primus_root).exists() else "does not exist"
-        raise ConfigError(Problem(f"Primus root {primus_root} {what}", key="--primus-root", file=str(config),
-                                  fix="give the root of a Primus checkout (the folder that holds primus/configs), or "
-                                      "drop --primus-root"))
+    if primus_root is not None:  # whatever the file's format: a wrong path is a slip
+        from projection.formats.primus import check_primus_root
+
+        check_primus_root(primus_root, config)
     hardware_dir, models_dir = Path(hardware_dir), Path(models_dir)
     ov = dict(overrides) if isinstance(overrides, Mapping) else parse_set(list(overrides or ()))
     # `cluster.*` is projection's own key in every format (no Primus, Megatron or TorchTitan file has it): applied

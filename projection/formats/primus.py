@@ -210,16 +210,21 @@ def _flat_layer(entries: list[tuple[str, Any, Origin]], node_file: str) -> Track
     return out
 
 
+def check_primus_root(primus_root: str | Path | None, config: str | Path) -> None:
+    """ConfigError, located at the config, when a Primus root is given and is not a folder."""
+    if primus_root is not None and not Path(primus_root).is_dir():
+        what = "is not a directory" if Path(primus_root).exists() else "does not exist"
+        raise ConfigError(Problem(f"Primus root {primus_root} {what}", key="--primus-root", file=str(config),
+                                  fix="give the root of a Primus checkout (the folder that holds primus/configs), or "
+                                  "drop --primus-root to use the built-in Primus defaults"))
+
+
 def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *, primus_root: Path | None = None,
                        models_dir: Path = MODELS_DIR, env: Mapping[str, str] | None = None) -> PrimusExperiment:
     """Merge a Primus experiment into the trainer config Primus would build (module docstring, steps 1-3).
     `overrides` are `--set` values: already typed, dotted keys nest (a leading `modules.<trainer>.` is optional)."""
     env = env or {}
-    if primus_root is not None and not Path(primus_root).is_dir():
-        what = "is not a directory" if Path(primus_root).exists() else "does not exist"
-        raise ConfigError(Problem(f"Primus root {primus_root} {what}", key="--primus-root", file=str(path),
-                                  fix="give the root of a Primus checkout (the folder that holds primus/configs), or "
-                                  "drop --primus-root to use the built-in Primus defaults"))
+    check_primus_root(primus_root, path)
     exp = load_primus_yaml(Path(path), env)
     if "modules" not in exp.data:  # a model preset given directly: detect_format sent it here for its `extends:`
         from projection.formats.primus_preset import resolve_preset

@@ -8,6 +8,7 @@ the rank pair) -> optimizer step (optimizer.py) and exposed parameter all-gather
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -178,23 +179,33 @@ def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
 def _partial_calibration(sc: Scenario, cm: CostModel) -> list[str]:
     """A note when a calibration file other than the device's shipped one lacks tables the shipped one has: those
     ops fall back to the roofline, not to the shipped tables (a host-only --calibration drops the shipped GEMMs)."""
-    from projection.calibrate.calibration import TABLES, load_calibration
+    from projection.calibrate.calibration import TABLES
     from projection.perf.costmodel import shipped_calibration
 
     cal, path = getattr(cm, "calibration", None), getattr(cm, "path", None)
     shipped = shipped_calibration(sc.cluster.device.name)
     if cal is None or path is None or shipped is None or Path(path).resolve() == shipped.resolve():
         return []
-    theirs = load_calibration(shipped)
-    have, ship = cal.row_counts(), theirs.row_counts()
+    ship, shipped_devices = _shipped_tables(str(shipped))
+    have = cal.row_counts()
     missing = [t for t in TABLES if t != "host" and ship.get(t) and not have.get(t)]
     if not missing:
         return []
-    devices = {p.device_name for c in (cal, theirs) for p in c.provenance if p.device_name}
+    devices = shipped_devices | {p.device_name for p in cal.provenance if p.device_name}
     mixed = " --allow-mixed-devices" if len(devices) > 1 else ""
     return [f"calibration {path} has no {', '.join(missing)} rows: those ops are priced by the "
             f"{sc.cluster.device.name} roofline, not by the shipped {shipped} (to keep both, combine them: "
             f"projection calibrate import {shipped} {path} --out CAL.json{mixed})"]
+
+
+@functools.lru_cache(maxsize=8)
+def _shipped_tables(path: str) -> tuple[dict[str, int], frozenset[str]]:
+    """Rows per table and device names of a shipped calibration file (read once: a --scaling run or a schedule
+    comparison projects many times with the same --calibration)."""
+    from projection.calibrate.calibration import load_calibration
+
+    cal = load_calibration(Path(path))
+    return cal.row_counts(), frozenset(p.device_name for p in cal.provenance if p.device_name)
 
 
 def _squash(text: str) -> str:
