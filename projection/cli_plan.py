@@ -3,6 +3,7 @@ first, then step time, and print the fastest that fit, the out-of-memory ones an
 
     projection plan --config F [--nodes N] [--hardware NAME] [--gpus-per-node G] [--set KEY=VALUE ...]
                     [--tp 1,2,4,8] [--pp 1,2,4] [--vpp 1,2] [--cp 1,2] [--ep 1,8] [--mbs 1,2]
+                    [--recompute none,selective,full]
                     [--top K] [--format table|json] [--primus-root DIR]
 
 A list not given keeps the config's own value. Wiring (cli.py): `add_parser(subparsers)`, `run(args, env)`.
@@ -24,18 +25,23 @@ AXES = ("tp", "pp", "vpp", "cp", "ep", "mbs")
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "plan", help="search tp / pp / vpp / cp / ep / micro batch layouts: the fastest that fit",
+        "plan", help="search tp / pp / vpp / cp / ep / micro batch / recompute layouts: the fastest that fit",
         description="Every layout of the given values on the config's cluster and global batch: memory first (the "
         "layouts that do not fit are not projected), then step time; refused layouts with every reason.")
     add_scenario_args(p)
     for axis in AXES:
         p.add_argument(f"--{axis}", metavar="N,N,...", help=f"{axis} values to try (default: the config's)")
+    p.add_argument("--recompute", metavar="G,G,...", help="recompute granularities to try, of none, selective "
+                   "(the config's modules, else core_attn), full (the config's method, else every layer); "
+                   "default: the config's")
     p.add_argument("--top", type=int, default=10, help="fitting layouts to list (default 10)")
     return p
 
 
-def _values(args: argparse.Namespace) -> tuple[dict[str, list[int] | None], list[Problem]]:
-    out: dict[str, list[int] | None] = {}
+def _values(args: argparse.Namespace) -> tuple[dict[str, list[Any] | None], list[Problem]]:
+    from projection.perf.search import RECOMPUTE
+
+    out: dict[str, list[Any] | None] = {}
     problems = []
     for axis in AXES:
         text = getattr(args, axis)
@@ -45,6 +51,13 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, list[int] | None], list
         values, bad = whole_numbers(text, f"--{axis}", f"{axis} values")
         out[axis] = values or None
         problems += bad
+    names = [n.strip() for n in (args.recompute or "").split(",") if n.strip()]
+    out["recompute"] = names or None
+    unknown = [n for n in names if n not in RECOMPUTE]
+    if unknown or (args.recompute is not None and not names):
+        shown = ", ".join(map(repr, unknown)) or repr(args.recompute)
+        problems.append(Problem(f"unknown recompute granularity {shown}", key="--recompute", file=COMMAND_LINE,
+                                fix=f"give a comma list of {', '.join(RECOMPUTE)}"))
     if args.top < 1:
         problems.append(Problem(f"must be a positive whole number (got {args.top})", key="--top", file=COMMAND_LINE,
                                 fix="give a whole number of at least 1"))
@@ -61,7 +74,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             raise ConfigError(problems)
         scenario = load_scenario(args, env)
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
-                               ep=values["ep"], micro_batch_size=values["mbs"])
+                               ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"])
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2
@@ -73,16 +86,19 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
           f"{scenario.training.resolved_global_batch(scenario.plan.dp_())}: {len(fits)} fit, "
           f"{sum(c.status == 'out of memory' for c in found)} out of memory, "
           f"{sum(c.status == 'refused' for c in found)} refused")
-    print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'schedule':<17} {'step s':>9} "
+    print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'recompute':<9} {'schedule':<17} "
+          f"{'step s':>9} "
           f"{'tokens/s/GPU':>13} {'MFU':>6} {'peak GiB':>9}")
     for c in fits[:args.top] + [c for c in found if c.status == "out of memory"]:
         r = _row(c)
         step = f"{r['step_time_s']:>9.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['mfu']:>6.1%}" if c.projection \
             else f"{'-':>9} {'-':>13} {'-':>6}"
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp:>3} {c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {r['dp']:>4} "
-              f"{r['schedule']:<17} {step} {r['peak_gib']:>9.2f}" + ("  out of memory" if not c.projection else ""))
+              f"{c.recompute:<9} {r['schedule']:<17} {step} {r['peak_gib']:>9.2f}"
+              + ("  out of memory" if not c.projection else ""))
     for c in (c for c in found if c.status == "refused"):
-        print(f"refused tp {c.tp} pp {c.pp} vpp {c.vpp} cp {c.cp} ep {c.ep} mbs {c.micro_batch_size}: "
+        print(f"refused tp {c.tp} pp {c.pp} vpp {c.vpp} cp {c.cp} ep {c.ep} mbs {c.micro_batch_size} "
+              f"recompute {c.recompute}: "
               + "; ".join(p.message for p in c.problems))
     return 0
 
@@ -90,7 +106,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 def _row(c: Any) -> dict[str, Any]:
     sc, p, m = c.scenario, c.projection, c.memory
     return {"tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "ep": c.ep, "micro_batch_size": c.micro_batch_size,
-            "status": c.status, "dp": sc.plan.dp_() if sc is not None else None,
+            "recompute": c.recompute, "status": c.status, "dp": sc.plan.dp_() if sc is not None else None,
             "schedule": sc.plan.schedule if sc is not None else None,
             "step_time_s": p.step_time_s if p else None, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if p else None,
             "mfu": p.mfu if p else None, "peak_gib": m.peak_bytes / 2**30 if m else None,

@@ -1,15 +1,17 @@
 """`search_layouts`: the parallel layouts of one cluster and global batch, memory first, then time.
 
-For each combination of tp, pp, vpp, cp, ep and micro batch size (the scenario's own value of any not given), the
-layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage split or group size the
-file fixed for its own pp is dropped; the schedule is the file's where it fits, else interleaved_1f1b for vpp > 1
-and 1f1b for vpp 1 (a layout neither fits is refused with the schedule's reason). Native, HF and Megatron jobs, and
-Primus Megatron jobs at their own pipeline; TorchTitan jobs are refused (their layout rules depend on tp, pp and ep:
-_check_supported). The layout is checked with the rules a config file is checked with
-(specs.validate.layout_problems), its memory estimated (projection.memory), and only a layout that fits is projected
-(perf.project). Candidates come back fastest first, then the out-of-memory ones, then the refused ones with every
-reason. Nothing here is new arithmetic: each number is what `projection memory` and `projection performance` print
-for that layout loaded with its --set overrides at the same global batch (tests/unit/test_search_layouts.py).
+For each combination of tp, pp, vpp, cp, ep, micro batch size and recompute granularity (the scenario's own value of
+any not given), the layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage
+split or group size the file fixed for its own pp is dropped; recompute is one of RECOMPUTE (`_recompute`: the
+file's own selective modules or full method at the file's granularity, else Megatron's defaults); the schedule is
+the file's where it fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp 1 (a layout neither fits is refused
+with the schedule's reason). Native, HF and Megatron jobs, and Primus Megatron jobs at their own pipeline;
+TorchTitan jobs are refused (their layout rules depend on tp, pp and ep: _check_supported). The layout is checked
+with the rules a config file is checked with (specs.validate.layout_problems), its memory estimated
+(projection.memory), and only a layout that fits is projected (perf.project). Candidates come back fastest first,
+then the out-of-memory ones, then the refused ones with every reason. Nothing here is new arithmetic: each number is
+what `projection memory` and `projection performance` print for that layout loaded with its --set overrides at the
+same global batch (tests/unit/test_search_layouts.py).
 """
 
 from __future__ import annotations
@@ -24,16 +26,18 @@ from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
 from projection.perf.project import Engine, applicable_schedules, project
 from projection.perf.result import Projection
-from projection.specs.plan import ParallelPlan
+from projection.specs.plan import ParallelPlan, RecomputeSpec
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
 from projection.specs.validate import layout_problems
+
+RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One layout: its plan and training, and either its projection (fits), its memory (out of memory) or the
-    problems that refuse it."""
+    problems that refuse it. recompute: the granularity searched (RECOMPUTE)."""
 
     tp: int
     pp: int
@@ -41,6 +45,7 @@ class Candidate:
     cp: int
     ep: int
     micro_batch_size: int
+    recompute: str
     scenario: Scenario | None
     memory: MemoryReport | None = None
     projection: Projection | None = None
@@ -55,11 +60,12 @@ class Candidate:
 
 def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: Sequence[int] | None = None,
                    vpp: Sequence[int] | None = None, cp: Sequence[int] | None = None, ep: Sequence[int] | None = None,
-                   micro_batch_size: Sequence[int] | None = None, cost_model: CostModel | None = None,
-                   engine: Engine = "des") -> list[Candidate]:
+                   micro_batch_size: Sequence[int] | None = None, recompute: Sequence[str] | None = None,
+                   cost_model: CostModel | None = None, engine: Engine = "des") -> list[Candidate]:
     """Every layout of the given values (the scenario's own for each one not given) on the scenario's cluster and
     global batch: fitting ones fastest first, then out-of-memory ones (smallest peak first), then refused ones.
-    cost_model: default, each layout's shipped calibration (collectives are priced on its own placements)."""
+    recompute: granularities of RECOMPUTE. cost_model: default, each layout's shipped calibration (collectives are
+    priced on its own placements)."""
     plan, training = scenario.plan, scenario.training
     axes = {"tp": tp or [plan.tp], "pp": pp or [plan.pp], "vpp": vpp or [plan.vpp_], "cp": cp or [plan.cp],
             "ep": ep or [plan.ep], "micro_batch_size": micro_batch_size or [training.micro_batch_size]}
@@ -67,20 +73,24 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
                    fix="pass e.g. [1, 2, 4, 8]")
            for name, values in axes.items()
            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)]
+    granularities = list(recompute or [plan.recompute.granularity])
+    if not all(isinstance(g, str) and g in RECOMPUTE for g in granularities):
+        bad.append(Problem(f"recompute values must be among {', '.join(RECOMPUTE)}, got {granularities!r}",
+                           key="recompute", file="<search>", fix="pass e.g. ['none', 'selective', 'full']"))
     if bad:
         raise ConfigError(bad)
     _check_supported(scenario, axes)
-    out = [_candidate(scenario, *combo, cost_model=cost_model, engine=engine)
-           for combo in itertools.product(*axes.values())]
+    out = [_candidate(scenario, *combo, recompute=g, cost_model=cost_model, engine=engine)
+           for combo in itertools.product(*axes.values()) for g in granularities]
     fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
     return fits + oom + [c for c in out if c.status == "refused"]
 
 
-def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *,
+def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *, recompute: str,
                cost_model: CostModel | None, engine: Engine) -> Candidate:
     def refused(problems: Sequence[Problem]) -> Candidate:
-        return Candidate(tp, pp, vpp, cp, ep, mbs, None, problems=tuple(problems))
+        return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(problems))
 
     world, base = sc.world_size, sc.plan
     if world % (tp * cp * pp):
@@ -91,6 +101,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     fields = base.model_dump()
     same_pipeline = (pp, vpp) == (base.pp, base.vpp_)
     fields.update(tp=tp, pp=pp, vpp=vpp if vpp > 1 else None, cp=cp, ep=ep, dp=world // (tp * cp * pp),
+                  recompute=_recompute(base.recompute, recompute).model_dump(),
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
                                                "last_stage_layers": None, "stage_layers": None,
                                                "microbatch_group_size": None}))
@@ -110,11 +121,24 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
 
         memory = estimate_memory(cand)
         if memory.verdict == "out of memory":
-            return Candidate(tp, pp, vpp, cp, ep, mbs, cand, memory)
+            return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, cand, memory)
         proj = project(cand, cost_model if cost_model is not None else default_cost_model(cand), engine=engine)
     except ProjectionError as err:
         return refused(err.problems)
-    return Candidate(tp, pp, vpp, cp, ep, mbs, cand, memory, proj)
+    return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, cand, memory, proj)
+
+
+def _recompute(own: RecomputeSpec, granularity: str) -> RecomputeSpec:
+    """The file's recompute at its own granularity; otherwise Megatron's defaults for the granularity asked for:
+    selective recomputes core_attn (--recompute-modules default), full recomputes every layer
+    (--recompute-method uniform --recompute-num-layers 1, as Megatron's own examples run it)."""
+    if granularity == own.granularity:
+        return own
+    if granularity == "selective":
+        return RecomputeSpec(granularity="selective", modules=("core_attn",))
+    if granularity == "full":
+        return RecomputeSpec(granularity="full", method="uniform", num_layers=1)
+    return RecomputeSpec()
 
 
 def _check_supported(sc: Scenario, axes: Mapping[str, Sequence[int]]) -> None:

@@ -113,3 +113,50 @@ def test_a_layout_whose_schedule_does_not_fit_is_refused_not_run_as_gpipe() -> N
     assert c.status == "refused" and "microbatch group size" in c.problems[0].message
     with pytest.raises(PlanError, match="microbatch group size"):
         api.load(L70, overrides={"training.micro_batch_size": 64})
+
+
+def test_recompute_axis_is_what_the_loader_gives_for_the_same_keys() -> None:
+    """The 70B example is selective (core_attn): 'none' and 'full' equal the file loaded with the keys a user would
+    set (full: every layer, method uniform, num_layers 1); 'selective' keeps the file's own modules. Full recompute
+    lowers the peak and raises the step, as it must."""
+    found = {c.recompute: c for c in search_layouts(api.load(L70), recompute=["none", "selective", "full"])}
+    keys = {"none": {"plan.recompute.granularity": "none", "plan.recompute.modules": []},
+            "selective": {},
+            "full": {"plan.recompute.granularity": "full", "plan.recompute.method": "uniform",
+                     "plan.recompute.num_layers": 1, "plan.recompute.modules": []}}
+    for name, over in keys.items():
+        c, sc = found[name], api.load(L70, overrides=over)
+        assert c.status == "fits", name
+        assert c.scenario.plan.recompute == sc.plan.recompute, name
+        assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+        assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes, name
+    assert found["full"].memory.peak_bytes < found["selective"].memory.peak_bytes
+    assert found["full"].projection.step_time_s > found["none"].projection.step_time_s
+    assert found["none"].projection.hardware_flops_per_step < found["full"].projection.hardware_flops_per_step
+
+
+def test_recompute_axis_on_a_megatron_file_matches_its_command_line_flags() -> None:
+    path = FIXTURES / "megatron/gpt3_mcore_te_tp2_pp2_resume_torch_dist/model_config.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared fixtures are not in a user's clone)")
+    base = api.load(path)
+    assert base.plan.recompute.granularity == "none"
+    for name, flags in (("selective", {"recompute_granularity": "selective"}),
+                        ("full", {"recompute_granularity": "full", "recompute_method": "uniform",
+                                  "recompute_num_layers": 1})):
+        (c,) = search_layouts(base, recompute=[name])
+        sc = api.load(path, overrides=flags)
+        assert c.scenario.plan.recompute == sc.plan.recompute, name
+        assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+        assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes, name
+
+
+def test_recompute_values_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match="recompute values must be among none, selective, full"):
+        search_layouts(api.load(L70), recompute=["partial"])
+    assert main(["plan", "--config", str(L70), "--recompute", "none,fulll", "--tp", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "key '--recompute'" in err and "'fulll'" in err and "key '--tp'" in err and "Traceback" not in err
+    assert main(["plan", "--config", str(L70), "--recompute", "none,full", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert sorted(r["recompute"] for r in rows) == ["full", "none"]
