@@ -8,7 +8,7 @@ import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 
@@ -50,16 +50,20 @@ def whole_numbers(text: str, flag: str, what: str = "values") -> tuple[list[int]
 
 
 def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, nodes: int | None = None,
-                  default_nodes: int = 1, schedule: str | None = None) -> Scenario:
+                  default_nodes: int = 1, schedule: str | None = None,
+                  extra: Mapping[str, Any] | None = None) -> Scenario:
     """api.load with the scenario flags every sub-command shares (add_scenario_args), after their counts are checked
-    (count_problems). `nodes`: the node count to load at (None: the --nodes flag's)."""
+    (count_problems). `nodes`: the node count to load at (None: the --nodes flag's); `extra`: overrides applied
+    after the --set ones (the layout search's, in the file's key space)."""
     problems = count_problems(args, ("nodes", "gpus_per_node"))
     if problems:
         raise ConfigError(problems)
     from projection import api
+    from projection.formats.common import parse_set
 
+    overrides = args.set if extra is None else {**parse_set(args.set), **extra}
     return api.load(args.config, hardware=args.hardware, nodes=args.nodes if nodes is None else nodes,
-                    gpus_per_node=getattr(args, "gpus_per_node", None), overrides=args.set,
+                    gpus_per_node=getattr(args, "gpus_per_node", None), overrides=overrides,
                     primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes,
                     schedule=schedule)
 

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             raise ConfigError(problems)
         scenario = load_scenario(args, env)
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
-                               ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"])
+                               ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"],
+                               reload=lambda over: load_scenario(args, env, extra=over))
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2
@@ -87,12 +88,11 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
           f"{sum(c.status == 'out of memory' for c in found)} out of memory, "
           f"{sum(c.status == 'refused' for c in found)} refused")
     print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'recompute':<9} {'schedule':<17} "
-          f"{'step s':>9} "
-          f"{'tokens/s/GPU':>13} {'MFU':>6} {'peak GiB':>9}")
+          f"{'step s':>9} {'tokens/s/GPU':>13} {'MFU':>6} {'vs':>4} {'peak GiB':>9}")
     for c in fits[:args.top] + [c for c in found if c.status == "out of memory"]:
         r = _row(c)
-        step = f"{r['step_time_s']:>9.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['mfu']:>6.1%}" if c.projection \
-            else f"{'-':>9} {'-':>13} {'-':>6}"
+        step = f"{r['step_time_s']:>9.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['mfu']:>6.1%} {r['peak_dtype']:>4}" \
+            if c.projection else f"{'-':>9} {'-':>13} {'-':>6} {'-':>4}"
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp:>3} {c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {r['dp']:>4} "
               f"{c.recompute:<9} {r['schedule']:<17} {step} {r['peak_gib']:>9.2f}"
               + ("  out of memory" if not c.projection else ""))
@@ -109,5 +109,6 @@ def _row(c: Any) -> dict[str, Any]:
             "recompute": c.recompute, "status": c.status, "dp": sc.plan.dp_() if sc is not None else None,
             "schedule": sc.plan.schedule if sc is not None else None,
             "step_time_s": p.step_time_s if p else None, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if p else None,
-            "mfu": p.mfu if p else None, "peak_gib": m.peak_bytes / 2**30 if m else None,
+            "mfu": p.mfu if p else None, "peak_dtype": p.peak_dtype if p else None,
+            "peak_gib": m.peak_bytes / 2**30 if m else None,
             "problems": [pr.message for pr in c.problems]}

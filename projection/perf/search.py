@@ -5,13 +5,14 @@ any not given), the layout is built from the scenario's plan: dp = world / (tp c
 split or group size the file fixed for its own pp is dropped; recompute is one of RECOMPUTE (`_recompute`: the
 file's own selective modules or full method at the file's granularity, else Megatron's defaults); the schedule is
 the file's where it fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp 1 (a layout neither fits is refused
-with the schedule's reason). Native, HF and Megatron jobs, and Primus Megatron jobs at their own pipeline;
-TorchTitan jobs are refused (their layout rules depend on tp, pp and ep: _check_supported). The layout is checked
-with the rules a config file is checked with (specs.validate.layout_problems), its memory estimated
-(projection.memory), and only a layout that fits is projected (perf.project). Candidates come back fastest first,
-then the out-of-memory ones, then the refused ones with every reason. Nothing here is new arithmetic: each number is
-what `projection memory` and `projection performance` print for that layout loaded with its --set overrides at the
-same global batch (tests/unit/test_search_layouts.py).
+with the schedule's reason). Native, HF and Megatron jobs are built from the scenario's plan; TorchTitan and Primus
+jobs, whose rules depend on the layout, from the config loaded again with the framework's own keys when a `reload`
+is given (perf/search_reload.py), else TorchTitan jobs and Primus pipeline changes are refused (_check_supported).
+The layout is checked with the rules a config file is checked with (specs.validate.layout_problems), its memory
+estimated (projection.memory), and only a layout that fits is projected (perf.project). Candidates come back fastest
+first, then the out-of-memory ones, then the refused ones with every reason. Nothing here is new arithmetic: each
+number is what `projection memory` and `projection performance` print for that layout loaded with its --set
+overrides at the same global batch (tests/unit/test_search_layouts.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
 from projection.perf.project import Engine, applicable_schedules, project
 from projection.perf.result import Projection
+from projection.perf.search_reload import Reload, layout_overrides, needs_reload
 from projection.specs.plan import ParallelPlan, RecomputeSpec
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
@@ -61,11 +63,14 @@ class Candidate:
 def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: Sequence[int] | None = None,
                    vpp: Sequence[int] | None = None, cp: Sequence[int] | None = None, ep: Sequence[int] | None = None,
                    micro_batch_size: Sequence[int] | None = None, recompute: Sequence[str] | None = None,
-                   cost_model: CostModel | None = None, engine: Engine = "des") -> list[Candidate]:
+                   cost_model: CostModel | None = None, engine: Engine = "des",
+                   reload: Reload | None = None) -> list[Candidate]:
     """Every layout of the given values (the scenario's own for each one not given) on the scenario's cluster and
     global batch: fitting ones fastest first, then out-of-memory ones (smallest peak first), then refused ones.
     recompute: granularities of RECOMPUTE. cost_model: default, each layout's shipped calibration (collectives are
-    priced on its own placements)."""
+    priced on its own placements). reload: loads the scenario's config again with overrides in its own key space
+    (`lambda ov: api.load(path, ..., overrides=ov)`); TorchTitan and Primus candidates are built with it
+    (perf/search_reload.py), and without it TorchTitan jobs and Primus pipeline changes are refused."""
     plan, training = scenario.plan, scenario.training
     axes = {"tp": tp or [plan.tp], "pp": pp or [plan.pp], "vpp": vpp or [plan.vpp_], "cp": cp or [plan.cp],
             "ep": ep or [plan.ep], "micro_batch_size": micro_batch_size or [training.micro_batch_size]}
@@ -79,8 +84,12 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
                            key="recompute", file="<search>", fix="pass e.g. ['none', 'selective', 'full']"))
     if bad:
         raise ConfigError(bad)
-    _check_supported(scenario, axes)
-    out = [_candidate(scenario, *combo, recompute=g, cost_model=cost_model, engine=engine)
+    if reload is None or not needs_reload(scenario):
+        _check_supported(scenario, axes)
+        reload = None
+    mbs_given = micro_batch_size is not None
+    out = [_candidate(scenario, *combo, recompute=g, cost_model=cost_model, engine=engine, reload=reload,
+                      mbs_given=mbs_given)
            for combo in itertools.product(*axes.values()) for g in granularities]
     fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
@@ -88,7 +97,7 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
 
 
 def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *, recompute: str,
-               cost_model: CostModel | None, engine: Engine) -> Candidate:
+               cost_model: CostModel | None, engine: Engine, reload: Reload | None, mbs_given: bool) -> Candidate:
     def refused(problems: Sequence[Problem]) -> Candidate:
         return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(problems))
 
@@ -97,6 +106,18 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
         return refused([Problem(f"world size {world} is not divisible by tp * cp * pp = {tp} * {cp} * {pp} = "
                                 f"{tp * cp * pp}", key="plan", fix="choose tp, cp and pp whose product divides the "
                                 "GPUs")])
+    if reload is not None:
+        over = layout_overrides(sc, tp, pp, vpp, cp, ep, mbs if mbs_given else None,
+                                _recompute(base.recompute, recompute))
+        if isinstance(over, list):
+            return refused(over)
+        try:
+            cand = reload(over)
+        except ProjectionError as err:
+            return refused(err.problems)
+        # the loader derives the stages per rank (TorchTitan) and the micro batch where they were not searched
+        return _priced(cand, tp, pp, cand.plan.vpp_, cp, ep, cand.training.micro_batch_size, recompute, cost_model,
+                       engine)
     gbs = sc.training.resolved_global_batch(base.dp_())
     fields = base.model_dump()
     same_pipeline = (pp, vpp) == (base.pp, base.vpp_)
@@ -116,6 +137,12 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     if problems:
         return refused(problems)
     cand = sc.model_copy(update={"plan": plan, "training": training})
+    return _priced(cand, tp, pp, vpp, cp, ep, mbs, recompute, cost_model, engine)
+
+
+def _priced(cand: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, recompute: str,
+            cost_model: CostModel | None, engine: Engine) -> Candidate:
+    """The candidate's memory, and its projection where it fits."""
     try:
         from projection.memory.estimate import estimate_memory
 
@@ -124,7 +151,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
             return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, cand, memory)
         proj = project(cand, cost_model if cost_model is not None else default_cost_model(cand), engine=engine)
     except ProjectionError as err:
-        return refused(err.problems)
+        return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(err.problems))
     return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, cand, memory, proj)
 
 
@@ -145,8 +172,8 @@ def _check_supported(sc: Scenario, axes: Mapping[str, Sequence[int]]) -> None:
     """ConfigError where the search would not re-derive the framework's own layout rules. TorchTitan derives
     sequence parallelism, async TP, expert TP, the layer split, the pipeline microbatch, resharding and its DDP rule
     from tp, pp and ep; Primus's pipeline patches choose the schedule (and refuse layouts) from pp."""
-    fix_titan = ("project each layout with `projection performance --set parallelism.tensor_parallel_degree=... "
-                 "--set parallelism.pipeline_parallel_degree=...`")
+    fix_titan = ("pass reload=lambda over: api.load(path, ..., overrides=over) (what `projection plan` does), so each "
+                 "layout is the file loaded with TorchTitan's own keys")
     if "torchtitan" in sc.framework:
         raise ConfigError(Problem("the layout search does not re-derive TorchTitan's layout rules (sequence and "
                                   "async tensor parallelism, expert TP, the layer split, the pipeline microbatch, "
@@ -157,8 +184,9 @@ def _check_supported(sc: Scenario, axes: Mapping[str, Sequence[int]]) -> None:
         raise ConfigError(Problem("the layout search keeps a Primus experiment's pipeline: Primus's pipeline patches "
                                   "(zero bubble, primus_pipeline) choose the schedule and refuse layouts from pp",
                                   key=f"--{changed[0]}", file=COMMAND_LINE,
-                                  fix="search tp, cp, ep and micro batch sizes here; project other pipelines with "
-                                      "`projection performance --set pipeline_model_parallel_size=...`"))
+                                  fix="pass reload=lambda over: api.load(path, ..., overrides=over) (what "
+                                      "`projection plan` does), so each layout is the experiment loaded with its "
+                                      "own keys"))
 
 
 def _fitting_schedule(sc: Scenario, plan: ParallelPlan, training: TrainingSpec) -> ParallelPlan:

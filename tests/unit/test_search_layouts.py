@@ -92,9 +92,10 @@ def test_other_formats_match_their_loader(config: str, nodes: int, axis: str, va
     assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes
 
 
-def test_layouts_whose_framework_rules_it_does_not_re_derive_are_refused(tmp_path: Path) -> None:
+def test_layouts_whose_framework_rules_it_does_not_re_derive_are_refused_without_a_reload(tmp_path: Path) -> None:
     """TorchTitan derives SP, async TP, expert TP, its layer split, pipeline microbatch, resharding and DDP from tp,
-    pp and ep; Primus's pipeline patches choose the schedule from pp: refused rather than projected wrongly."""
+    pp and ep; Primus's pipeline patches choose the schedule from pp: without a way to load the file again, refused
+    rather than projected wrongly."""
     toml = tmp_path / "job.toml"
     toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = -1\n')
     with pytest.raises(ConfigError, match="does not re-derive TorchTitan's layout rules"):
@@ -104,6 +105,59 @@ def test_layouts_whose_framework_rules_it_does_not_re_derive_are_refused(tmp_pat
         with pytest.raises(ConfigError, match="keeps a Primus experiment's pipeline") as err:
             search_layouts(api.load(primus), vpp=[2])
         assert err.value.problems[0].key == "--vpp"
+
+
+TITAN_8B = FIXTURES / "torchtitan" / "llama3_8b.toml"  # tp 1, dp_shard -1, local batch 1, selective AC
+
+
+def test_torchtitan_layouts_are_the_file_loaded_with_its_own_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    """With a reload, each TorchTitan layout is the TOML loaded with TorchTitan's keys, so its rules follow the
+    layout: TP turns on sequence parallelism (TorchTitan always shards the sequence) and the DTensor style, FSDP
+    covers the data-parallel ranks left over, and tp 8 on 8 GPUs leaves dp_shard 1: no FSDP, fp32 training. The
+    command's rows equal `projection performance --set ...` of the same keys."""
+    if not TITAN_8B.is_file():
+        pytest.skip(f"{TITAN_8B} is absent (the shared fixtures are not in a user's clone)")
+
+    def reload(over: dict) -> object:
+        return api.load(TITAN_8B, overrides=over)
+
+    found = {(c.tp, c.recompute): c for c in search_layouts(api.load(TITAN_8B), tp=[1, 2, 8],
+                                                           recompute=["selective", "full"], reload=reload)}
+    tp2 = found[(2, "full")].scenario.plan
+    assert (tp2.sp, tp2.tp_style, tp2.sharding.zero_stage, tp2.dp_()) == (True, "dtensor", 3, 4)
+    assert tp2.recompute.granularity == "full"
+    assert found[(8, "selective")].projection.peak_dtype == "fp32"  # dp_shard 1: no FSDP mixed precision
+    assert found[(1, "selective")].projection.peak_dtype == "bf16"
+    for (tp, rc), c in found.items():
+        assert c.status == "fits", (tp, rc)
+        args = ["performance", "--config", str(TITAN_8B), "--format", "json",
+                "--set", f"parallelism.tensor_parallel_degree={tp}", "--set", "training.global_batch_size=8",
+                "--set", f"activation_checkpoint.mode={rc}"]
+        assert main(args) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert c.projection.step_time_s == pytest.approx(doc["step_time_s"], rel=1e-12), (tp, rc)
+    assert main(["plan", "--config", str(TITAN_8B), "--tp", "1,2", "--pp", "2", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert {r["status"] for r in rows} == {"refused"}  # one local sample per rank: too few pipeline microbatches
+    assert all("microbatches" in r["problems"][0] for r in rows)
+
+
+def test_primus_pipeline_layouts_follow_primus_rules() -> None:
+    """A Primus experiment's pipeline is searched by loading it with Megatron's keys: pp 2 with 2 virtual stages
+    per rank is what the loader makes of pipeline_model_parallel_size=2 and num_virtual_stages_per_pipeline_rank=2."""
+    path = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared fixtures are not in a user's clone)")
+    base = api.load(path)
+    found = search_layouts(base, pp=[2], vpp=[1, 2], reload=lambda over: api.load(path, overrides=over))
+    for c in found:
+        flags = {"pipeline_model_parallel_size": 2,
+                 **({"num_virtual_stages_per_pipeline_rank": c.vpp} if c.vpp > 1 else {})}
+        sc = api.load(path, overrides=flags)
+        assert c.status == "fits" and c.scenario.plan == sc.plan
+        assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+        assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes
+    assert sorted(c.scenario.plan.schedule for c in found) == ["1f1b", "interleaved_1f1b"]
 
 
 def test_a_layout_whose_schedule_does_not_fit_is_refused_not_run_as_gpipe() -> None:
@@ -160,3 +214,12 @@ def test_recompute_values_are_checked(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["plan", "--config", str(L70), "--recompute", "none,full", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["candidates"]
     assert sorted(r["recompute"] for r in rows) == ["full", "none"]
+
+
+def test_torchtitan_axes_it_cannot_set_are_refused_with_the_way_to_set_them() -> None:
+    if not TITAN_8B.is_file():
+        pytest.skip(f"{TITAN_8B} is absent (the shared fixtures are not in a user's clone)")
+    (vpp2,) = search_layouts(api.load(TITAN_8B), vpp=[2], reload=lambda over: api.load(TITAN_8B, overrides=over))
+    assert vpp2.status == "refused" and "pipeline_parallel_layers_per_stage" in vpp2.problems[0].fix
+    (ep2,) = search_layouts(api.load(TITAN_8B), ep=[2], reload=lambda over: api.load(TITAN_8B, overrides=over))
+    assert ep2.status == "refused" and "dense model" in ep2.problems[0].message
