@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from projection import api
-from projection.paths import MODELS_DIR
+import yaml
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from projection import api  # noqa: E402
+from projection.paths import MODELS_DIR  # noqa: E402
+
+# 4096 tokens, or the preset's max_position_embeddings where it is shorter (GPT-3: 2048; a longer sequence is refused)
 SCENARIO = """model: {preset}
-training: {{seq_length: 4096, micro_batch_size: 1, global_batch_size: 1024}}
+training: {{seq_length: {seq}, micro_batch_size: 1, global_batch_size: 1024}}
 plan: {{tp: 1, pp: 1}}
 cluster: {{hardware: mi300x, nodes: 16}}
 """
@@ -30,7 +38,8 @@ def main() -> None:
         print(f"{'preset':<24} {'load ms':>9} {'inspect ms':>11}")
         for preset in sorted(p.stem for p in MODELS_DIR.glob("*.yaml")):
             path = Path(tmp) / f"{preset}.yaml"
-            path.write_text(SCENARIO.format(preset=preset))
+            limit = (yaml.safe_load((MODELS_DIR / f"{preset}.yaml").read_text()) or {}).get("max_position_embeddings")
+            path.write_text(SCENARIO.format(preset=preset, seq=min(4096, limit or 4096)))
             loads, inspects = [], []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
