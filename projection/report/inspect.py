@@ -28,7 +28,9 @@ class InspectReport:
             "training": sc.training.model_dump(mode="json"),
             "plan": sc.plan.model_dump(mode="json"),
             "cluster": {"hardware": sc.cluster.device.name, "nodes": sc.cluster.nodes,
-                        "gpus_per_node": sc.cluster.gpus_per_node, "world_size": sc.world_size},
+                        "gpus_per_node": sc.cluster.gpus_per_node, "world_size": sc.world_size,
+                        "inter_node_topology": sc.cluster.inter_node_topology,
+                        "oversubscription": sc.cluster.oversubscription},
             "origins": {k: o for k, _, o in self.resolved},
             "derived": self.derived,
             "params": {
@@ -90,7 +92,9 @@ def build_inspect_report(sc: Scenario) -> InspectReport:
     for name in ("model", "training", "plan"):
         _flatten(name, getattr(sc, name).model_dump(), flat)
     flat += [("cluster.hardware", sc.cluster.device.name), ("cluster.nodes", sc.cluster.nodes),
-             ("cluster.gpus_per_node", sc.cluster.gpus_per_node)]
+             ("cluster.gpus_per_node", sc.cluster.gpus_per_node),
+             ("cluster.inter_node_topology", sc.cluster.inter_node_topology),
+             ("cluster.oversubscription", sc.cluster.oversubscription)]
     resolved = tuple((k, v, origin_of(sc, k)) for k, v in flat)
     m, p, t = sc.model, sc.plan, sc.training
     dp = p.dp_()

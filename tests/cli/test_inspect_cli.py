@@ -26,7 +26,8 @@ def test_inspect_json_matches_meta_model() -> None:
     from tests.oracle.hf_models import count, hf_config_for, meta_model, sharded_count_by_layer
 
     d = run_json()
-    assert d["cluster"] == {"hardware": "mi300x", "nodes": 4, "gpus_per_node": 8, "world_size": 32}
+    assert d["cluster"] == {"hardware": "mi300x", "nodes": 4, "gpus_per_node": 8, "world_size": 32,
+                            "inter_node_topology": "rail_optimized", "oversubscription": 1.0}
     model = ModelSpec.model_validate(d["model"])
     plan = ParallelPlan.model_validate(d["plan"])
     assert (plan.tp, plan.pp, plan.vpp, plan.dp) == (8, 4, 5, 1)
@@ -60,3 +61,15 @@ def test_table_renders_the_same_numbers_as_json() -> None:
     assert res.returncode == 0, res.stderr
     assert f"{d['params']['total']:,}" in res.stdout
     assert all(f"{r['params']:,}" in res.stdout for r in d["params"]["per_rank"])
+
+
+def test_inspect_shows_the_fabric_keys_with_their_origin() -> None:
+    """cluster.inter_node_topology and cluster.oversubscription price every inter-node collective: inspect shows
+    them and where they came from, as it does nodes and GPUs per node."""
+    doc = run_json("--set", "cluster.oversubscription=4", "--set", "cluster.inter_node_topology=fat_tree")
+    assert doc["cluster"]["oversubscription"] == 4.0 and doc["cluster"]["inter_node_topology"] == "fat_tree"
+    assert "--set cluster.oversubscription" in str(doc["origins"]["cluster.oversubscription"])
+    res = subprocess.run([sys.executable, "-m", "projection", "inspect", "--config", str(EXAMPLE)],
+                         capture_output=True, text=True, timeout=120)
+    lines = [line.split() for line in res.stdout.splitlines() if "cluster.oversubscription" in line]
+    assert lines and lines[0][1:] == ["1.0", "default"]
