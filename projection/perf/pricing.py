@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from projection.cost.collectives import GroupPlacement
 from projection.cost.model import CostModel
-from projection.memory.estimate import layer_offload_splits
+from projection.memory.offload import layer_offload_splits
 from projection.perf.action_time import ActionTime, add_times, run_items
 from projection.perf.checks import scalar_check_items, token_count_syncs
 from projection.perf.costmodel import framework_host_factors, host_issue
@@ -255,7 +255,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
 def _offload_seconds(scenario: Scenario, slot: StageSlot,
                      memo: dict[tuple[object, ...], tuple[float, float]]) -> dict[str, float]:
     """Seconds to copy each decoder layer's offloaded activations (Megatron fine-grained or layer-level
-    activation offloading, projection.memory.estimate.layer_offload_splits: the same bytes the memory estimate
+    activation offloading, projection.memory.offload.layer_offload_splits: the same bytes the memory estimate
     moves off the GPU) over the device's host link, one direction: device to host after the layer's forward, back
     before its backward. Without a host link in the device YAML the copies are not priced (projection notes)."""
     bw = scenario.cluster.device.host_link_bytes_per_s

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from projection.memory.estimate import layer_offload_splits
+from projection.memory.offload import layer_offload_splits
 from projection.perf import default_cost_model, optimizer_step_seconds, price_stages, project
 from projection.specs.hardware import ClusterSpec, list_devices, load_device
 from projection.specs.model import ModelSpec

@@ -53,7 +53,7 @@ def test_the_per_stage_memo_keeps_every_nth_layers_apart(n: int, tmp_path: Path)
     """layer_offload_splits caches by layer kind: a layer:N-checkpointed layer must not share a cache entry with one
     that is not (the stage's bytes equal the layer-by-layer ones)."""
     from projection import api
-    from projection.memory.estimate import layer_offload_splits, offload_split
+    from projection.memory.offload import layer_offload_splits, offload_split
     from projection.workload.stages import split_stages
 
     path = tmp_path / "exp.yaml"
