@@ -35,8 +35,11 @@ MEGATRON = FIXTURES / "megatron"
 GiB = 2**30
 MEDIAN_LIMIT = 3.0  # % (issue 3)
 WORST_LIMIT = 10.0  # %
-AFTER_MEDIAN_LIMIT = 5.0  # % (no issue limit: a guard on the static terms, the peak limits' own scale)
-AFTER_WORST_LIMIT = 20.0  # %
+AFTER_MEDIAN_LIMIT = 3.0  # % (no issue limit: a guard on the static terms, at the peak's own limits)
+AFTER_WORST_LIMIT = 10.0  # %, every case but AFTER_KNOWN_MISS
+# the one case whose static terms miss by more: -16.6 % (0.324 of 0.388 GiB after the step), the local spec at tp 4;
+# its own test below keeps it visible without widening the limit for every other case
+AFTER_KNOWN_MISS = "gpt3_mcore_tp4_pp1_resume_torch_dist"
 
 pytestmark = pytest.mark.skipif(not (MEGATRON / "CASES.md").is_file(),
                                 reason="shared/fixtures/megatron absent (user clone)")
@@ -92,12 +95,16 @@ def test_peak_allocated_matches_dgx_h100() -> None:
     med = statistics.median(abs(e) for e in errors)
     worst = max(abs(e) for e in errors)
     print(f"median |error| {med:.2f} % (limit {MEDIAN_LIMIT} %), worst {worst:.2f} % (limit {WORST_LIMIT} %)")
-    after = [(r[9] - r[8]) / r[8] * 100 for r in rows]
-    print(f"after the step: median |error| {statistics.median(abs(e) for e in after):.2f} %, worst "
-          f"{max(abs(e) for e in after):.2f} % (limits {AFTER_MEDIAN_LIMIT} / {AFTER_WORST_LIMIT} %)")
+    after = {r[0]: (r[9] - r[8]) / r[8] * 100 for r in rows}
+    others = [abs(e) for name, e in after.items() if name != AFTER_KNOWN_MISS]
+    print(f"after the step: median |error| {statistics.median(abs(e) for e in after.values()):.2f} %, worst "
+          f"{max(others):.2f} % without {AFTER_KNOWN_MISS} ({after[AFTER_KNOWN_MISS]:+.1f} %) (limits "
+          f"{AFTER_MEDIAN_LIMIT} / {AFTER_WORST_LIMIT} %)")
     assert med <= MEDIAN_LIMIT
     assert worst <= WORST_LIMIT
-    # the static terms on their own (model states, buffers, the optimizer step's transients); measured 2026-11-30:
-    # median 2.7 %, worst -16.5 % (gpt3_mcore_tp4_pp1_resume_torch_dist, the local spec at tp 4), all below measured
-    assert statistics.median(abs(e) for e in after) <= AFTER_MEDIAN_LIMIT
-    assert max(abs(e) for e in after) <= AFTER_WORST_LIMIT
+    # the static terms on their own (model states, buffers, the optimizer step's transients), at the peak's limits;
+    # measured 2026-11-30: median 2.66 %, worst -7.7 % without the known miss, all below measured
+    assert len(others) == len(after) - 1
+    assert statistics.median(abs(e) for e in after.values()) <= AFTER_MEDIAN_LIMIT
+    assert max(others) <= AFTER_WORST_LIMIT
+    assert -20.0 <= after[AFTER_KNOWN_MISS] <= -10.0, "the known miss moved: re-examine AFTER_KNOWN_MISS"

@@ -62,9 +62,11 @@ def test_simulation_matches_measured_iterations(case: str, name: str, vpp: int) 
           f"bubble measured {mp.bubble_ratio():.3f}, simulated {res.bubble_ratio:.3f}; p2p "
           f"{mp.p2p_estimate_s() * 1e3:.3f} ms; per-iteration errors (each simulated on its own durations) "
           f"median {statistics.median(per_iter):+.2%}, range {min(per_iter):+.2%} .. {max(per_iter):+.2%}")
-    assert res.step_time_s == pytest.approx(measured, rel=0.035)  # README: within 2.4 %
-    assert statistics.median(per_iter) == pytest.approx(0.0, abs=0.03)
-    assert res.bubble_ratio == pytest.approx(mp.bubble_ratio(), abs=0.03)
+    # the README's claim (within 2.4 %; measured -2.35 % and -1.92 %); per-iteration medians -1.74 / -1.29 %,
+    # bubble ratios 0.016 / 0.013 below measured
+    assert res.step_time_s == pytest.approx(measured, rel=0.024)
+    assert statistics.median(per_iter) == pytest.approx(0.0, abs=0.02)
+    assert res.bubble_ratio == pytest.approx(mp.bubble_ratio(), abs=0.02)
 
 
 def test_bad_dump_names_the_file(tmp_path: Path) -> None:

@@ -405,7 +405,8 @@ def test_projection_numbers_and_breakdown() -> None:
 def test_engines_agree_without_shared_links() -> None:
     sc = scenario(pp=4, gbs=16, zero=1, overlap={"grad_reduce": True})
     a, b = project(sc, engine="dag"), project(sc, engine="des")
-    assert a.step_time_s == pytest.approx(b.step_time_s, rel=0.02)
+    # one node, no link two transfers share: the event loop replays the exact walk (tests/unit/test_sim_engines.py)
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-12)
 
 
 def test_compare_schedules_covers_the_applicable_ones() -> None:
