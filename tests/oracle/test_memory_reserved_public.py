@@ -1,0 +1,60 @@
+"""Measured on real GPUs: the projected reserved bytes (and allocated peak) against a published Megatron-LM training
+log that prints both, `report_memory`'s `max allocated` and `max reserved` (torch.cuda.max_memory_allocated /
+max_memory_reserved since the process started, data-parallel rank 0).
+
+The case: a 1.71B dense model (open-sci-ref, LAION) trained with Megatron-LM on LEONARDO, 63 nodes x 4 A100 64 GB,
+2025-03-31. Its command line and memory line are quoted in the docstring of a log-parsing script in the public-code
+index (file id 40965174410, a copy of the job's `log.out`):
+    [Rank 0] (after 50 iterations) memory (MB) | allocated: 9909.07763671875 | max allocated: 50277.15625 |
+    reserved: 53386.0 | max reserved: 53386.0
+`MB` there is MiB (Megatron divides by 1024 * 1024). The default caching allocator (no PYTORCH_CUDA_ALLOC_CONF in
+the log), bf16, flash attention, selective recompute, distributed optimizer, tp 1 pp 1, micro batch 4 x 4096 tokens.
+The tokenizer (a local copy of EleutherAI/gpt-neox-20b) is not in projection's table: its length, 50277, is given;
+Megatron pads it to 50304, which the log's "parameters in embedding layers: 0.10 B" (50304 x 2048) agrees with.
+The A100's 64 GB only changes the verdict, not the bytes: the a100-80g device is used.
+
+Nothing is fitted to this log: the allocator's fragmentation allowance (memory/allocator.py, 10 % of the activation
+peak) is an assumption stated before it was read. This is the only public pair found with a complete config on the
+default allocator (docs/performance.md lists the others and why they are not scored). Limit: the allocated peak's
+own median limit (3 %, issue 3), so that an allocator model with no fragmentation term (-6.1 % here) fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+
+MiB = 2**20
+LIMIT = 0.03
+MEASURED_MAX_ALLOCATED = 50277.15625 * MiB
+MEASURED_MAX_RESERVED = 53386.0 * MiB
+
+LEONARDO_1_7B = (
+    "python pretrain_gpt.py --num-layers 24 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 "
+    "--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 4 --global-batch-size 1008 "
+    "--train-iters 242204 --weight-decay 0.05 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.02 "
+    "--clip-grad 1.0 --lr-decay-style WSD --lr-warmup-iters 25000 --lr-decay-iters 242204 --lr 4e-3 --min-lr 0 "
+    "--lr-wsd-decay-style linear --lr-wsd-decay-iters 48440 --use-flash-attn --bf16 --qk-layernorm "
+    "--ckpt-format torch_dist --position-embedding-type rope --rotary-base 100000 --rotary-percent 1.0 "
+    "--normalization RMSNorm --norm-epsilon 1e-5 --swiglu --distributed-backend nccl --use-distributed-optimizer "
+    "--overlap-param-gather --overlap-grad-reduce --recompute-activations --tensor-model-parallel-size 1 "
+    "--pipeline-model-parallel-size 1 --sequence-parallel --tokenizer-model EleutherAI/gpt-neox-20b "
+    "--tokenizer-type HuggingFaceTokenizer --split 989,10,1 --num-workers 4 --log-interval 50 --eval-iters 1\n")
+
+
+def test_reserved_and_allocated_match_a_published_megatron_log(tmp_path: Path) -> None:
+    script = tmp_path / "open_sci_ref_1.7b_leonardo.sh"
+    script.write_text(LEONARDO_1_7B, encoding="utf-8")
+    sc = api.load(script, hardware="a100-80g", nodes=63, gpus_per_node=4, overrides={"vocab_size": 50277})
+    assert (sc.world_size, sc.plan.dp_(), sc.model.padded_vocab(1)) == (252, 252, 50304)
+    (rank,) = api.estimate_memory(sc).ranks
+    alloc_err = rank.peak_bytes / MEASURED_MAX_ALLOCATED - 1
+    reserved_err = rank.reserved_bytes / MEASURED_MAX_RESERVED - 1
+    print(f"\nmax allocated: measured {MEASURED_MAX_ALLOCATED / MiB:.0f} MiB, projected {rank.peak_bytes / MiB:.0f} "
+          f"({alloc_err:+.1%}); max reserved: measured {MEASURED_MAX_RESERVED / MiB:.0f} MiB, projected "
+          f"{rank.reserved_bytes / MiB:.0f} ({reserved_err:+.1%})")
+    assert alloc_err == pytest.approx(0.0, abs=LIMIT)
+    assert reserved_err == pytest.approx(0.0, abs=LIMIT)
