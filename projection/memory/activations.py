@@ -9,7 +9,8 @@ k_layernorm, TorchTitan q_norm / k_norm) save their inputs, the projected q and 
 that are replicated across TP are divided by TP only with sequence parallelism (Korthikanti §4.2.2).
 
 TorchTitan's eager modules (`KernelSpec.transformer_impl == "torchtitan"`, pytorch/torchtitan models/llama3 and
-moe): `repeat_kv` copies K and V to every query head before SDPA, which saves the copies; the SwiGLU is
+moe): `repeat_kv` copies K and V to every query head before SDPA, which saves the copies (unless a rank holds one
+KV head: then the repeat is a stride-0 view of it); the SwiGLU is
 `w2(F.silu(w1(x)) * w3(x))`, whose multiply also saves the SiLU output. Its per-op selective checkpointing ('op',
 torchtitan/distributed/activation_checkpoint.py) keeps a different set altogether: `op_sac_tensors`.
 
@@ -84,8 +85,11 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
         q_w, k_w, v_w = heads * d, kv * d, kv * d
         if model.qk_norm:
             out["attn.qk_norm_in"] = e * T * (q_w + k_w)  # the Q and K norms' inputs: the projected q and k
-        if D.eager:
-            k_w = v_w = heads * d  # repeat_kv: SDPA saves K and V copied to every local query head
+        if D.eager and kv > 1:
+            # repeat_kv: SDPA saves K and V copied to every local query head. With one local KV head its
+            # expand + reshape merges a size-1 dim into the stride-0 one: a view of that head, nothing copied
+            # (tests/oracle/test_memory_torchtitan_tp.py measures both at tp 2)
+            k_w = v_w = heads * d
     out["attn.qkv"] = e * T * (q_w + k_w + v_w)
     v_total = heads * (model.mla.v_head_dim if model.mla else model.head_dim_)
     # Attention output: saved by flash attention (16-bit) and, being the same tensor, by the output projection;

@@ -1,0 +1,176 @@
+"""One rank of the TorchTitan tensor-parallel memory oracle (tests only; spawned by test_memory_torchtitan_tp.py).
+
+Each rank builds a decoder block of tests/oracle/torchtitan_layers.py, applies TorchTitan's per-block TP plan with
+sequence parallelism (pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py `apply_tp`, read through the
+public-code index; no code copied) with `parallelize_module` on a 1-D gloo mesh of the CPU ranks:
+
+    attention_norm, ffn_norm, attention.q_norm / k_norm (use_local_output=True)   SequenceParallel()
+    attention      PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    attention.wq / wk / wv, feed_forward.w1 / w3                         ColwiseParallel()
+    attention.wo, feed_forward.w2                                        RowwiseParallel(output_layouts=Shard(1))
+    feed_forward   PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+(TorchTitan's attention takes four inputs, the last three None; the test block takes one.) The block's input is the
+rank's sequence shard, a plain (b, s / tp, h) tensor as TorchTitan's RowwiseParallel embedding hands it over
+(use_local_output=True); its output is one too. The column-parallel linears' local outputs hold tp-th of the heads,
+which the block's attention views as (b, s, -1, head_dim), so each rank runs n_heads / tp query and n_kv / tp KV heads.
+
+The norms are the test's `_RMSNormFn` (what CUDA's `_fused_rms_norm` saves) run on the local shard of their DTensor
+input, with the replicated weight's gradient marked Partial: the per-rank saved set of `_fused_rms_norm`'s DTensor
+(pointwise over the sequence) strategy.
+
+The forward runs under a dispatch mode keeping a weak reference to the storage of every op output (a DTensor's local
+tensor's); after it, the storages still alive, less the parameters' (local shards), buffers' and the block output's,
+plus the block input, are what the rank keeps for backward. The backward then runs, to check the block is a real one,
+and the rank's output is compared with an unsharded copy of the block run on the gathered input. Results (per rank,
+per case: the kept bytes, the alive storages' creating op, shape and dtype, the output's largest deviation) go to a
+JSON file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from projection.specs.model import ModelSpec
+from tests.oracle.memory_models import _RMSNormFn
+from tests.oracle.torchtitan_layers import Block, OpSacBlock, RMSNorm
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor holding t's data on this rank (a DTensor's local shard)."""
+    while isinstance(t, DTensor):
+        t = t._local_tensor
+    return t
+
+
+class TPRMSNorm(RMSNorm):
+    """`RMSNorm` on a DTensor input sharded along the sequence: the fused kernel on the local shard."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, DTensor):
+            return super().forward(x)
+        w = self.weight
+        w_local = w.to_local(grad_placements=[Partial()]) if isinstance(w, DTensor) else w
+        out = _RMSNormFn.apply(x.to_local(), w_local, 1e-6)
+        return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False)
+
+
+def _tp_norms(block: nn.Module) -> None:
+    """Swap every RMSNorm of the block for a TPRMSNorm of the same width (weights are ones)."""
+    for name, mod in list(block.named_modules()):
+        if type(mod) is RMSNorm:
+            parent, _, leaf = name.rpartition(".")
+            setattr(block.get_submodule(parent) if parent else block, leaf, TPRMSNorm(mod.weight.shape[0]))
+
+
+def tp_plan(spec: ModelSpec) -> dict[str, Any]:
+    """TorchTitan's per-TransformerBlock TP plan (module docstring) for the test block's one-input attention."""
+    plan: dict[str, Any] = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    if spec.qk_norm:
+        plan["attention.q_norm"] = SequenceParallel(use_local_output=True)
+        plan["attention.k_norm"] = SequenceParallel(use_local_output=True)
+    return plan
+
+
+class _Alive(TorchDispatchMode):
+    """Weak references to the storage of every tensor an op returns (a DTensor's: its local tensor's), with the
+    shape and dtype of the tensor that created it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[tuple[Any, str, tuple[int, ...], str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                loc = _local(t)
+                self.refs.append((weakref.ref(loc.untyped_storage()), str(func), tuple(loc.shape), str(loc.dtype)))
+        return out
+
+    def alive(self) -> dict[int, tuple[int, str, tuple[int, ...], str]]:
+        """storage id -> (bytes, creating op, shape, dtype) of the storages still alive (first creator)."""
+        out: dict[int, tuple[int, str, tuple[int, ...], str]] = {}
+        for ref, func, shape, dtype in self.refs:
+            st = ref()
+            if st is not None and st._cdata not in out:
+                out[st._cdata] = (st.nbytes(), func, shape, dtype)
+        return out
+
+
+def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_batch: int) -> dict[str, Any]:
+    """Bytes this rank's TP block keeps after its forward, and the alive storages (module docstring)."""
+    torch.manual_seed(0)
+    outer = OpSacBlock(spec, 0, seq) if op_sac else None
+    block = outer.block if outer is not None else Block(spec, 0, seq)
+    reference = copy.deepcopy(block)  # the same weights on every rank (same seed), unsharded
+    _tp_norms(block)
+    parallelize_module(block, mesh, tp_plan(spec))
+    run = outer if outer is not None else block
+    tp, rank = mesh.size(), mesh.get_local_rank()
+    torch.manual_seed(1 + rank)
+    x = torch.randn(micro_batch, seq // tp, spec.hidden_size, requires_grad=True)
+    shards = [torch.empty_like(x) for _ in range(tp)]
+    dist.all_gather(shards, x.detach())
+    with torch.no_grad():
+        want = reference(torch.cat(shards, 1)).chunk(tp, 1)[rank]
+    mode = _Alive()
+    with mode:
+        y = run(x)
+    assert not isinstance(y, DTensor) and tuple(y.shape) == tuple(x.shape)
+    err = (y.detach() - want).abs().max().item()  # the sharded block computes the unsharded one's output
+    alive = mode.alive()
+    for t in (y, x, *block.parameters(), *block.buffers()):
+        alive.pop(_local(t).untyped_storage()._cdata, None)
+    kept = sum(v[0] for v in alive.values()) + x.untyped_storage().nbytes()
+    storages = [list(v) for v in alive.values()] + [[x.untyped_storage().nbytes(), "block input", list(x.shape),
+                                                      str(x.dtype)]]
+    y.backward(torch.ones_like(y))
+    assert x.grad is not None and all(p.grad is not None for p in block.parameters())
+    return {"kept": kept, "storages": storages, "max_abs_err": err}
+
+
+def worker(rank: int, world: int, port: int, cases: list[tuple[ModelSpec, bool]], seq: int, micro_batch: int,
+           out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        results = [measure(spec, op_sac, mesh, seq, micro_batch) for spec, op_sac in cases]
+        Path(f"{out}.{rank}").write_text(json.dumps(results))
+        dist.barrier()  # both ranks done with their collectives before either tears the group down
+    finally:
+        dist.destroy_process_group()
