@@ -32,8 +32,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for axis in AXES:
         p.add_argument(f"--{axis}", metavar="N,N,...", help=f"{axis} values to try (default: the config's)")
     p.add_argument("--recompute", metavar="G,G,...", help="recompute granularities to try, of none, selective "
-                   "(the config's modules, else core_attn), full (the config's method, else every layer); "
-                   "default: the config's")
+                   "(the config's modules, else the framework's default: Megatron core_attn, TorchTitan its "
+                   "selective_ac_option), full (the config's method, else every layer); default: the config's")
     p.add_argument("--top", type=int, default=10, help="fitting layouts to list (default 10)")
     return p
 
@@ -51,13 +51,18 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, list[Any] | None], list
         values, bad = whole_numbers(text, f"--{axis}", f"{axis} values")
         out[axis] = values or None
         problems += bad
-    names = [n.strip() for n in (args.recompute or "").split(",") if n.strip()]
-    out["recompute"] = names or None
-    unknown = [n for n in names if n not in RECOMPUTE]
-    if unknown or (args.recompute is not None and not names):
-        shown = ", ".join(map(repr, unknown)) or repr(args.recompute)
-        problems.append(Problem(f"unknown recompute granularity {shown}", key="--recompute", file=COMMAND_LINE,
-                                fix=f"give a comma list of {', '.join(RECOMPUTE)}"))
+    out["recompute"] = None
+    if args.recompute is not None:  # as whole_numbers: every item named, none empty, each once in RECOMPUTE's order
+        items = args.recompute.replace(" ", "").split(",")
+        wrong = [x for x in items if x not in RECOMPUTE]
+        if wrong:
+            shown = ", ".join(repr(x) if x else "an empty item" for x in wrong)
+            problems.append(Problem(f"cannot read recompute granularities {args.recompute!r}: {shown} "
+                                    f"{'is' if len(wrong) == 1 else 'are'} not one of {', '.join(RECOMPUTE)}",
+                                    key="--recompute", file=COMMAND_LINE,
+                                    fix=f"give a comma list of {', '.join(RECOMPUTE)}"))
+        else:
+            out["recompute"] = [g for g in RECOMPUTE if g in items]
     if args.top < 1:
         problems.append(Problem(f"must be a positive whole number (got {args.top})", key="--top", file=COMMAND_LINE,
                                 fix="give a whole number of at least 1"))
@@ -106,7 +111,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 def _row(c: Any) -> dict[str, Any]:
     sc, p, m = c.scenario, c.projection, c.memory
     return {"tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "ep": c.ep, "micro_batch_size": c.micro_batch_size,
-            "recompute": c.recompute, "status": c.status, "dp": sc.plan.dp_() if sc is not None else None,
+            "recompute": c.recompute,
+            "recompute_spec": sc.plan.recompute.model_dump(mode="json") if sc is not None else None,
+            "status": c.status, "dp": sc.plan.dp_() if sc is not None else None,
             "schedule": sc.plan.schedule if sc is not None else None,
             "step_time_s": p.step_time_s if p else None, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if p else None,
             "mfu": p.mfu if p else None, "peak_dtype": p.peak_dtype if p else None,

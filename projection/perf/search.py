@@ -27,7 +27,7 @@ from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
 from projection.perf.project import Engine, applicable_schedules, project
 from projection.perf.result import Projection
-from projection.perf.search_reload import Reload, layout_overrides, needs_reload
+from projection.perf.search_reload import Reload, derived_vpp_problem, layout_overrides, needs_reload
 from projection.specs.plan import ParallelPlan, RecomputeSpec
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
@@ -78,7 +78,7 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
                    fix="pass e.g. [1, 2, 4, 8]")
            for name, values in axes.items()
            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)]
-    granularities = list(recompute or [plan.recompute.granularity])
+    granularities = list(dict.fromkeys(recompute or [plan.recompute.granularity]))  # each once, in order
     if not all(isinstance(g, str) and g in RECOMPUTE for g in granularities):
         bad.append(Problem(f"recompute values must be among {', '.join(RECOMPUTE)}, got {granularities!r}",
                            key="recompute", file="<search>", fix="pass e.g. ['none', 'selective', 'full']"))
@@ -87,9 +87,9 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
     if reload is None or not needs_reload(scenario):
         _check_supported(scenario, axes)
         reload = None
-    mbs_given = micro_batch_size is not None
+    given = {"vpp": vpp is not None, "mbs": micro_batch_size is not None}
     out = [_candidate(scenario, *combo, recompute=g, cost_model=cost_model, engine=engine, reload=reload,
-                      mbs_given=mbs_given)
+                      given=given)
            for combo in itertools.product(*axes.values()) for g in granularities]
     fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
@@ -97,7 +97,8 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
 
 
 def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *, recompute: str,
-               cost_model: CostModel | None, engine: Engine, reload: Reload | None, mbs_given: bool) -> Candidate:
+               cost_model: CostModel | None, engine: Engine, reload: Reload | None,
+               given: Mapping[str, bool]) -> Candidate:
     def refused(problems: Sequence[Problem]) -> Candidate:
         return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(problems))
 
@@ -107,14 +108,22 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
                                 f"{tp * cp * pp}", key="plan", fix="choose tp, cp and pp whose product divides the "
                                 "GPUs")])
     if reload is not None:
-        over = layout_overrides(sc, tp, pp, vpp, cp, ep, mbs if mbs_given else None,
-                                _recompute(base.recompute, recompute))
+        spec = _recompute(base.recompute, recompute)
+        over = layout_overrides(sc, tp, pp, vpp if given["vpp"] else None, cp, ep, mbs if given["mbs"] else None,
+                                spec)
         if isinstance(over, list):
             return refused(over)
         try:
             cand = reload(over)
         except ProjectionError as err:
             return refused(err.problems)
+        derived = derived_vpp_problem(sc, vpp, cand.plan.vpp_) if given["vpp"] else None
+        if derived is not None:
+            return refused([derived])
+        clash = _held_by_overrides(cand, tp, pp, cp, ep, vpp if given["vpp"] else None,
+                                   mbs if given["mbs"] else None, spec.granularity)
+        if clash:
+            return refused(clash)
         # the loader derives the stages per rank (TorchTitan) and the micro batch where they were not searched
         return _priced(cand, tp, pp, cand.plan.vpp_, cp, ep, cand.training.micro_batch_size, recompute, cost_model,
                        engine)
@@ -153,6 +162,23 @@ def _priced(cand: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: i
     except ProjectionError as err:
         return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(err.problems))
     return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, cand, memory, proj)
+
+
+def _held_by_overrides(cand: Scenario, tp: int, pp: int, cp: int, ep: int, vpp: int | None, mbs: int | None,
+                       granularity: str) -> list[Problem]:
+    """Why a reloaded candidate is not the layout asked for: a --set key of the user's (a projection key such as
+    plan.tp, applied after the framework's own) held an axis the search sets. Rows must never carry a layout they
+    do not have."""
+    plan = cand.plan
+    got = {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "vpp": plan.vpp_,
+           "mbs": cand.training.micro_batch_size, "recompute": plan.recompute.granularity}
+    want = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "mbs": mbs, "recompute": granularity}
+    keys = {"mbs": "training.micro_batch_size", "recompute": "plan.recompute.granularity"}
+    return [Problem(f"the loaded layout has {axis} {got[axis]}, not {value}: a --set override holds it",
+                    key=f"--{axis}", file=COMMAND_LINE,
+                    fix=f"drop the --set key that fixes {axis} ({keys.get(axis, f'plan.{axis}')}), or leave {axis} "
+                        "out of the search")
+            for axis, value in want.items() if value is not None and got[axis] != value]
 
 
 def _recompute(own: RecomputeSpec, granularity: str) -> RecomputeSpec:

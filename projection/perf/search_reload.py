@@ -12,15 +12,22 @@ Keys per candidate (`layout_overrides`), each only where the value differs from 
 - TorchTitan: `parallelism.tensor_parallel_degree`, `.pipeline_parallel_degree`, `.context_parallel_degree`,
   `.expert_parallel_degree` (MoE models); the micro batch is `parallelism.pipeline_parallel_microbatch_size` with a
   pipeline and `training.local_batch_size` without one (TorchTitan's meaning of each); `training.global_batch_size`
-  holds the config's global batch; `activation_checkpoint.mode` the recompute granularity (selective keeps the
-  file's `selective_ac_option`). A file that fixes `data_parallel_shard_degree` keeps it (a layout it no longer
-  fills is refused by the loader, saying so); its stages per rank follow the schedule and
-  `pipeline_parallel_layers_per_stage`, so the vpp axis is not searched.
+  holds the config's global batch; with a pipeline on another pp or data-parallel size than the file's,
+  `training.local_batch_size` is the global batch over dp (no gradient accumulation: the file's local batch was
+  chosen for its own dp); `activation_checkpoint.mode` the recompute granularity (selective keeps the file's
+  `selective_ac_option`, TorchTitan's default every 2nd layer). A file that fixes `data_parallel_shard_degree` keeps
+  it (a layout it no longer fills is refused by the loader, saying so); the stages per rank follow the schedule and
+  `pipeline_parallel_layers_per_stage`, so an asked vpp stands only where it is what TorchTitan derives.
 - Primus (Megatron argument names): `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
   `context_parallel_size`, `expert_model_parallel_size`, `micro_batch_size`, `global_batch_size`; for another
   pipeline, `num_virtual_stages_per_pipeline_rank` (the other two vpp spellings and the first/last-stage layer counts
   cleared, as the native search drops a split fixed for another pp); recompute as `recompute_granularity`,
-  `recompute_method`, `recompute_num_layers` (Megatron's defaults where the file has none: perf/search.py `_recompute`).
+  `recompute_method`, `recompute_num_layers`, with `recompute_activations` and `moe_layer_recompute` off (Megatron's
+  defaults where the file has none: perf/search.py `_recompute`).
+
+A user's `--set` of a projection key (`plan.tp=2`) is applied after the framework's keys and would hold an axis the
+search sets: such a candidate is refused (perf/search.py `_held_by_overrides`), never shown under a layout it does
+not have.
 """
 
 from __future__ import annotations
@@ -40,10 +47,10 @@ def needs_reload(sc: Scenario) -> bool:
     return "torchtitan" in sc.framework or sc.framework.startswith("primus")
 
 
-def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int | None,
+def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
                      recompute: RecomputeSpec) -> dict[str, Any] | list[Problem]:
     """The framework's own keys that turn the config into this layout (module docstring), or why it cannot.
-    mbs None: the micro batch the config gives that layout (not searched)."""
+    vpp / mbs None: not searched (the config's own; for TorchTitan, what it derives for the layout)."""
     base, gbs = sc.plan, sc.training.resolved_global_batch(sc.plan.dp_())
     if "torchtitan" in sc.framework:
         return _torchtitan(sc, tp, pp, vpp, cp, ep, mbs, recompute, gbs)
@@ -53,12 +60,15 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int,
                             ("micro_batch_size", mbs, sc.training.micro_batch_size)):
         if value is not None and value != own:
             out[key] = value
+    vpp = base.vpp_ if vpp is None else vpp
     if (pp, vpp) != (base.pp, base.vpp_):
         out.update(num_virtual_stages_per_pipeline_rank=vpp if vpp > 1 else None,
                    num_layers_per_virtual_pipeline_stage=None, pipeline_model_parallel_layout=None,
                    decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None)
     if recompute != base.recompute:
-        out.update(recompute_activations=False, recompute_granularity=None if recompute.granularity == "none"
+        # --moe-layer-recompute would turn a cleared granularity back into selective 'moe' (formats/megatron.py)
+        out.update(recompute_activations=False, moe_layer_recompute=False,
+                   recompute_granularity=None if recompute.granularity == "none"
                    else recompute.granularity, recompute_method=recompute.method,
                    recompute_num_layers=recompute.num_layers)
         if recompute.granularity == "selective":
@@ -66,15 +76,20 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int,
     return out
 
 
-def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int | None,
+def derived_vpp_problem(sc: Scenario, asked: int, derived: int) -> Problem | None:
+    """A TorchTitan layout whose stages per rank, as TorchTitan derives them for its pp, are not the vpp asked."""
+    if "torchtitan" not in sc.framework or asked == derived:
+        return None
+    return Problem(f"TorchTitan derives {derived} stage(s) per rank for this layout (from the schedule and "
+                   f"pipeline_parallel_layers_per_stage), not vpp {asked}", key="--vpp", file=COMMAND_LINE,
+                   fix="leave --vpp out for TorchTitan jobs, or set parallelism.pipeline_parallel_layers_per_stage "
+                       "with --set")
+
+
+def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
                 recompute: RecomputeSpec, gbs: int) -> dict[str, Any] | list[Problem]:
     base, p = sc.plan, "parallelism"
     problems = []
-    if vpp != base.vpp_:
-        problems.append(Problem("TorchTitan derives the stages per rank from the schedule and "
-                                "pipeline_parallel_layers_per_stage; the search keeps them", key="--vpp",
-                                file=COMMAND_LINE, fix="search with the file's vpp, or change "
-                                "parallelism.pipeline_parallel_layers_per_stage with --set"))
     if ep != base.ep and not sc.model.moe:
         problems.append(Problem(f"ep {ep} on a dense model: it has no experts", key="--ep", file=COMMAND_LINE,
                                 fix="search ep on a MoE model only"))
@@ -87,6 +102,11 @@ def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs:
             out[f"{p}.{key}"] = value
     if mbs is not None:  # TorchTitan's micro batch: the pipeline microbatch with a pipeline, else the local batch
         out[f"{p}.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"] = mbs
+    dp = sc.world_size // (tp * pp * cp)
+    if pp > 1 and (base.pp == 1 or dp != base.dp_()) and dp > 0 and gbs % dp == 0:
+        # another pipeline or data-parallel size: each DP rank's local batch is its share of the global batch, split
+        # into pipeline microbatches (no gradient accumulation; the file's local batch was chosen for its own dp)
+        out["training.local_batch_size"] = gbs // dp
     if recompute.granularity != base.recompute.granularity:
         out["activation_checkpoint.mode"] = recompute.granularity
     return out

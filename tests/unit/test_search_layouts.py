@@ -136,10 +136,17 @@ def test_torchtitan_layouts_are_the_file_loaded_with_its_own_keys(capsys: pytest
         assert main(args) == 0
         doc = json.loads(capsys.readouterr().out)
         assert c.projection.step_time_s == pytest.approx(doc["step_time_s"], rel=1e-12), (tp, rc)
+    # with a pipeline, each DP rank's local batch is its share of the global 8 (the file's 1 would give one
+    # pipeline microbatch, fewer than pp): tp 1 pp 2 is dp 4 with local batch 2, tp 2 pp 2 dp 2 with 4
     assert main(["plan", "--config", str(TITAN_8B), "--tp", "1,2", "--pp", "2", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["candidates"]
-    assert {r["status"] for r in rows} == {"refused"}  # one local sample per rank: too few pipeline microbatches
-    assert all("microbatches" in r["problems"][0] for r in rows)
+    assert {r["status"] for r in rows} == {"fits"}
+    for r in rows:
+        assert main(["performance", "--config", str(TITAN_8B), "--format", "json",
+                     "--set", f"parallelism.tensor_parallel_degree={r['tp']}",
+                     "--set", "parallelism.pipeline_parallel_degree=2", "--set", "training.global_batch_size=8",
+                     "--set", f"training.local_batch_size={8 // r['dp']}"]) == 0
+        assert r["step_time_s"] == pytest.approx(json.loads(capsys.readouterr().out)["step_time_s"], rel=1e-12)
 
 
 def test_primus_pipeline_layouts_follow_primus_rules() -> None:
@@ -223,3 +230,62 @@ def test_torchtitan_axes_it_cannot_set_are_refused_with_the_way_to_set_them() ->
     assert vpp2.status == "refused" and "pipeline_parallel_layers_per_stage" in vpp2.problems[0].fix
     (ep2,) = search_layouts(api.load(TITAN_8B), ep=[2], reload=lambda over: api.load(TITAN_8B, overrides=over))
     assert ep2.status == "refused" and "dense model" in ep2.problems[0].message
+
+
+PRIMUS = FIXTURES / "primus/examples/megatron/configs/MI300X"
+
+
+def test_a_set_key_that_holds_a_searched_axis_refuses_the_layout_rather_than_mislabel_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set plan.tp=2` on a Primus experiment is applied after the search's tensor_model_parallel_size: the rows
+    for tp 1 and tp 4 would be tp 2 under another label, so they are refused, saying which --set holds the axis."""
+    path = PRIMUS / "llama3.1_8B-BF16-pretrain.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared fixtures are not in a user's clone)")
+    assert main(["plan", "--config", str(path), "--set", "plan.tp=2", "--tp", "1,2,4", "--format", "json"]) == 0
+    rows = {r["tp"]: r for r in json.loads(capsys.readouterr().out)["candidates"]}
+    assert rows[2]["status"] == "fits" and rows[2]["dp"] == 4
+    for tp in (1, 4):
+        assert rows[tp]["status"] == "refused" and "a --set override holds it" in rows[tp]["problems"][0]
+
+
+def test_primus_recompute_none_clears_moe_layer_recompute() -> None:
+    path = PRIMUS / "mixtral_8x7B_v0.1-BF16-pretrain.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared fixtures are not in a user's clone)")
+    base = api.load(path, nodes=2, overrides={"moe_layer_recompute": True})
+    assert base.plan.recompute.granularity == "selective"
+    (none,) = search_layouts(base, recompute=["none"], reload=lambda over: api.load(
+        path, nodes=2, overrides={"moe_layer_recompute": True, **over}))
+    sc = api.load(path, nodes=2, overrides={"moe_layer_recompute": False})
+    assert none.scenario.plan.recompute == sc.plan.recompute and sc.plan.recompute.granularity == "none"
+    assert none.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+
+
+def test_torchtitan_vpp_stands_where_torchtitan_derives_it_and_pipelines_get_their_local_batch() -> None:
+    """DeepSeek-V3-16B's schedule (Interleaved1F1B) gives 2 stages per rank at pp 2 and 1 at pp 1: --vpp 1,2 keeps
+    exactly those two layouts. Llama-3-70B at tp 2 pp 2 on 64 GPUs (dp 16, global batch 64) needs a local batch of
+    4 per DP rank, not the file's 8 (8 x 16 > 64): what `--set training.local_batch_size=4` gives."""
+    ds, l70 = FIXTURES / "torchtitan" / "deepseek_v3_16b.toml", FIXTURES / "torchtitan" / "llama3_70b.toml"
+    if not (ds.is_file() and l70.is_file()):
+        pytest.skip("the shared TorchTitan fixtures are absent (a user's clone)")
+    found = search_layouts(api.load(ds, nodes=2), pp=[1, 2], vpp=[1, 2], ep=[8],
+                           reload=lambda over: api.load(ds, nodes=2, overrides=over))
+    assert sorted((c.pp, c.vpp) for c in found if c.status == "fits") == [(1, 1), (2, 2)]
+    assert all("TorchTitan derives" in c.problems[0].message for c in found if c.status == "refused")
+    (c,) = search_layouts(api.load(l70, nodes=8), tp=[2], pp=[2],
+                          reload=lambda over: api.load(l70, nodes=8, overrides=over))
+    sc = api.load(l70, nodes=8, overrides={"parallelism.tensor_parallel_degree": 2,
+                                           "parallelism.pipeline_parallel_degree": 2,
+                                           "training.local_batch_size": 4, "training.global_batch_size": 64})
+    assert c.status == "fits" and c.scenario.plan == sc.plan and c.scenario.training == sc.training
+    assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+
+
+def test_recompute_lists_are_read_like_the_numeric_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", str(L70), "--recompute", "none,,full"]) == 2
+    assert "an empty item" in capsys.readouterr().err
+    assert main(["plan", "--config", str(L70), "--recompute", "full,full,none", "--tp", "8", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert [r["recompute"] for r in rows] == ["none", "full"]
+    assert rows[1]["recompute_spec"]["granularity"] == "full" and rows[1]["recompute_spec"]["num_layers"] == 1
