@@ -3,7 +3,7 @@
 For each combination of tp, pp, vpp, cp, ep, micro batch size and recompute granularity (the scenario's own value of
 any not given), the layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage
 split or group size the file fixed for its own pp is dropped; recompute is one of RECOMPUTE (`_recompute`: the
-file's own selective modules or full method at the file's granularity, else Megatron's defaults); the schedule is
+file's own selective modules or full method at the file's granularity, else the framework's defaults); the schedule is
 the file's where it fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp 1 (a layout neither fits is refused
 with the schedule's reason). Native, HF and Megatron jobs are built from the scenario's plan; TorchTitan and Primus
 jobs, whose rules depend on the layout, from the config loaded again with the framework's own keys when a `reload`
