@@ -141,7 +141,10 @@ class MoE(nn.Module):
         offs = torch.cumsum(torch.bincount(chosen.view(-1), minlength=self.experts), 0).to(torch.int32)
         hid = F.silu(torch._grouped_mm(routed, self.w1, offs=offs)) * torch._grouped_mm(routed, self.w3, offs=offs)
         out_sorted = torch._grouped_mm(hid, self.w2, offs=offs)
-        unsorted = torch.zeros_like(out_sorted).index_copy(0, order, out_sorted).view(n, self.k, h)
+        # TorchTitan's _unpermute: index_put into a new tensor (index_copy's backward would keep out_sorted alive)
+        unsorted = out_sorted.new_empty(out_sorted.shape)
+        unsorted[order] = out_sorted
+        unsorted = unsorted.view(n, self.k, h)
         combined = torch.bmm(top.view(n, 1, self.k), unsorted.float()).to(x.dtype).view(n, h)
         if self.shared is not None:
             combined = combined + self.shared(x2)
