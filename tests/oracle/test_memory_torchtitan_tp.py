@@ -49,6 +49,7 @@ from projection.memory.activations import layer_tensors, saved_layer_bytes, sele
 from projection.specs.model import ModelSpec  # noqa: E402
 from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
+from projection.workload.ops import layer_ops  # noqa: E402
 from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
 
 pytestmark = pytest.mark.slow  # two spawned gloo processes, a forward and backward per case: seconds
@@ -122,3 +123,17 @@ def test_tp_blocks_are_sharded_and_correct() -> None:
         for (spec, op_sac), m in zip(CASES, _measured()[rank], strict=True):
             assert m["max_abs_err"] < 1e-4, (spec.name, op_sac, rank, m["max_abs_err"])
             assert m["kept"] < 0.75 * measured_bytes(spec, op_sac), (spec.name, op_sac, rank)
+
+
+@pytest.mark.parametrize("spec", [LLAMA, QWEN3], ids=lambda s: s.name)
+def test_op_sac_recompute_flops_per_rank(spec: ModelSpec) -> None:
+    """Under 'op' at tp 2, the GEMM FLOPs projection's op list re-runs before the block's backward (per rank) equal
+    the matmul FLOPs each rank's backward replayed, counted on the local shards."""
+    training, plan = _setup(True)
+    projected = sum(o.flop for o in layer_ops(spec, training, plan, 0) if o.recompute and o.kind == "gemm")
+    for rank in range(TP):
+        measured = _measured()[rank][CASES.index((spec, True))]["recomputed_flop"]
+        print(f"\n{spec.name} tp {TP} rank {rank}: recomputed GEMM FLOPs projected {projected / 1e9:.4f} G, measured "
+              f"{measured / 1e9:.4f} G")
+        assert measured > 0
+        assert projected == pytest.approx(measured, rel=1e-9)

@@ -21,10 +21,10 @@ input, with the replicated weight's gradient marked Partial: the per-rank saved 
 
 The forward runs under a dispatch mode keeping a weak reference to the storage of every op output (a DTensor's local
 tensor's); after it, the storages still alive, less the parameters' (local shards), buffers' and the block output's,
-plus the block input, are what the rank keeps for backward. The backward then runs, to check the block is a real one,
-and the rank's output is compared with an unsharded copy of the block run on the gathered input. Results (per rank,
-per case: the kept bytes, the alive storages' creating op, shape and dtype, the output's largest deviation) go to a
-JSON file.
+plus the block input, are what the rank keeps for backward. The backward then runs, to check the block is a real one
+and to count the matmul FLOPs it replays (under per-op SAC, from the local shapes), and the rank's output is
+compared with an unsharded copy of the block run on the gathered input. Results (per rank, per case: the kept bytes,
+the alive storages' creating op, shape and dtype, the output's largest deviation) go to a JSON file.
 """
 
 from __future__ import annotations
@@ -130,6 +130,22 @@ class _Alive(TorchDispatchMode):
         return out
 
 
+class _RecomputedFlops(TorchDispatchMode):
+    """This rank's FLOPs of the mm calls replayed during a backward (grad mode on: the checkpoint's recompute; the
+    autograd engine's gradient functions run with it off), from the local shards' shapes: a DTensor mm is seen here
+    at its global shapes and runs on the local ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flop = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.is_grad_enabled() and func == torch.ops.aten.mm.default:
+            (m, k), n = _local(args[0]).shape, _local(args[1]).shape[1]
+            self.flop += 2.0 * m * k * n
+        return func(*args, **(kwargs or {}))
+
+
 def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_batch: int) -> dict[str, Any]:
     """Bytes this rank's TP block keeps after its forward, and the alive storages (module docstring)."""
     torch.manual_seed(0)
@@ -157,9 +173,11 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
     kept = sum(v[0] for v in alive.values()) + x.untyped_storage().nbytes()
     storages = [list(v) for v in alive.values()] + [[x.untyped_storage().nbytes(), "block input", list(x.shape),
                                                       str(x.dtype)]]
-    y.backward(torch.ones_like(y))
+    flops = _RecomputedFlops()
+    with flops:
+        y.backward(torch.ones_like(y))
     assert x.grad is not None and all(p.grad is not None for p in block.parameters())
-    return {"kept": kept, "storages": storages, "max_abs_err": err}
+    return {"kept": kept, "storages": storages, "max_abs_err": err, "recomputed_flop": flops.flop}
 
 
 def worker(rank: int, world: int, port: int, cases: list[tuple[ModelSpec, bool]], seq: int, micro_batch: int,
