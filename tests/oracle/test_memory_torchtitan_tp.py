@@ -137,3 +137,20 @@ def test_op_sac_recompute_flops_per_rank(spec: ModelSpec) -> None:
               f"{measured / 1e9:.4f} G")
         assert measured > 0
         assert projected == pytest.approx(measured, rel=1e-9)
+
+
+@pytest.mark.parametrize("spec", [LLAMA, QWEN3], ids=lambda s: s.name)
+def test_op_sac_recompute_replays_the_all_gathers_and_not_the_saved_reduce_scatters(spec: ModelSpec) -> None:
+    """The collectives the op list re-runs before the block's backward under 'op' (the sequence all-gathers: the
+    policy does not keep them; the reduce-scatter outputs it keeps) are the ones each rank's backward issues beyond
+    the no-recompute block's backward."""
+    training, plan = _setup(True)
+    projected: dict[str, int] = {}
+    for o in layer_ops(spec, training, plan, 0):
+        if o.recompute and o.kind == "collective":
+            projected[o.coll] = projected.get(o.coll, 0) + o.count
+    for rank in range(TP):
+        sac = _measured()[rank][CASES.index((spec, True))]["recomputed_collectives"]
+        plain = _measured()[rank][CASES.index((spec, False))]["recomputed_collectives"]
+        replayed = {k: sac.get(k, 0) - plain.get(k, 0) for k in {*sac, *plain}}
+        assert {k: v for k, v in replayed.items() if v} == projected == {"all_gather": 2}, (rank, sac, plain)

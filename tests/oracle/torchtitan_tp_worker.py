@@ -130,19 +130,31 @@ class _Alive(TorchDispatchMode):
         return out
 
 
+# functional collective op -> projection's collective name (workload Op.coll)
+COLLECTIVES = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+               "all_reduce": "all_reduce", "all_to_all_single": "all_to_all"}
+
+
 class _RecomputedFlops(TorchDispatchMode):
     """This rank's FLOPs of the mm calls replayed during a backward (grad mode on: the checkpoint's recompute; the
     autograd engine's gradient functions run with it off), from the local shards' shapes: a DTensor mm is seen here
-    at its global shapes and runs on the local ones."""
+    at its global shapes and runs on the local ones; and the backward's functional collectives."""
 
     def __init__(self) -> None:
         super().__init__()
         self.flop = 0.0
+        # every functional collective the backward issues, by op name (grad mode does not tell the recompute's from
+        # the gradients': DTensor redistributes inside autograd Functions, with grad mode off); the test subtracts
+        # the no-recompute block's
+        self.collectives: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if torch.is_grad_enabled() and func == torch.ops.aten.mm.default:
             (m, k), n = _local(args[0]).shape, _local(args[1]).shape[1]
             self.flop += 2.0 * m * k * n
+        elif func.namespace == "_c10d_functional" and func.__name__.split(".")[0] in COLLECTIVES:
+            name = COLLECTIVES[func.__name__.split(".")[0]]
+            self.collectives[name] = self.collectives.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
 
 
@@ -177,7 +189,8 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
     with flops:
         y.backward(torch.ones_like(y))
     assert x.grad is not None and all(p.grad is not None for p in block.parameters())
-    return {"kept": kept, "storages": storages, "max_abs_err": err, "recomputed_flop": flops.flop}
+    return {"kept": kept, "storages": storages, "max_abs_err": err, "recomputed_flop": flops.flop,
+            "recomputed_collectives": flops.collectives}
 
 
 def worker(rank: int, world: int, port: int, cases: list[tuple[ModelSpec, bool]], seq: int, micro_batch: int,
