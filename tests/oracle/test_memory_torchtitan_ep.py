@@ -57,6 +57,7 @@ from projection.memory.activations import layer_tensors, saved_layer_bytes, sele
 from projection.specs.model import ModelSpec, MoESpec  # noqa: E402
 from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
+from projection.workload.ops import layer_ops  # noqa: E402
 from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
 
 pytestmark = pytest.mark.slow  # two spawned gloo processes, a forward and backward per case: seconds
@@ -149,3 +150,23 @@ def test_all_to_all_outputs_kept_only_under_op_sac() -> None:
             a2a = sorted(n for n, op, _, _ in m["storages"] if "all_to_all_single" in op)
             assert a2a == ([8 * MOE.moe.num_experts, routed, routed] if op_sac else []), (spec.name, op_sac, rank)
             assert projected_terms(spec, op_sac).get("sac.all_to_all_out", 0.0) == (2 * routed if op_sac else 0.0)
+
+
+def test_op_sac_recompute_per_rank() -> None:
+    """Under 'op' at ep 2, the GEMM and grouped-GEMM FLOPs the op list re-runs before the block's backward equal the
+    ones each rank's backward replayed (the grouped GEMMs over its 4 local experts' k T copies), and, the dispatch
+    and combine outputs being kept, no all_to_all is replayed: the backward issues the no-recompute block's
+    collectives and no more."""
+    training, plan = _setup(True)
+    projected = sum(o.flop for o in layer_ops(MOE, training, plan, 0)
+                    if o.recompute and o.kind in ("gemm", "grouped_gemm"))
+    assert not [o for o in layer_ops(MOE, training, plan, 0) if o.recompute and o.kind == "collective"]
+    for rank in range(EP):
+        sac = _measured()[rank][CASES.index((MOE, True))]
+        plain = _measured()[rank][CASES.index((MOE, False))]
+        print(f"\ntt-moe ep {EP} rank {rank}: recomputed GEMM FLOPs projected {projected / 1e9:.4f} G, measured "
+              f"{sac['recomputed_flop'] / 1e9:.4f} G; backward collectives {sac['recomputed_collectives']} "
+              f"(no recompute: {plain['recomputed_collectives']})")
+        assert sac["recomputed_flop"] > 0
+        assert projected == pytest.approx(sac["recomputed_flop"], rel=1e-9)
+        assert sac["recomputed_collectives"] == plain["recomputed_collectives"]

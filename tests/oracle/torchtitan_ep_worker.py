@@ -54,13 +54,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from projection.specs.model import ModelSpec
+from tests.oracle.replayed_ops import ReplayedOps
+from tests.oracle.replayed_ops import local as _local
 from tests.oracle.torchtitan_layers import MoE, OpSacBlock
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    while isinstance(t, DTensor):
-        t = t._local_tensor
-    return t
 
 
 class GroupedExperts(nn.Module):
@@ -216,12 +212,15 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
                                                       str(x.dtype)]]
     splits = [list(ep_style.input_splits), list(ep_style.output_splits)]
     grad = torch.randn_like(y)
-    y.backward(grad)
+    replayed = ReplayedOps()
+    with replayed:
+        y.backward(grad)
     assert x.grad is not None and all(p.grad is not None for p in block.parameters())
     want = reference(x_ref)
     want.backward(grad)
     assert x_ref.grad is not None
-    return {"kept": kept, "storages": storages, "splits": splits,
+    return {"kept": kept, "storages": storages, "splits": splits, "recomputed_flop": replayed.flop,
+            "recomputed_collectives": replayed.collectives,
             "max_abs_err": (y.detach() - want.detach()).abs().max().item(),
             "max_grad_err": (x.grad - x_ref.grad).abs().max().item()}
 

@@ -53,14 +53,9 @@ from torch.utils._pytree import tree_flatten
 
 from projection.specs.model import ModelSpec
 from tests.oracle.memory_models import _RMSNormFn
+from tests.oracle.replayed_ops import ReplayedOps
+from tests.oracle.replayed_ops import local as _local
 from tests.oracle.torchtitan_layers import Block, OpSacBlock, RMSNorm
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The plain tensor holding t's data on this rank (a DTensor's local shard)."""
-    while isinstance(t, DTensor):
-        t = t._local_tensor
-    return t
 
 
 class TPRMSNorm(RMSNorm):
@@ -130,34 +125,6 @@ class _Alive(TorchDispatchMode):
         return out
 
 
-# functional collective op -> projection's collective name (workload Op.coll)
-COLLECTIVES = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-               "all_reduce": "all_reduce", "all_to_all_single": "all_to_all"}
-
-
-class _RecomputedFlops(TorchDispatchMode):
-    """This rank's FLOPs of the mm calls replayed during a backward (grad mode on: the checkpoint's recompute; the
-    autograd engine's gradient functions run with it off), from the local shards' shapes: a DTensor mm is seen here
-    at its global shapes and runs on the local ones; and the backward's functional collectives."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.flop = 0.0
-        # every functional collective the backward issues, by op name (grad mode does not tell the recompute's from
-        # the gradients': DTensor redistributes inside autograd Functions, with grad mode off); the test subtracts
-        # the no-recompute block's
-        self.collectives: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.is_grad_enabled() and func == torch.ops.aten.mm.default:
-            (m, k), n = _local(args[0]).shape, _local(args[1]).shape[1]
-            self.flop += 2.0 * m * k * n
-        elif func.namespace == "_c10d_functional" and func.__name__.split(".")[0] in COLLECTIVES:
-            name = COLLECTIVES[func.__name__.split(".")[0]]
-            self.collectives[name] = self.collectives.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
 def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_batch: int) -> dict[str, Any]:
     """Bytes this rank's TP block keeps after its forward, and the alive storages (module docstring)."""
     torch.manual_seed(0)
@@ -185,7 +152,7 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
     kept = sum(v[0] for v in alive.values()) + x.untyped_storage().nbytes()
     storages = [list(v) for v in alive.values()] + [[x.untyped_storage().nbytes(), "block input", list(x.shape),
                                                       str(x.dtype)]]
-    flops = _RecomputedFlops()
+    flops = ReplayedOps()
     with flops:
         y.backward(torch.ones_like(y))
     assert x.grad is not None and all(p.grad is not None for p in block.parameters())
