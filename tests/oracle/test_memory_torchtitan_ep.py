@@ -34,9 +34,6 @@ TorchTitan does not keep, until this oracle showed it; both use index_put now).
 from __future__ import annotations
 
 import functools
-import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,12 +50,11 @@ except ImportError as exc:  # pragma: no cover - depends on the torch build
 if not hasattr(funcol, "all_to_all_single_autograd") or not hasattr(torch, "_grouped_mm"):
     pytest.skip("all_to_all_single_autograd or torch._grouped_mm is not available", allow_module_level=True)
 
-from projection.memory.activations import layer_tensors, saved_layer_bytes, selective_saved  # noqa: E402
 from projection.specs.model import ModelSpec, MoESpec  # noqa: E402
 from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
 from projection.workload.ops import layer_ops  # noqa: E402
-from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
+from tests.oracle.rank_probes import projected, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow  # two spawned gloo processes, a forward and backward per case: seconds
 
@@ -81,14 +77,11 @@ def _setup(op_sac: bool) -> tuple[TrainingSpec, ParallelPlan]:
 
 
 def projected_terms(spec: ModelSpec, op_sac: bool) -> dict[str, float]:
-    training, plan = _setup(op_sac)
-    tensors = layer_tensors(spec, training, plan, 0)
-    return selective_saved(spec, training, plan, 0, tensors) if op_sac else tensors
+    return projected(spec, *_setup(op_sac))[0]
 
 
 def projected_bytes(spec: ModelSpec, op_sac: bool) -> float:
-    training, plan = _setup(op_sac)
-    return saved_layer_bytes(spec, training, plan, 0, False)
+    return projected(spec, *_setup(op_sac))[1]
 
 
 @functools.cache
@@ -96,10 +89,7 @@ def _measured() -> list[list[dict[str, Any]]]:
     """Per rank, per case of CASES: {"kept", "storages", "splits", "max_abs_err", "max_grad_err"}."""
     from tests.oracle.torchtitan_ep_worker import worker
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "saved")
-        run_spawned(worker, (EP, free_port(), CASES, SEQ, MICRO_BATCH, out), EP, 120.0, "TorchTitan EP block")
-        return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(EP)]
+    return run_ranks(worker, EP, CASES, SEQ, MICRO_BATCH, "TorchTitan EP block")
 
 
 def _report(spec: ModelSpec, op_sac: bool, rank: int) -> tuple[float, int]:

@@ -28,9 +28,6 @@ tp 8). Qwen3 (2 KV heads per rank) copies; under per-op SAC the attention inputs
 from __future__ import annotations
 
 import functools
-import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,12 +42,11 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the torch build
     pytest.skip(f"DTensor tensor parallelism is not available: {exc}", allow_module_level=True)
 
-from projection.memory.activations import layer_tensors, saved_layer_bytes, selective_saved  # noqa: E402
 from projection.specs.model import ModelSpec  # noqa: E402
 from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
 from projection.workload.ops import layer_ops  # noqa: E402
-from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
+from tests.oracle.rank_probes import projected, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow  # two spawned gloo processes, a forward and backward per case: seconds
 
@@ -72,14 +68,11 @@ def _setup(op_sac: bool) -> tuple[TrainingSpec, ParallelPlan]:
 
 
 def projected_terms(spec: ModelSpec, op_sac: bool) -> dict[str, float]:
-    training, plan = _setup(op_sac)
-    tensors = layer_tensors(spec, training, plan, 0)
-    return selective_saved(spec, training, plan, 0, tensors) if op_sac else tensors
+    return projected(spec, *_setup(op_sac))[0]
 
 
 def projected_bytes(spec: ModelSpec, op_sac: bool) -> float:
-    training, plan = _setup(op_sac)
-    return saved_layer_bytes(spec, training, plan, 0, False)
+    return projected(spec, *_setup(op_sac))[1]
 
 
 @functools.cache
@@ -87,10 +80,7 @@ def _measured() -> list[list[dict[str, Any]]]:
     """Per rank, per case of CASES: {"kept", "storages", "max_abs_err"} (torchtitan_tp_worker.measure)."""
     from tests.oracle.torchtitan_tp_worker import worker
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "saved")
-        run_spawned(worker, (TP, free_port(), CASES, SEQ, MICRO_BATCH, out), TP, 120.0, "TorchTitan TP block")
-        return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(TP)]
+    return run_ranks(worker, TP, CASES, SEQ, MICRO_BATCH, "TorchTitan TP block")
 
 
 def _id(v: Any) -> str:

@@ -39,7 +39,6 @@ import copy
 import json
 import os
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +49,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from projection.specs.model import ModelSpec
-from tests.oracle.replayed_ops import ReplayedOps
-from tests.oracle.replayed_ops import local as _local
+from tests.oracle.rank_probes import AliveStorages, ReplayedOps
+from tests.oracle.rank_probes import local as _local
 from tests.oracle.torchtitan_layers import MoE, OpSacBlock
 
 
@@ -154,31 +151,6 @@ class EPMoE(nn.Module):
         return (combined if out is None else combined + out).reshape(b, s, h)
 
 
-class _Alive(TorchDispatchMode):
-    """Weak references to the storage of every op output (a DTensor's local tensor's) with the creating op, shape
-    and dtype."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refs: list[tuple[Any, str, tuple[int, ...], str]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                loc = _local(t)
-                self.refs.append((weakref.ref(loc.untyped_storage()), str(func), tuple(loc.shape), str(loc.dtype)))
-        return out
-
-    def alive(self) -> dict[int, tuple[int, str, tuple[int, ...], str]]:
-        out: dict[int, tuple[int, str, tuple[int, ...], str]] = {}
-        for ref, func, shape, dtype in self.refs:
-            st = ref()
-            if st is not None and st._cdata not in out:
-                out[st._cdata] = (st.nbytes(), func, shape, dtype)
-        return out
-
-
 def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_batch: int) -> dict[str, Any]:
     """Bytes this rank's EP block keeps after its forward, and the alive storages (module docstring)."""
     torch.manual_seed(0)
@@ -197,7 +169,7 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
     torch.manual_seed(1 + mesh.get_local_rank())  # each rank its own tokens (dp = ep)
     x = torch.randn(micro_batch, seq, spec.hidden_size, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)
-    mode = _Alive()
+    mode = AliveStorages()
     with mode:
         y = run(x)
     # gloo runs a collective on a worker thread whose Work holds the input until the thread lets it go, a moment

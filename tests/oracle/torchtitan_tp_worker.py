@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +47,11 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from projection.specs.model import ModelSpec
 from tests.oracle.memory_models import _RMSNormFn
-from tests.oracle.replayed_ops import ReplayedOps
-from tests.oracle.replayed_ops import local as _local
+from tests.oracle.rank_probes import AliveStorages, ReplayedOps
+from tests.oracle.rank_probes import local as _local
 from tests.oracle.torchtitan_layers import Block, OpSacBlock, RMSNorm
 
 
@@ -99,32 +96,6 @@ def tp_plan(spec: ModelSpec) -> dict[str, Any]:
     return plan
 
 
-class _Alive(TorchDispatchMode):
-    """Weak references to the storage of every tensor an op returns (a DTensor's: its local tensor's), with the
-    shape and dtype of the tensor that created it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refs: list[tuple[Any, str, tuple[int, ...], str]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                loc = _local(t)
-                self.refs.append((weakref.ref(loc.untyped_storage()), str(func), tuple(loc.shape), str(loc.dtype)))
-        return out
-
-    def alive(self) -> dict[int, tuple[int, str, tuple[int, ...], str]]:
-        """storage id -> (bytes, creating op, shape, dtype) of the storages still alive (first creator)."""
-        out: dict[int, tuple[int, str, tuple[int, ...], str]] = {}
-        for ref, func, shape, dtype in self.refs:
-            st = ref()
-            if st is not None and st._cdata not in out:
-                out[st._cdata] = (st.nbytes(), func, shape, dtype)
-        return out
-
-
 def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_batch: int) -> dict[str, Any]:
     """Bytes this rank's TP block keeps after its forward, and the alive storages (module docstring)."""
     torch.manual_seed(0)
@@ -141,7 +112,7 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
     dist.all_gather(shards, x.detach())
     with torch.no_grad():
         want = reference(torch.cat(shards, 1)).chunk(tp, 1)[rank]
-    mode = _Alive()
+    mode = AliveStorages()
     with mode:
         y = run(x)
     assert not isinstance(y, DTensor) and tuple(y.shape) == tuple(x.shape)
