@@ -104,7 +104,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     for c in (c for c in found if c.status == "refused"):
         print(f"refused tp {c.tp} pp {c.pp} vpp {c.vpp} cp {c.cp} ep {c.ep} mbs {c.micro_batch_size} "
               f"recompute {c.recompute}: "
-              + "; ".join(p.message for p in c.problems))
+              + "; ".join(p.message + (f" (fix: {p.fix})" if p.fix else "") for p in c.problems))
     return 0
 
 

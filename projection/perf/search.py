@@ -174,9 +174,9 @@ def _held_by_overrides(cand: Scenario, tp: int, pp: int, cp: int, ep: int, vpp: 
            "mbs": cand.training.micro_batch_size, "recompute": plan.recompute.granularity}
     want = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "mbs": mbs, "recompute": granularity}
     keys = {"mbs": "training.micro_batch_size", "recompute": "plan.recompute.granularity"}
-    return [Problem(f"the loaded layout has {axis} {got[axis]}, not {value}: a --set override holds it",
-                    key=f"--{axis}", file=COMMAND_LINE,
-                    fix=f"drop the --set key that fixes {axis} ({keys.get(axis, f'plan.{axis}')}), or leave {axis} "
+    return [Problem(f"the loaded layout has {axis} {got[axis]}, not {value}: a --set override or a rule of the "
+                    "config holds it", key=f"--{axis}", file=COMMAND_LINE,
+                    fix=f"drop a --set key that fixes {axis} ({keys.get(axis, f'plan.{axis}')}), or leave {axis} "
                         "out of the search")
             for axis, value in want.items() if value is not None and got[axis] != value]
 

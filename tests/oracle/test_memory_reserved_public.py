@@ -58,3 +58,36 @@ def test_reserved_and_allocated_match_a_published_megatron_log(tmp_path: Path) -
           f"{rank.reserved_bytes / MiB:.0f} ({reserved_err:+.1%})")
     assert alloc_err == pytest.approx(0.0, abs=LIMIT)
     assert reserved_err == pytest.approx(0.0, abs=LIMIT)
+
+
+# fixstars/mdk scripts/pretrain_megatron_lm/pretrain_7b_mpi.patch @43b4c04 (Megatron-LM core_r0.8.0, legacy models,
+# Transformer Engine FP8 hybrid, expandable segments) and its log in doc/docs/how-to-guides/trainer/
+# pretrain-megatron-lm.md (1 node x 8 GPUs, after 20 iterations, rank 0):
+#     memory (MB) | allocated: 48465.28 | max allocated: 75078.43 | reserved: 75682 | max reserved: 75682
+FIXSTARS_7B_FP8 = (
+    "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+    "python pretrain_gpt.py --num-layers 30 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 "
+    "--max-position-embeddings 4096 --micro-batch-size 2 --global-batch-size 1024 --train-iters 500000 "
+    "--weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --bf16 --lr 6.0e-5 "
+    "--lr-decay-style cosine --min-lr 6.0e-6 --lr-warmup-fraction .001 --lr-decay-iters 430000 "
+    "--transformer-impl transformer_engine --fp8-format hybrid --fp8-interval 1024 --fp8-amax-history-len 1 "
+    "--fp8-amax-compute-algo max --swiglu --hidden-dropout 0.0 --attention-dropout 0.0 --disable-bias-linear "
+    "--no-masked-softmax-fusion --untie-embeddings-and-output-weights --use-distributed-optimizer "
+    "--overlap-grad-reduce --sequence-parallel --use-legacy-models --attention-softmax-in-fp32 "
+    "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --vocab-file gpt2-vocab.json "
+    "--merge-file gpt2-merges.txt --log-interval 10 --eval-iters 10\n")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2026-11-30: projected 85.4 GiB allocated peak against 73.3 GiB measured (+16 %); after the step the "
+    "run holds 47.3 GiB where the estimate's model states are 56.4 GiB, about the 11.2 GiB of fp8 weight copies and "
+    "transposes the estimate caches for the whole step (weights.fp8_copies): this legacy-model Transformer Engine "
+    "run seems not to keep them; not investigated further (no GPU here to measure Transformer Engine)"))
+def test_allocated_peak_of_a_published_fp8_megatron_log(tmp_path: Path) -> None:
+    script = tmp_path / "fixstars_7b_fp8.sh"
+    script.write_text(FIXSTARS_7B_FP8, encoding="utf-8")
+    sc = api.load(script, hardware="h100-sxm", nodes=1)
+    (rank,) = api.estimate_memory(sc).ranks
+    err = rank.peak_bytes / (75078.43 * MiB) - 1
+    print(f"\n7B FP8 max allocated: measured 75078 MiB, projected {rank.peak_bytes / MiB:.0f} ({err:+.1%})")
+    assert err == pytest.approx(0.0, abs=LIMIT)

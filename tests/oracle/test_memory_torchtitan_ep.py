@@ -17,7 +17,7 @@ for backward without recompute (the tp 1 oracle's flash-attention stand-in) and 
 checkpointing (`OpSacBlock`; its save list includes `_c10d_functional.all_to_all_single`, so the dispatch and combine
 outputs are cached). The estimate is `projection.memory.activations.saved_layer_bytes` for the same ModelSpec, fp32,
 `kernels.transformer_impl = "torchtitan"`, tp 1, ep 2, dp 2 (`moe_tensors` without recompute; `op_sac_tensors` under
-'op', with `sac.all_to_all_out` = 2 e k T h for the two all_to_all outputs). Must agree within 5 % per rank, as at
+'op', with `sac.all_to_all_out` = 2 e k T h for the two all_to_all outputs). Must agree within 1 % per rank, as at
 tp 1.
 
 Measured (both ranks alike): no recompute 10,559,504 B against 10,518,528 B projected (0.996; the difference is the
@@ -114,7 +114,7 @@ PARAMS = [pytest.param(spec, op_sac, rank, id=f"{spec.name}-{_id(op_sac)}-rank{r
 @pytest.mark.parametrize(("spec", "op_sac", "rank"), PARAMS)
 def test_torchtitan_ep_block_saved_bytes(spec: ModelSpec, op_sac: bool, rank: int) -> None:
     got, want = _report(spec, op_sac, rank)
-    assert abs(got / want - 1) <= 0.05
+    assert abs(got / want - 1) <= 0.01
 
 
 def test_ep_blocks_are_dispatched_and_correct() -> None:

@@ -246,7 +246,7 @@ def test_a_set_key_that_holds_a_searched_axis_refuses_the_layout_rather_than_mis
     rows = {r["tp"]: r for r in json.loads(capsys.readouterr().out)["candidates"]}
     assert rows[2]["status"] == "fits" and rows[2]["dp"] == 4
     for tp in (1, 4):
-        assert rows[tp]["status"] == "refused" and "a --set override holds it" in rows[tp]["problems"][0]
+        assert rows[tp]["status"] == "refused" and "a --set override" in rows[tp]["problems"][0]
 
 
 def test_primus_recompute_none_clears_moe_layer_recompute() -> None:
@@ -289,3 +289,49 @@ def test_recompute_lists_are_read_like_the_numeric_ones(capsys: pytest.CaptureFi
     rows = json.loads(capsys.readouterr().out)["candidates"]
     assert [r["recompute"] for r in rows] == ["none", "full"]
     assert rows[1]["recompute_spec"]["granularity"] == "full" and rows[1]["recompute_spec"]["num_layers"] == 1
+
+
+def test_torchtitan_micro_batch_is_the_local_batch_without_a_pipeline_and_the_pipeline_microbatch_with_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--mbs sets training.local_batch_size at pp 1 and parallelism.pipeline_parallel_microbatch_size at pp 2 (with
+    the local batch gbs / dp): each row equals `projection performance --set` of those keys."""
+    if not TITAN_8B.is_file():
+        pytest.skip(f"{TITAN_8B} is absent (the shared fixtures are not in a user's clone)")
+    assert main(["plan", "--config", str(TITAN_8B), "--tp", "1,2", "--pp", "1,2", "--mbs", "1,2",
+                 "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    fits = [r for r in rows if r["status"] == "fits"]
+    assert {(r["pp"], r["micro_batch_size"]) for r in fits} >= {(1, 1), (2, 1), (2, 2)}
+    for r in fits:
+        keys = [f"parallelism.tensor_parallel_degree={r['tp']}", f"parallelism.pipeline_parallel_degree={r['pp']}",
+                "training.global_batch_size=8"]
+        keys += ([f"training.local_batch_size={r['micro_batch_size']}"] if r["pp"] == 1 else
+                 [f"parallelism.pipeline_parallel_microbatch_size={r['micro_batch_size']}",
+                  f"training.local_batch_size={8 // r['dp']}"])
+        assert main(["performance", "--config", str(TITAN_8B), "--format", "json",
+                     *[a for k in keys for a in ("--set", k)]]) == 0
+        assert r["step_time_s"] == pytest.approx(json.loads(capsys.readouterr().out)["step_time_s"], rel=1e-12), r
+
+
+def test_a_pipelined_torchtitan_file_on_another_dp_gets_the_local_batch_of_that_dp() -> None:
+    """A TOML already at pp 2 (dp 4 on 8 GPUs, local batch 2 of global 8), searched at tp 2 (dp 2): the local batch
+    becomes 4, what TorchTitan needs to hold the global batch with that many DP ranks."""
+    if not TITAN_8B.is_file():
+        pytest.skip(f"{TITAN_8B} is absent (the shared fixtures are not in a user's clone)")
+    own = {"parallelism.pipeline_parallel_degree": 2, "training.local_batch_size": 2}
+    base = api.load(TITAN_8B, overrides=own)
+    (c,) = search_layouts(base, tp=[2], reload=lambda over: api.load(TITAN_8B, overrides={**own, **over}))
+    assert c.status == "fits" and c.scenario.plan.dp_() == 2 and c.scenario.training.local_batch_size == 4
+
+
+def test_a_primus_stage_split_fixed_for_its_own_pipeline_is_dropped_for_another() -> None:
+    path = PRIMUS / "llama3.1_8B-BF16-pretrain.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared fixtures are not in a user's clone)")
+    own = {"pipeline_model_parallel_size": 2, "decoder_first_pipeline_num_layers": 12}
+    base = api.load(path, overrides=own)
+    assert base.plan.first_stage_layers == 12
+    (c,) = search_layouts(base, pp=[4], reload=lambda over: api.load(path, overrides={**own, **over}))
+    assert c.status == "fits" and c.scenario.plan.first_stage_layers is None
+    sc = api.load(path, overrides={"pipeline_model_parallel_size": 4})
+    assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
