@@ -11,13 +11,17 @@ inside autograd Functions, with grad mode off; the tests subtract the no-recompu
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -98,3 +102,39 @@ def projected(spec: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> tu
     if plan.recompute.granularity == "selective":
         tensors = selective_saved(spec, training, plan, 0, tensors)
     return tensors, saved_layer_bytes(spec, training, plan, 0, False)
+
+
+def kept_bytes(mode: AliveStorages, y: torch.Tensor, x: torch.Tensor, block: torch.nn.Module
+               ) -> tuple[int, list[list[Any]]]:
+    """What a rank keeps for backward after `y = block(x)` ran under `mode`: the storages still alive less the
+    parameters' (local shards), buffers' and the output's, plus the block input; and those storages (bytes,
+    creating op, shape, dtype)."""
+    alive = mode.alive()
+    for t in (y, x, *block.parameters(), *block.buffers()):
+        alive.pop(local(t).untyped_storage()._cdata, None)
+    kept = sum(v[0] for v in alive.values()) + x.untyped_storage().nbytes()
+    storages = [list(v) for v in alive.values()] + [[x.untyped_storage().nbytes(), "block input", list(x.shape),
+                                                      str(x.dtype)]]
+    return kept, storages
+
+
+def run_cases(rank: int, world: int, port: int, cases: list[tuple[ModelSpec, bool]], seq: int, micro_batch: int,
+              out: str, measure: Callable[..., dict[str, Any]], dim: str) -> None:
+    """One spawned rank: a gloo group and a 1-D CPU mesh named `dim`; measure(spec, op_sac, mesh, seq, micro_batch)
+    for every case, written as JSON to `out.<rank>` (what run_ranks reads)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh: DeviceMesh = init_device_mesh("cpu", (world,), mesh_dim_names=(dim,))
+        results = [measure(spec, op_sac, mesh, seq, micro_batch) for spec, op_sac in cases]
+        Path(f"{out}.{rank}").write_text(json.dumps(results))
+        dist.barrier()  # both ranks done with their collectives before either tears the group down
+    finally:
+        dist.destroy_process_group()
+
+
+def case_params(cases: list[tuple[ModelSpec, bool]], world: int) -> list[Any]:
+    """pytest parameters (spec, op_sac, rank) for every case on every rank, with readable ids."""
+    return [pytest.param(spec, op_sac, rank, id=f"{spec.name}-{'op' if op_sac else 'none'}-rank{rank}")
+            for spec, op_sac in cases for rank in range(world)]

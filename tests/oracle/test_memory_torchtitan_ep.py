@@ -54,7 +54,7 @@ from projection.specs.model import ModelSpec, MoESpec  # noqa: E402
 from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
 from projection.workload.ops import layer_ops  # noqa: E402
-from tests.oracle.rank_probes import projected, run_ranks  # noqa: E402
+from tests.oracle.rank_probes import case_params, projected, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow  # two spawned gloo processes, a forward and backward per case: seconds
 
@@ -76,14 +76,6 @@ def _setup(op_sac: bool) -> tuple[TrainingSpec, ParallelPlan]:
     return training, ParallelPlan(tp=1, pp=1, dp=EP, ep=EP, recompute=rec)
 
 
-def projected_terms(spec: ModelSpec, op_sac: bool) -> dict[str, float]:
-    return projected(spec, *_setup(op_sac))[0]
-
-
-def projected_bytes(spec: ModelSpec, op_sac: bool) -> float:
-    return projected(spec, *_setup(op_sac))[1]
-
-
 @functools.cache
 def _measured() -> list[list[dict[str, Any]]]:
     """Per rank, per case of CASES: {"kept", "storages", "splits", "max_abs_err", "max_grad_err"}."""
@@ -94,21 +86,16 @@ def _measured() -> list[list[dict[str, Any]]]:
 
 def _report(spec: ModelSpec, op_sac: bool, rank: int) -> tuple[float, int]:
     m = _measured()[rank][CASES.index((spec, op_sac))]
-    want, got = m["kept"], projected_bytes(spec, op_sac)
+    want, got = m["kept"], projected(spec, *_setup(op_sac))[1]
     print(f"\n{spec.name} {'op SAC' if op_sac else 'no AC'} ep {EP} rank {rank}: projected {got:.0f} B, measured "
           f"{want} B, ratio {got / want:.4f}; splits in/out {m['splits']}, output max |err| {m['max_abs_err']:.2e}"
-          "\n  projected: " + ", ".join(f"{k} {v:.0f}" for k, v in projected_terms(spec, op_sac).items())
+          "\n  projected: " + ", ".join(f"{k} {v:.0f}" for k, v in projected(spec, *_setup(op_sac))[0].items())
           + "\n  alive: " + ", ".join(f"{op} {tuple(shape)} {dtype.removeprefix('torch.')} {n}"
                                       for n, op, shape, dtype in sorted(m["storages"], key=lambda s: -s[0])))
     return got, want
 
 
-def _id(v: Any) -> str:
-    return v.name if isinstance(v, ModelSpec) else ("op" if v else "none")
-
-
-PARAMS = [pytest.param(spec, op_sac, rank, id=f"{spec.name}-{_id(op_sac)}-rank{rank}")
-          for spec, op_sac in CASES for rank in range(EP)]
+PARAMS = case_params(CASES, EP)
 
 
 @pytest.mark.parametrize(("spec", "op_sac", "rank"), PARAMS)
@@ -139,7 +126,7 @@ def test_all_to_all_outputs_kept_only_under_op_sac() -> None:
         for (spec, op_sac), m in zip(CASES, _measured()[rank], strict=True):
             a2a = sorted(n for n, op, _, _ in m["storages"] if "all_to_all_single" in op)
             assert a2a == ([8 * MOE.moe.num_experts, routed, routed] if op_sac else []), (spec.name, op_sac, rank)
-            assert projected_terms(spec, op_sac).get("sac.all_to_all_out", 0.0) == (2 * routed if op_sac else 0.0)
+            assert projected(spec, *_setup(op_sac))[0].get("sac.all_to_all_out", 0.0) == (2 * routed if op_sac else 0.0)
 
 
 def test_op_sac_recompute_per_rank() -> None:

@@ -47,7 +47,7 @@ from projection.specs.model import ModelSpec  # noqa: E402
 from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
 from projection.workload.ops import layer_ops  # noqa: E402
-from tests.oracle.rank_probes import projected, run_ranks  # noqa: E402
+from tests.oracle.rank_probes import case_params, projected, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow  # two spawned gloo processes, a forward and backward per case: seconds
 
@@ -68,14 +68,6 @@ def _setup(op_sac: bool) -> tuple[TrainingSpec, ParallelPlan]:
     return training, ParallelPlan(tp=TP, pp=1, dp=1, sp=True, tp_style="dtensor", recompute=rec)
 
 
-def projected_terms(spec: ModelSpec, op_sac: bool) -> dict[str, float]:
-    return projected(spec, *_setup(op_sac))[0]
-
-
-def projected_bytes(spec: ModelSpec, op_sac: bool) -> float:
-    return projected(spec, *_setup(op_sac))[1]
-
-
 @functools.cache
 def _measured() -> list[list[dict[str, Any]]]:
     """Per rank, per case of CASES: {"kept", "storages", "max_abs_err"} (torchtitan_tp_worker.measure)."""
@@ -84,19 +76,14 @@ def _measured() -> list[list[dict[str, Any]]]:
     return run_ranks(worker, TP, CASES, SEQ, MICRO_BATCH, "TorchTitan TP block")
 
 
-def _id(v: Any) -> str:
-    return v.name if isinstance(v, ModelSpec) else ("op" if v else "none")
-
-
-PARAMS = [pytest.param(spec, op_sac, rank, id=f"{spec.name}-{_id(op_sac)}-rank{rank}")
-          for spec, op_sac in CASES for rank in range(TP)]
+PARAMS = case_params(CASES, TP)
 
 
 @pytest.mark.parametrize(("spec", "op_sac", "rank"), PARAMS)
 def test_torchtitan_tp_block_saved_bytes(spec: ModelSpec, op_sac: bool, rank: int) -> None:
     m = _measured()[rank][CASES.index((spec, op_sac))]
-    want, got = m["kept"], projected_bytes(spec, op_sac)
-    terms = projected_terms(spec, op_sac)
+    want, got = m["kept"], projected(spec, *_setup(op_sac))[1]
+    terms = projected(spec, *_setup(op_sac))[0]
     print(f"\n{spec.name} {'op SAC' if op_sac else 'no AC'} tp {TP} rank {rank}: projected {got:.0f} B, measured "
           f"{want} B, ratio {got / want:.4f}; output max |err| {m['max_abs_err']:.2e}\n  projected: "
           + ", ".join(f"{k} {v:.0f}" for k, v in terms.items()) + "\n  alive: "

@@ -36,23 +36,18 @@ the all_to_all splits) go to a JSON file per rank.
 from __future__ import annotations
 
 import copy
-import json
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
 
 from projection.specs.model import ModelSpec
-from tests.oracle.rank_probes import AliveStorages, ReplayedOps
-from tests.oracle.rank_probes import local as _local
+from tests.oracle.rank_probes import AliveStorages, ReplayedOps, kept_bytes, run_cases
 from tests.oracle.torchtitan_layers import MoE, OpSacBlock
 
 
@@ -176,12 +171,7 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
     # after wait() returned: without this pause the dispatch or combine input (1 MiB each) is now and then still
     # alive (9 of 360 measurements). A transient of the CPU backend, not something autograd or the checkpoint keeps.
     time.sleep(0.2)
-    alive = mode.alive()
-    for t in (y, x, *block.parameters(), *block.buffers()):
-        alive.pop(_local(t).untyped_storage()._cdata, None)
-    kept = sum(v[0] for v in alive.values()) + x.untyped_storage().nbytes()
-    storages = [list(v) for v in alive.values()] + [[x.untyped_storage().nbytes(), "block input", list(x.shape),
-                                                      str(x.dtype)]]
+    kept, storages = kept_bytes(mode, y, x, block)
     splits = [list(ep_style.input_splits), list(ep_style.output_splits)]
     grad = torch.randn_like(y)
     replayed = ReplayedOps()
@@ -199,13 +189,4 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
 
 def worker(rank: int, world: int, port: int, cases: list[tuple[ModelSpec, bool]], seq: int, micro_batch: int,
            out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
-        results = [measure(spec, op_sac, mesh, seq, micro_batch) for spec, op_sac in cases]
-        Path(f"{out}.{rank}").write_text(json.dumps(results))
-        dist.barrier()  # both ranks done with their collectives before either tears the group down
-    finally:
-        dist.destroy_process_group()
+    run_cases(rank, world, port, cases, seq, micro_batch, out, measure, "ep")

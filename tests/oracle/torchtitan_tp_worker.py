@@ -30,15 +30,12 @@ the alive storages' creating op, shape and dtype, the output's largest deviation
 from __future__ import annotations
 
 import copy
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -50,8 +47,7 @@ from torch.distributed.tensor.parallel import (
 
 from projection.specs.model import ModelSpec
 from tests.oracle.memory_models import _RMSNormFn
-from tests.oracle.rank_probes import AliveStorages, ReplayedOps
-from tests.oracle.rank_probes import local as _local
+from tests.oracle.rank_probes import AliveStorages, ReplayedOps, kept_bytes, run_cases
 from tests.oracle.torchtitan_layers import Block, OpSacBlock, RMSNorm
 
 
@@ -117,12 +113,7 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
         y = run(x)
     assert not isinstance(y, DTensor) and tuple(y.shape) == tuple(x.shape)
     err = (y.detach() - want).abs().max().item()  # the sharded block computes the unsharded one's output
-    alive = mode.alive()
-    for t in (y, x, *block.parameters(), *block.buffers()):
-        alive.pop(_local(t).untyped_storage()._cdata, None)
-    kept = sum(v[0] for v in alive.values()) + x.untyped_storage().nbytes()
-    storages = [list(v) for v in alive.values()] + [[x.untyped_storage().nbytes(), "block input", list(x.shape),
-                                                      str(x.dtype)]]
+    kept, storages = kept_bytes(mode, y, x, block)
     flops = ReplayedOps()
     with flops:
         y.backward(torch.ones_like(y))
@@ -133,13 +124,4 @@ def measure(spec: ModelSpec, op_sac: bool, mesh: DeviceMesh, seq: int, micro_bat
 
 def worker(rank: int, world: int, port: int, cases: list[tuple[ModelSpec, bool]], seq: int, micro_batch: int,
            out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        results = [measure(spec, op_sac, mesh, seq, micro_batch) for spec, op_sac in cases]
-        Path(f"{out}.{rank}").write_text(json.dumps(results))
-        dist.barrier()  # both ranks done with their collectives before either tears the group down
-    finally:
-        dist.destroy_process_group()
+    run_cases(rank, world, port, cases, seq, micro_batch, out, measure, "tp")
