@@ -89,12 +89,9 @@ def derived_vpp_problem(sc: Scenario, asked: int, derived: int) -> Problem | Non
 def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
                 recompute: RecomputeSpec, gbs: int) -> dict[str, Any] | list[Problem]:
     base, p = sc.plan, "parallelism"
-    problems = []
     if ep != base.ep and not sc.model.moe:
-        problems.append(Problem(f"ep {ep} on a dense model: it has no experts", key="--ep", file=COMMAND_LINE,
-                                fix="search ep on a MoE model only"))
-    if problems:
-        return problems
+        return [Problem(f"ep {ep} on a dense model: it has no experts", key="--ep", file=COMMAND_LINE,
+                        fix="search ep on a MoE model only")]
     out: dict[str, Any] = {"training.global_batch_size": gbs}
     for key, value, own in (("tensor_parallel_degree", tp, base.tp), ("pipeline_parallel_degree", pp, base.pp),
                             ("context_parallel_degree", cp, base.cp), ("expert_parallel_degree", ep, base.ep)):
