@@ -100,6 +100,13 @@ def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: in
     if mbs is not None:  # TorchTitan's micro batch: the pipeline microbatch with a pipeline, else the local batch
         out[f"{p}.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"] = mbs
     dp = sc.world_size // (tp * pp * cp)
+    local = sc.training.local_batch_size or sc.training.micro_batch_size
+    if pp == 1 and mbs is None and dp > 0 and gbs % (local * dp):
+        # without a pipeline the local batch is the micro batch: the search keeps the file's, so say which to search
+        return [Problem(f"the file's local batch {local} x dp {dp} does not divide the global batch {gbs} (TorchTitan "
+                        "asserts it)", key="--mbs", file=COMMAND_LINE,
+                        fix=f"search --mbs with a divisor of {gbs // dp}" if gbs >= dp else
+                        f"fewer data-parallel ranks: the global batch {gbs} is below dp {dp}")]
     if pp > 1 and (base.pp == 1 or dp != base.dp_()) and dp > 0 and gbs % dp == 0:
         # another pipeline or data-parallel size: each DP rank's local batch is its share of the global batch, split
         # into pipeline microbatches (no gradient accumulation; the file's local batch was chosen for its own dp)

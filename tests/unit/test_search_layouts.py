@@ -335,3 +335,23 @@ def test_a_primus_stage_split_fixed_for_its_own_pipeline_is_dropped_for_another(
     assert c.status == "fits" and c.scenario.plan.first_stage_layers is None
     sc = api.load(path, overrides={"pipeline_model_parallel_size": 4})
     assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+
+
+def test_torchtitan_without_a_pipeline_names_the_micro_batch_to_search() -> None:
+    """Llama-3-70B TOML (local batch 8) at tp 4 on 64 GPUs is dp 16: 8 x 16 does not divide the global batch 64, and
+    without a pipeline the local batch is the micro batch, which the search keeps unless --mbs is searched."""
+    l70 = FIXTURES / "torchtitan" / "llama3_70b.toml"
+    if not l70.is_file():
+        pytest.skip(f"{l70} is absent (the shared fixtures are not in a user's clone)")
+    base = api.load(l70, nodes=8)
+
+    def reload(over: dict) -> object:
+        return api.load(l70, nodes=8, overrides=over)
+
+    (c,) = search_layouts(base, tp=[4], reload=reload)
+    assert c.status == "refused" and c.problems[0].key == "--mbs" and "divisor of 4" in c.problems[0].fix
+    (c,) = search_layouts(base, tp=[4], micro_batch_size=[4], reload=reload)
+    sc = api.load(l70, nodes=8, overrides={"parallelism.tensor_parallel_degree": 4, "training.local_batch_size": 4,
+                                           "training.global_batch_size": 64})
+    assert c.status == "fits"
+    assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
