@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             if c.projection else f"{'-':>9} {'-':>13} {'-':>6} {'-':>4}"
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp:>3} {c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {r['dp']:>4} "
               f"{c.recompute:<9} {r['schedule']:<17} {step} {r['peak_gib']:>9.2f}"
-              + ("  out of memory" if not c.projection else ""))
+              + (f"  {r['memory_verdict']}" if r['memory_verdict'] != "fits" else ""))
     for c in (c for c in found if c.status == "refused"):
         print(f"refused tp {c.tp} pp {c.pp} vpp {c.vpp} cp {c.cp} ep {c.ep} mbs {c.micro_batch_size} "
               f"recompute {c.recompute}: "
@@ -117,5 +117,6 @@ def _row(c: Any) -> dict[str, Any]:
             "schedule": sc.plan.schedule if sc is not None else None,
             "step_time_s": p.step_time_s if p else None, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if p else None,
             "mfu": p.mfu if p else None, "peak_dtype": p.peak_dtype if p else None,
-            "peak_gib": m.peak_bytes / 2**30 if m else None,
+            "peak_gib": m.peak_bytes / 2**30 if m else None, "reserved_gib": m.reserved_bytes / 2**30 if m else None,
+            "memory_verdict": m.verdict if m else None,
             "problems": [pr.message for pr in c.problems]}

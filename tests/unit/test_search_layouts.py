@@ -355,3 +355,16 @@ def test_torchtitan_without_a_pipeline_names_the_micro_batch_to_search() -> None
                                            "training.global_batch_size": 64})
     assert c.status == "fits"
     assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+
+
+def test_a_layout_at_risk_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """70B at tp 2 pp 4 vpp 5 without recompute: 173 GiB allocated, 183 GiB reserved of the MI300X's 192 GiB (above
+    the 5 % headroom): projected, and marked as `projection memory` marks it."""
+    assert main(["plan", "--config", str(L70), "--tp", "2", "--recompute", "none", "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["candidates"]
+    mem = api.estimate_memory(api.load(L70, overrides={"plan.tp": 2, "plan.recompute.granularity": "none",
+                                                       "plan.recompute.modules": []}))
+    assert row["status"] == "fits" and row["memory_verdict"] == mem.verdict == "at risk"
+    assert row["reserved_gib"] == pytest.approx(mem.reserved_bytes / 2**30, rel=1e-12)
+    assert main(["plan", "--config", str(L70), "--tp", "2", "--recompute", "none"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("at risk")
