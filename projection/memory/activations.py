@@ -145,12 +145,30 @@ def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, floa
     out["moe.dispatched"] = D.e_exp * n * D.h  # grouped-GEMM fc1 input (permuted token copies)
     out.update(mlp_tensors(model, D, moe.expert_ffn_hidden_size, "moe.experts", tokens=n, shard=plan.etp_,
                            with_norm=False))
-    out["moe.expert_out"] = D.e * n * D.h  # kept by unpermute for the gradient of the routing probabilities
+    if D.eager:
+        # TorchTitan scores after the experts: unpermute's multiply keeps the expert output for the gradient of the
+        # routing probabilities (tests/oracle/test_memory_torchtitan_layers.py, _ep.py)
+        out["moe.expert_out"] = D.e * n * D.h
+    elif not _fused_expert_activation(model):
+        # Megatron-Core (0.13 on) weights the routed copies inside the experts, act(fc1 x) * probs, so unpermute keeps
+        # only indices; without a fused weighted kernel (SwiGLU, or GeLU with a bias) the multiply keeps the
+        # activation's output (tests/oracle/test_memory_megatron_core_layers.py measures both)
+        out["moe.experts.act_out"] = D.e * n * moe.expert_ffn_hidden_size / plan.etp_
     if moe.shared_expert_ffn_hidden_size:
         out.update(mlp_tensors(model, D, moe.shared_expert_ffn_hidden_size, "moe.shared", with_norm=False))
     if D.dropout:
         out["moe.dropout_mask"] = 1 * D.T * D.h * D.r
     return out
+
+
+def _fused_expert_activation(model: ModelSpec) -> bool:
+    """Whether Megatron-Core runs the routed experts' activation and probability weighting as one fused kernel
+    (which keeps its input and the probabilities only): weighted_bias_swiglu for SwiGLU, bias_gelu for GeLU, which
+    Megatron fuses only with a bias (validate_args turns bias_gelu_fusion off without one). Megatron's
+    --no-bias-swiglu-fusion / --no-bias-gelu-fusion are not read: their default (fused) is assumed."""
+    if model.gated_mlp:
+        return model.activation == "silu"
+    return model.activation == "gelu" and model.add_bias_linear
 
 
 # Megatron --recompute-modules: which saved tensors each module's checkpoint drops (its input is kept).

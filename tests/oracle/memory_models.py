@@ -27,9 +27,10 @@ Transformer Engine save, which is what `projection.memory.activations` inventori
   (plus one small row block), as for a fused GPU kernel.
 - MoE: fp32 router softmax (saved), top-k (or, with `balanced_routing`, a data-independent balanced
   assignment), tokens permuted with `index_select` into one dispatched tensor
-  (T*k rows), one weight per expert (TE GroupedLinear keeps weight0..weightN-1), a SwiGLU per expert, the expert
-  outputs concatenated and scaled by the routing weights (saved for the routing-weight gradient, as Megatron's
-  unpermute does), and scattered back with `scatter_add`; optional shared expert on the same normed input.
+  (T*k rows), one weight per expert (TE GroupedLinear keeps weight0..weightN-1), a SwiGLU per expert weighted by the
+  routed copies' probabilities inside it (Megatron-Core 0.13 on: weighted_bias_swiglu_impl, saving its input and the
+  probabilities), the expert outputs concatenated and scattered back with `scatter_add` (saving only the index);
+  optional shared expert on the same normed input.
 
 Recompute: "full" checkpoints every decoder layer (`torch.utils.checkpoint`, use_reentrant=False); `selective`
 names the regions checkpointed inside each layer: "core_attn" (the attention kernel, inputs q, k, v), "mlp" (the
@@ -178,30 +179,42 @@ class _SwiGLUFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        f = x.shape[-1] // 2
-        x2 = x.reshape(-1, 2 * f)
-        out = x2.new_empty((x2.shape[0], f))
-        for sl in _blocks(x2.shape[0]):
-            torch.mul(F.silu(x2[sl, :f]), x2[sl, f:], out=out[sl])
-        return out.view(*x.shape[:-1], f)
+        return _swiglu(x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor]:
         (x,) = ctx.saved_tensors
-        f = x.shape[-1] // 2
-        x2, g2 = x.reshape(-1, 2 * f), g.reshape(-1, f)
-        gx = torch.empty_like(x2)
-        for sl in _blocks(x2.shape[0]):
-            gate, up, gs = x2[sl, :f], x2[sl, f:], g2[sl]
-            d_gate, d_up = gx[sl, :f], gx[sl, f:]
-            sig = torch.sigmoid(gate)
-            torch.mul(gate, sig, out=d_up)
-            d_up.mul_(gs)  # g * silu(gate)
-            torch.mul(gs, up, out=d_gate)
-            d_gate.mul_(sig)
-            d_gate.mul_(sig.neg_().add_(1).mul_(gate).add_(1))  # g * up * sig * (1 + gate * (1 - sig))
-            del sig
-        return (gx.view_as(x),)
+        return (_swiglu_grad(x, g),)
+
+
+def _swiglu(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up over the last dim [gate | up], computed by row blocks into its result."""
+    f = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * f)
+    out = x2.new_empty((x2.shape[0], f))
+    for sl in _blocks(x2.shape[0]):
+        torch.mul(F.silu(x2[sl, :f]), x2[sl, f:], out=out[sl])
+    return out.view(*x.shape[:-1], f)
+
+
+def _swiglu_grad(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The gradient of _swiglu at x for the output gradient g, by row blocks."""
+    f = x.shape[-1] // 2
+    x2, g2 = x.reshape(-1, 2 * f), g.reshape(-1, f)
+    gx = torch.empty_like(x2)
+    for sl in _blocks(x2.shape[0]):
+        gate, up, gs = x2[sl, :f], x2[sl, f:], g2[sl]
+        d_gate, d_up = gx[sl, :f], gx[sl, f:]
+        sig = torch.sigmoid(gate)
+        torch.mul(gate, sig, out=d_up)
+        d_up.mul_(gs)  # g * silu(gate)
+        torch.mul(gs, up, out=d_gate)
+        d_gate.mul_(sig)
+        d_gate.mul_(sig.neg_().add_(1).mul_(gate).add_(1))  # g * up * sig * (1 + gate * (1 - sig))
+        del sig
+    return gx.view_as(x)
+
+
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -364,6 +377,26 @@ class MLAttention(nn.Module):
         return _dropout(self.proj(o.transpose(1, 2).reshape(b, s, a * m.v_head_dim)), self.p, self.training)
 
 
+class _WeightedSwiGLUFn(torch.autograd.Function):
+    """silu(gate) * up * w per row, w the routed copy's probability: Megatron-Core's weighted_bias_swiglu_impl (the
+    experts apply the routing probabilities from 0.13 on); saves its input and the probabilities only."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return _swiglu(x).mul_(w.to(x.dtype)[:, None])
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        f = x.shape[-1] // 2
+        x2, g2 = x.reshape(-1, 2 * f), g.reshape(-1, f)
+        gw = torch.empty_like(w)
+        for sl in _blocks(x2.shape[0]):  # d w = the row sum of g * silu(gate) * up
+            gw[sl] = (g2[sl] * F.silu(x2[sl, :f]) * x2[sl, f:]).sum(-1).to(w.dtype)
+        return _swiglu_grad(x, g * w.to(g.dtype)[:, None]), gw
+
+
 class MLP(nn.Module):
     """h -> ffn (x2 when gated) -> h, without the norm."""
 
@@ -427,12 +460,13 @@ class MoEBlock(nn.Module):
         dispatched = flat_y.index_select(0, tokens)  # T*k permuted token copies
         if not self.balanced:
             counts = torch.bincount(flat_e, minlength=self.E).tolist()
+        # Megatron-Core (0.13 on) weights each routed copy inside its expert, in the fused weighted SwiGLU, so the
+        # unpermute (scatter_add: it saves only the index) has no product to keep
+        weights = w.view(-1)[order].split(counts)
         outs = []
         for e, chunk in enumerate(dispatched.split(counts)):
-            outs.append(F.linear(_SwiGLUFn.apply(F.linear(chunk, self.w1[e])), self.w2[e]))
+            outs.append(F.linear(_WeightedSwiGLUFn.apply(F.linear(chunk, self.w1[e]), weights[e]), self.w2[e]))
         expert_out = torch.cat(outs)
-        expert_out = expert_out * w.view(-1)[order].to(expert_out.dtype)[:, None]
-        # Megatron unpermute: scatter_add saves only the index (index_add would also save expert_out).
         out = torch.zeros_like(flat_y).scatter_add(0, tokens[:, None].expand(-1, h), expert_out)
         if self.shared is not None:
             out = out + self.shared(flat_y)

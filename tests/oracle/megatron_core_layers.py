@@ -1,0 +1,173 @@
+"""Worker for tests/oracle/test_memory_megatron_core_layers.py: builds one real Megatron-Core decoder layer (local
+spec, no Transformer Engine) on the CPU, runs its forward once in fp32 under a dispatch mode that keeps a weak
+reference to the storage of every tensor an op creates, and prints, as JSON, the storages still alive afterwards.
+
+Run in a fresh interpreter (`python3 -m tests.oracle.megatron_core_layers CASE...`): it initializes a one-rank gloo
+group and Megatron's parallel state and patches process-wide CUDA-only calls, none of which may leak into the pytest
+process. The CPU setup replicates `setup_megatron_cpu` / `_megatron` of benchmarks/bench_megatron_host.py (not
+imported: benchmarks/ is no test dependency): `torch.cuda.current_device` returns "cpu" (the global memory buffer's
+device), the CUDA RNG tracker's fork is a null context, an explicit causal mask is passed (the default mask is built
+on the GPU), and moe_utils.te_general_gemm is set to None (referenced without Transformer Engine installed). Beyond
+the benchmark, the alltoall dispatcher's CUDA side stream for the device-to-host copies of its split sizes is bypassed
+(those copies are no-ops on the CPU).
+
+Dropout: on the CPU, `F.dropout` decomposes into bernoulli_ / div_ / mul and keeps an activation-dtype noise tensor;
+on a GPU it is the fused `native_dropout`, which keeps a 1-byte bool mask. The worker routes `F.dropout` to
+`torch.native_dropout` (it has a CPU kernel and the same autograd formula), so the measurement keeps what the GPU
+keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import weakref
+from typing import Any
+
+HIDDEN, HEADS, FFN, SEQ, MICRO_BATCH = 256, 8, 1024, 256, 2
+MOE = (8, 2, 128)  # experts, top-k, expert FFN
+
+# name -> settings: moe (else dense), dispatcher, load balancing ("lb"), experts / topk / ffn (default MOE's),
+# dropout (hidden and attention), gated (SwiGLU with no biases, else GeLU with Megatron's default biases on dense
+# layers, none on MoE layers), fusion (bias_activation_fusion; default: Megatron-LM's default, on, where Megatron
+# allows it: its GeLU fusion needs the fc1 bias, so the GeLU experts run unfused)
+CASES: dict[str, dict[str, Any]] = {
+    "dense": {"moe": False, "dropout": 0.0, "gated": False},
+    "dense-drop0.1": {"moe": False, "dropout": 0.1, "gated": False},
+    "dense-swiglu": {"moe": False, "dropout": 0.0, "gated": True},
+    "moe-allgather": {"moe": True, "dispatcher": "allgather", "lb": "none", "dropout": 0.0},
+    "moe-allgather-aux": {"moe": True, "dispatcher": "allgather", "lb": "aux_loss", "dropout": 0.0},
+    "moe-allgather-drop0.1": {"moe": True, "dispatcher": "allgather", "lb": "none", "dropout": 0.1},
+    "moe-alltoall": {"moe": True, "dispatcher": "alltoall", "lb": "none", "dropout": 0.0},
+    "moe-alltoall-aux": {"moe": True, "dispatcher": "alltoall", "lb": "aux_loss", "dropout": 0.0},
+    "moe-swiglu-allgather": {"moe": True, "dispatcher": "allgather", "lb": "none", "dropout": 0.0, "gated": True},
+    "moe-swiglu-alltoall-aux": {"moe": True, "dispatcher": "alltoall", "lb": "aux_loss", "dropout": 0.0,
+                                "gated": True},
+    # the Megatron functional tests' MoE layer (gpt3_mcore_tp2_pp2_ep2_te_4experts2parallel: local spec, unfused
+    # attention, 4 experts, GeLU with --disable-bias-linear --no-bias-gelu-fusion, expert FFN = FFN (4 h), sinkhorn
+    # top-1, the allgather dispatcher, dropout 0.1, all Megatron's defaults there) at tp = ep = 1
+    "moe-functional-test": {"moe": True, "dispatcher": "allgather", "lb": "sinkhorn", "experts": 4, "topk": 1,
+                            "ffn": FFN, "dropout": 0.1},
+}
+
+
+def _setup() -> Any:
+    """One-rank gloo group and Megatron's parallel state on the CPU (bench_megatron_host.py setup_megatron_cpu)."""
+    import torch
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29541")  # the test passes a free port
+    torch.set_num_threads(4)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    from megatron.core import parallel_state, tensor_parallel
+
+    parallel_state.initialize_model_parallel(1, 1)
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    moe_utils.te_general_gemm = None
+    # the alltoall dispatcher's device-to-host copies of its split sizes run on a CUDA side stream; on the CPU
+    # they are no-ops (maybe_move_tensor_to_cpu returns CPU tensors as they are), so only the stream is bypassed
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as A2A
+
+    A2A.cuda_dtoh_stream = object()
+    A2A._maybe_dtoh_and_synchronize = lambda self, point, tokens_per_expert=None: tokens_per_expert
+    import torch.nn.functional as F
+
+    def native_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or p == 0.0:
+            return input  # aten::dropout returns its input as is then, on every device
+        return torch.native_dropout(input, p, training)[0]
+
+    F.dropout = native_dropout  # nn.Dropout calls F.dropout through the module attribute
+    return torch
+
+
+def _layer(torch: Any, case: dict[str, Any]) -> Any:
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    extra: dict[str, Any] = {}
+    if case["moe"]:
+        extra = {"num_moe_experts": case.get("experts", MOE[0]), "moe_router_topk": case.get("topk", MOE[1]),
+                 "moe_ffn_hidden_size": case.get("ffn", MOE[2]),
+                 "moe_token_dispatcher_type": case["dispatcher"], "moe_router_load_balancing_type": case["lb"],
+                 "add_bias_linear": False, "moe_grouped_gemm": False}
+        if case["lb"] == "aux_loss":
+            extra["moe_aux_loss_coeff"] = 1e-2
+    gated = case.get("gated", False)
+    fusion = case.get("fusion", gated or not case["moe"])
+    assert not (fusion and case["moe"] and not gated), "Megatron fuses GeLU only with a bias"
+    if gated:
+        # LayerNorm kept: torch's RMSNorm decomposes on the CPU (it keeps the normalized x besides the input) where
+        # the GPU runs the fused _fused_rms_norm, which keeps the input and rstd, as LayerNorm does on both
+        extra.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu, add_bias_linear=False)
+    cfg = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
+                            use_cpu_initialization=True, hidden_dropout=case["dropout"],
+                            attention_dropout=case["dropout"], params_dtype=torch.float32,
+                            gradient_accumulation_fusion=False, bias_activation_fusion=fusion, **extra)
+    spec = get_gpt_layer_local_spec(num_experts=extra.get("num_moe_experts"), moe_grouped_gemm=False)
+    return build_module(spec, config=cfg, layer_number=1)
+
+
+def measure(torch: Any, name: str) -> dict[str, Any]:
+    from megatron.core import parallel_state
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Alive(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refs: list[tuple[Any, str, list[int], str]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.refs.append((weakref.ref(t.untyped_storage()), str(func), list(t.shape), str(t.dtype)))
+            return out
+
+    case = CASES[name]
+    torch.manual_seed(0)
+    layer = _layer(torch, case)
+    layer.train()
+    x = torch.randn(SEQ, MICRO_BATCH, HIDDEN, requires_grad=True)  # [s, b, h]
+    mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
+    mode = Alive()
+    with mode:
+        y, _ = layer(x, attention_mask=mask)
+    first: dict[int, dict[str, Any]] = {}  # storage -> the op that created it (the first op returning it)
+    for ref, op, shape, dtype in mode.refs:
+        st = ref()
+        if st is not None and st._cdata not in first:
+            first[st._cdata] = {"op": op, "shape": shape, "dtype": dtype, "bytes": st.nbytes()}
+    excluded = [y, x, mask, *layer.parameters(), *layer.buffers()]
+    # persistent buffers, not per microbatch: Megatron's global memory buffer (baddbmm's beta=0 input)
+    excluded += list(parallel_state.get_global_memory_buffer().buffer.values())
+    dropped = []
+    for t in excluded:
+        d = first.pop(t.untyped_storage()._cdata, None)
+        if d is not None and t is not y and t is not x:
+            dropped.append(d)
+    kept = list(first.values())
+    total = sum(d["bytes"] for d in kept) + x.untyped_storage().nbytes()
+    y.sum().backward()  # the layer is a real, differentiable one
+    assert x.grad is not None
+    return {"bytes": total, "input": x.untyped_storage().nbytes(), "tensors": kept, "excluded_buffers": dropped}
+
+
+def main(names: list[str]) -> None:
+    torch = _setup()
+    import megatron.core
+
+    out = {"megatron_core": megatron.core.__version__, "torch": torch.__version__,
+           "cases": {n: measure(torch, n) for n in names}}
+    print("@@JSON@@" + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or list(CASES))
