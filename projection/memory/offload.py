@@ -57,8 +57,9 @@ def _offloaded_names(sc: Scenario) -> set[str]:
 def _not_tagged_for_offload(name: str) -> bool:
     """Saved tensors Transformer Engine's layer-level offload leaves on the GPU: it moves only tensors marked
     `activation_offloading` (TE modules' saves, Megatron's linear inputs, bias_swiglu's input), not the fused
-    bias-dropout-add masks, the router's probabilities or unpermute's expert outputs."""
-    return "dropout" in name or name in ("moe.router_probs", "moe.expert_out")
+    bias-dropout-add masks, the router's probabilities, the activation output an unfused expert activation's
+    `* probs` multiply keeps, or an unpermute's expert outputs."""
+    return "dropout" in name or name in ("moe.router_probs", "moe.experts.act_out", "moe.expert_out")
 
 
 def _saved_tensors(sc: Scenario, i: int, full: bool, chunk_head: bool) -> dict[str, float]:

@@ -353,7 +353,7 @@ def test_capacity_scales_every_routed_tensor_alike() -> None:
         elif scale and a.kind == "grouped_gemm":
             assert b.flop == pytest.approx(scale * a.flop), a.name
     saved_a, saved_b = layer_tensors(base, training, plan, 0), layer_tensors(padded, training, plan, 0)
-    for key in ("moe.dispatched", "moe.expert_out"):
+    for key in ("moe.dispatched", "moe.experts.fc2_in"):
         assert saved_b[key] == pytest.approx(2.0 * saved_a[key])
     assert saved_b["moe.router_probs"] == saved_a["moe.router_probs"]
 

@@ -160,8 +160,9 @@ def test_layer_offloading_moves_the_first_layers_whole() -> None:
 
 
 def test_layer_offloading_leaves_untagged_tensors_on_the_gpu() -> None:
-    """Transformer Engine moves only tensors marked for offloading: with dropout and MoE, the bias-dropout-add masks,
-    the router probabilities and unpermute's expert outputs stay (activations.layer_tensors names them)."""
+    """Transformer Engine moves only tensors marked for offloading: with dropout and MoE, the bias-dropout-add masks
+    and the router probabilities stay (activations.layer_tensors names them), and with GeLU experts without biases
+    the activation output the `* probs` multiply keeps."""
     from projection.memory.activations import layer_tensors
 
     model = ModelSpec(num_layers=4, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000,
@@ -172,7 +173,12 @@ def test_layer_offloading_leaves_untagged_tensors_on_the_gpu() -> None:
                   cluster=ClusterSpec(device=H100, nodes=1, gpus_per_node=8))
     (slot,) = split_stages(model, sc.plan)
     tensors = layer_tensors(model, training, sc.plan, 0)
-    stay = tensors["attn.out_dropout_mask"] + tensors["moe.dropout_mask"] + tensors["moe.router_probs"] + \
-        tensors["moe.expert_out"]
+    stay = tensors["attn.out_dropout_mask"] + tensors["moe.dropout_mask"] + tensors["moe.router_probs"]
+    (_, resident, off), *_ = layer_offload_splits(sc, slot)
+    assert resident == pytest.approx(stay) and off == pytest.approx(sum(tensors.values()) - stay)
+    gelu = model.model_copy(update={"gated_mlp": False, "activation": "gelu"})
+    sc = sc.model_copy(update={"model": gelu})
+    tensors = layer_tensors(gelu, training, sc.plan, 0)
+    stay += tensors["moe.experts.act_out"]
     (_, resident, off), *_ = layer_offload_splits(sc, slot)
     assert resident == pytest.approx(stay) and off == pytest.approx(sum(tensors.values()) - stay)
