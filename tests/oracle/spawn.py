@@ -11,7 +11,7 @@ import pytest
 
 from projection.calibrate.bench_collective import free_port
 
-__all__ = ["free_port", "run_spawned"]
+__all__ = ["free_port", "require_gloo", "run_spawned"]
 
 
 def run_spawned(fn: Callable[..., Any], args: tuple[Any, ...], world: int, limit_s: float, what: str) -> None:
@@ -25,3 +25,10 @@ def run_spawned(fn: Callable[..., Any], args: tuple[Any, ...], world: int, limit
             for p in ctx.processes:
                 p.kill()
             pytest.fail(f"{what} with {world} processes did not finish in {limit_s} s")
+
+
+def require_gloo() -> None:
+    """Skip the calling test module, saying which is missing, unless torch.distributed has its gloo backend."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)

@@ -38,10 +38,12 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
+pytest.importorskip("torch")  # tests/oracle/spawn.py imports it
+from tests.oracle.spawn import require_gloo  # noqa: E402
+
+require_gloo()
+import torch  # noqa: E402
+
 try:
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.tensor import distribute_module  # noqa: F401
