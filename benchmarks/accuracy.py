@@ -86,6 +86,9 @@ class Case:
     measured: float
     projected_metric: Callable[[Any, Case], float] = field(compare=False)
     note: str = ""
+    script: str = ""                 # a launch script loaded as the file itself, instead of `scenario`
+    hardware: str = ""               # with `script`: the device and node count it ran on
+    nodes: int = 0
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int = 51200, tied: bool = True,
@@ -261,8 +264,14 @@ class Row:
 
 
 def load_case(case: Case, workdir: Path) -> Any:
-    """The case as a validated Scenario (written as a native YAML and loaded with projection.api.load)."""
-    path = workdir / f"{case.source.split()[0].lower()}-{case.name.replace(' ', '_')}.yaml"
+    """The case as a validated Scenario: a native YAML written from `scenario`, or the launch script `script` as it
+    was run, loaded with projection.api.load."""
+    stem = f"{case.source.split()[0].lower()}-{case.name.replace(' ', '_')}"
+    if case.script:
+        path = workdir / f"{stem}.sh"
+        path.write_text(case.script, encoding="utf-8")
+        return api.load(path, hardware=case.hardware, nodes=case.nodes)
+    path = workdir / f"{stem}.yaml"
     path.write_text(yaml.safe_dump(case.scenario, sort_keys=False), encoding="utf-8")
     return api.load(path)
 

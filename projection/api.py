@@ -16,6 +16,7 @@ from typing import Any
 from projection.errors import COMMAND_LINE, ConfigError, Problem, count_of
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
+from projection.formats.job_env import READ, job_environment
 from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR
 from projection.report.inspect import InspectReport, build_inspect_report
@@ -57,11 +58,16 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raise ConfigError(Problem(f"cluster must be a mapping of cluster keys, got {nested!r}", key="--set cluster",
                                   file=COMMAND_LINE, fix="set one key at a time, e.g. --set cluster.nodes=4"))
     cluster = {str(k): v for k, v in ov.items() if str(k).startswith("cluster.")}
-    ov = {k: v for k, v in ov.items() if str(k) not in cluster}
+    # `env.NAME` is the training job's environment variable NAME, also projection's own key in every format
+    job_env = {str(k): v for k, v in ov.items() if str(k).startswith("env.")}
+    ov = {k: v for k, v in ov.items() if str(k) not in cluster and str(k) not in job_env}
+    env_keys = _job_env_keys(job_env)
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
                    models_dir=models_dir, env=env or {})
     for key, value in cluster.items():
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
+    for key, (value, where) in env_keys.items():
+        raw.set(key, value, where)
     if schedule is not None:
         raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
     if hardware is not None:
@@ -82,6 +88,25 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         device = load_device(str(raw.get("cluster.hardware")), hardware_dir, key=origin.key or "cluster.hardware",
                              file=origin.file, line=origin.line)
     return build_scenario(raw, device)
+
+
+def _job_env_keys(job_env: Mapping[str, Any]) -> dict[str, tuple[Any, Origin]]:
+    """`--set env.NAME=VALUE` -> the canonical keys that NAME sets (projection.formats.job_env); every name it does
+    not read, and every value the job would refuse, is a problem, all reported at once."""
+    problems: list[Problem] = []
+    variables: dict[str, tuple[str, Origin]] = {}
+    for key, value in job_env.items():
+        name = key[len("env."):]
+        if name not in READ:
+            problems.append(Problem(f"--set {key}: projection reads no job environment variable {name!r}",
+                                    key=f"--set {key}", file=COMMAND_LINE,
+                                    fix=f"the variables it reads: {', '.join(READ)}"))
+            continue
+        variables[name] = (str(value), Origin(COMMAND_LINE, None, f"--set {key}"))
+    out = job_environment(variables, problems)
+    if problems:
+        raise ConfigError(problems)
+    return out
 
 
 def _check_load_args(config: Any, overrides: Any, env: Any, hardware_dir: Any, models_dir: Any,

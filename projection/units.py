@@ -98,3 +98,26 @@ def parse_cublas_workspace_config(value: str) -> int | None:
     if not pairs:
         return None
     return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+# The job's allocator settings, in the order PyTorch reads them: PYTORCH_ALLOC_CONF (2.9 on), then the device-specific
+# PYTORCH_CUDA_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF (c10/core/AllocatorConfig.cpp and the CUDA/HIP allocator configs).
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+
+
+def alloc_conf_expandable_segments(value: str) -> bool | None:
+    """The expandable_segments setting of an allocator-config value ("expandable_segments:True,max_split_size_mb:512"
+    -> True), None when the value does not set it. PyTorch's lexer splits on ',' ':' '[' ']' and drops spaces, and
+    accepts only `True` or `False` here (c10 AllocatorConfig::parseArgs); anything else fails the job at start-up,
+    so it raises ValueError."""
+    tokens = [t for t in re.split(r"([,:\[\]])", value.replace(" ", "")) if t]
+    found: bool | None = None
+    for i, tok in enumerate(tokens):
+        if tok != "expandable_segments":
+            continue
+        setting = tokens[i + 2] if i + 2 < len(tokens) and tokens[i + 1] == ":" else ""
+        if setting not in ("True", "False"):
+            raise ValueError(f"expandable_segments takes True or False (PyTorch accepts no other spelling), got "
+                             f"{setting or 'nothing'!r} in {value!r}")
+        found = setting == "True"
+    return found

@@ -12,6 +12,7 @@ from typing import Any
 
 from projection.errors import ConfigError, Problem
 from projection.formats.common import load_yaml, read_text
+from projection.formats.job_env import job_environment
 from projection.formats.megatron import SET_ORIGIN, args_to_raw
 from projection.formats.megatron_args import (
     DESTS,
@@ -24,7 +25,6 @@ from projection.formats.megatron_args import (
 from projection.formats.megatron_shell import FlagHit, parse_shell
 from projection.formats.megatron_shell_lex import Expander, Var
 from projection.specs.scenario import Origin, RawScenario
-from projection.units import parse_cublas_workspace_config
 
 
 def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
@@ -37,25 +37,21 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     text = read_text(path)
     file = str(path)
     cluster: dict[str, tuple[Any, Origin]] = {}
+    problems: list[Problem] = []
     flat = False  # a flat YAML of dests (a models/ preset) rather than a functional test's MODEL_ARGS
     if path.suffix.lower() in (".yaml", ".yml"):
         hits = _yaml_hits(path, text, env or {})
         data, lines = load_yaml(path, text)
         flat = isinstance(data, dict) and "MODEL_ARGS" not in data
-        ws = _env_vars(data.get("ENV_VARS") if isinstance(data, dict) else None).get("CUBLAS_WORKSPACE_CONFIG")
-        if ws is not None and parse_cublas_workspace_config(ws) is not None:
-            cluster["training.kernels.gemm_workspace_bytes"] = (
-                parse_cublas_workspace_config(ws),
-                Origin(file, lines.get(("ENV_VARS", "CUBLAS_WORKSPACE_CONFIG")), "CUBLAS_WORKSPACE_CONFIG"))
+        env_vars = _env_vars(data.get("ENV_VARS") if isinstance(data, dict) else None)
+        cluster.update(job_environment({k: (v, Origin(file, lines.get(("ENV_VARS", k)), k))
+                                        for k, v in env_vars.items()}, problems))
     else:
         shell = parse_shell(text, env)
         hits = shell.flags
         cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
-        ws_var = shell.variables.get("CUBLAS_WORKSPACE_CONFIG")
-        if ws_var is not None and parse_cublas_workspace_config(ws_var.text()) is not None:
-            cluster["training.kernels.gemm_workspace_bytes"] = (
-                parse_cublas_workspace_config(ws_var.text()),
-                Origin(file, shell.assigned_at.get("CUBLAS_WORKSPACE_CONFIG"), "CUBLAS_WORKSPACE_CONFIG"))
+        cluster.update(job_environment({k: (v.text(), Origin(file, shell.assigned_at.get(k), k))
+                                        for k, v in shell.variables.items() if k in shell.assigned_at}, problems))
         if not any(h.dest == "tokenizer_model" for h in hits) and "TOKENIZER_MODEL" in shell.assigned_at:
             tok = shell.variables["TOKENIZER_MODEL"]  # modelopt conf scripts name the tokenizer only in a variable
             hits.append(FlagHit("TOKENIZER_MODEL", "tokenizer_model", False, tok.text(),
@@ -63,7 +59,6 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     args: dict[str, Any] = {}
     origins: dict[str, Origin] = {}
     unresolved: dict[str, FlagHit] = {}
-    problems: list[Problem] = []
     for h in hits:
         value: Any = h.value
         if h.inverted:

@@ -333,7 +333,8 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
                                                                    **{k: round(v) for k, v in work.items()}})}
         peak = sum(by.values())
         ranks.append(RankMemory(pp_rank=r, bytes=by, terms=terms, peak_bytes=peak,
-                                reserved_bytes=reserved_bytes(peak, by["activations"]),
+                                reserved_bytes=reserved_bytes(peak, by["activations"],
+                                                              sc.training.kernels.expandable_segments),
                                 cpu_bytes=states.cpu_optimizer + round(host_activations),
                                 inflight=best_counts, layers=len(rp.layers)))
     return verdict(sc, ranks)

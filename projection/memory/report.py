@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from projection.memory.allocator import EXPANDABLE_PAGE_BYTES, FRAGMENTATION_OF_ACTIVATIONS
 from projection.specs.scenario import Scenario
 
 GiB = 2**30
@@ -40,6 +41,13 @@ class MemoryReport:
     headroom_bytes: int
     peak_rank: int
 
+    @property
+    def allocator(self) -> str:
+        """The caching allocator's mode the reserved peak assumes (memory/allocator.py)."""
+        if self.scenario.training.kernels.expandable_segments:
+            return f"expandable segments: {EXPANDABLE_PAGE_BYTES // 2**20} MiB pages, no fragmentation allowance"
+        return f"default caching allocator: + {FRAGMENTATION_OF_ACTIVATIONS:.0%} of activations for fragmentation"
+
     def to_dict(self) -> dict[str, Any]:
         sc = self.scenario
         return {
@@ -47,6 +55,7 @@ class MemoryReport:
             "peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes,
             "capacity_bytes": self.capacity_bytes, "verdict": self.verdict, "headroom_bytes": self.headroom_bytes,
             "peak_rank": self.peak_rank,
+            "allocator": "expandable_segments" if sc.training.kernels.expandable_segments else "default",
             "ranks": [{"pp_rank": r.pp_rank, "peak_bytes": r.peak_bytes, "reserved_bytes": r.reserved_bytes,
                        "cpu_bytes": r.cpu_bytes, "bytes": r.bytes, "terms": r.terms,
                        "inflight_microbatches": {str(k): v for k, v in r.inflight.items()}, "layers": r.layers}
@@ -68,8 +77,8 @@ class MemoryReport:
         lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
         cpu = max(r.cpu_bytes for r in self.ranks)
         lines += ["", f"Peak allocated {self.peak_bytes / GiB:.2f} GiB on pp_rank {self.peak_rank}; reserved "
-                      f"{self.reserved_bytes / GiB:.2f} GiB; headroom {self.headroom_bytes / GiB:.2f} GiB -> "
-                      f"{self.verdict.upper()}"]
+                      f"{self.reserved_bytes / GiB:.2f} GiB ({self.allocator}); headroom "
+                      f"{self.headroom_bytes / GiB:.2f} GiB -> {self.verdict.upper()}"]
         if cpu:
             lines.append(f"CPU (offloaded optimizer state and activations, pinned host memory) per rank: "
                          f"{cpu / GiB:.2f} GiB")

@@ -98,8 +98,8 @@ class OptimizerSpec(Spec):
 class KernelSpec(Spec):
     """Which kernels / framework code paths run, where that changes memory (Megatron-LM flags and environment):
     Transformer Engine, Megatron's local layers or TorchTitan's eager modules, TE grouped-GEMM experts, deferred
-    embedding wgrad, the cross-entropy implementation, and the GEMM library workspace (CUBLAS_WORKSPACE_CONFIG;
-    None = library default)."""
+    embedding wgrad, the cross-entropy implementation, the GEMM library workspace (CUBLAS_WORKSPACE_CONFIG;
+    None = library default) and the caching allocator's mode (PYTORCH_ALLOC_CONF)."""
 
     transformer_impl: Literal["transformer_engine", "local", "torchtitan"] = Field(
         "transformer_engine", description="the layer implementation: Megatron --transformer-impl "
@@ -116,6 +116,11 @@ class KernelSpec(Spec):
     wgrad_deferral_limit: int = Field(0, ge=0)
     cross_entropy_fusion_impl: Literal["native", "te"] = "native"
     gemm_workspace_bytes: int | None = Field(None, ge=0)
+    expandable_segments: bool = Field(
+        False, description="PyTorch's caching allocator runs with expandable_segments:True (PYTORCH_ALLOC_CONF, "
+        "PYTORCH_CUDA_ALLOC_CONF or PYTORCH_HIP_ALLOC_CONF): one growing segment per stream, mapped in 20 MiB pages, "
+        "instead of a cudaMalloc per segment; changes the reserved peak (memory/allocator.py). TorchTitan's "
+        "run_train.sh sets it, so the TorchTitan loader does")
 
 
 class TrainingSpec(Spec):

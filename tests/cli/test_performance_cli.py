@@ -218,13 +218,6 @@ def test_bad_target_nodes_names_the_rule(capsys: pytest.CaptureFixture[str]) -> 
     assert code == 2 and "at 3 nodes" in err and "fix:" in err
 
 
-def _wired() -> bool:
-    from projection import cli
-
-    return "performance" in getattr(cli, "_EXTRA", {})
-
-
-@pytest.mark.skipif(not _wired(), reason="`performance` not yet registered in projection/cli.py")
 def test_through_the_projection_command() -> None:
     ok = subprocess.run([sys.executable, "-m", "projection", "performance", "--config", str(LLAMA), "--format",
                          "json"], capture_output=True, text=True, timeout=120, cwd=REPO)

@@ -126,13 +126,32 @@ def test_fit_reproduces_published_busbw(title: str) -> None:
         f"[{s.min_bytes} B: {s.alpha_s * 1e6:.1f} us, {s.busbw_bytes_per_s / 1e9:.1f} GB/s]" for s in curve.segments),
         points)
     print(f"worst |fit / published - 1| {max(abs(f / m - 1) for _, m, f in points):.2%}")
-    assert all(abs(f / m - 1) <= 0.025 for _, m, f in points)  # README: published busbw within 1.5 %
+    # a fit of 4-5 points with up to two segments nearly interpolates them (docs/calibration.md: within 1.6 %); what it
+    # predicts is checked by the held-out test below
+    assert all(abs(f / m - 1) <= 0.02 for _, m, f in points)
     # the fitted fabric prices the measured placement exactly as the curve does
     device = load_device("mi300x")
     fabric = fit.apply(Fabric.from_specs(device, ClusterSpec(device=device, nodes=nodes)))
     group = GroupPlacement(n, n // nodes, nodes)
     for s in sizes:
         assert collective_time_s("all_reduce", s, group, fabric) == pytest.approx(curve.time_s(s), rel=1e-12)
+
+
+@pytest.mark.parametrize("title", sorted(PUBLISHED))
+def test_fit_without_the_largest_size_predicts_it(title: str) -> None:
+    """Held out: fitted on every published size but the largest, the curve predicts the largest size's busbw (the
+    bandwidth regime the data-parallel collectives of a large job run in) within 10 % (measured 2026-11-30: 0.0-1.3 %
+    on six tables, 6.0 % on 2x8 MI355X). Small sizes are not predicted this way: the 1 MiB / 16 MiB point left out
+    is missed by 3-55 % (docs/calibration.md), which is why a calibration should cover the sizes a job uses."""
+    n, nodes, table = PUBLISHED[title]
+    sizes = sorted(table)
+    held, fitted = sizes[-1], sizes[:-1]
+    times = [bus_factor("all_reduce", n) * s / (table[s] * 1e9) for s in fitted]
+    (curve,) = fit_calibration(Calibration(collective=rows_from("all_reduce", n, nodes, fitted, times, title))).curves
+    predicted = curve.busbw_bytes_per_s(held) / 1e9
+    print(f"\n{title}: {held} B held out, published {table[held]:.1f} GB/s, predicted {predicted:.1f} "
+          f"({predicted / table[held] - 1:+.1%})")
+    assert predicted == pytest.approx(table[held], rel=0.10)
 
 
 def test_single_alpha_beta_is_not_enough_for_nvls() -> None:

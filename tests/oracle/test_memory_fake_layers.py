@@ -9,7 +9,7 @@ what one microbatch keeps for that layer, the quantity `projection.memory.activa
 Layers (bf16, micro batch 1, sequence 4096, flash attention, no dropout, no recompute, tp = 1): one Llama-3-8B
 layer (models/llama3_8B.yaml: h 4096, 32 heads / 8 KV heads, FFN 14336) and one DeepSeek-V3 MoE layer
 (models/deepseek_v3.yaml: h 7168, MLA with q/kv latents 1536/512, 256 experts top-8 with expert FFN 2048 and one
-shared expert, balanced routing). Must agree within 5 %.
+shared expert, balanced routing). Must agree within 0.5 % (measured: 0.01 % dense, 0.06 % MoE).
 
 The first two tests pin down the attention kernels the layers use: what the CPU flash kernel behind
 `F.scaled_dot_product_attention` saves, and that `_FlashAttnFn` saves the same.
@@ -141,7 +141,7 @@ def _compare(name: str, model: ModelSpec, i: int) -> None:
     big = sorted(saved.values(), reverse=True)
     print("  measured (largest saved storages, MiB): " + ", ".join(f"{desc} {n / 2**20:.1f}" for n, desc in big[:12])
           + f", ... {len(big)} storages")
-    assert abs(projected / measured - 1) <= 0.05
+    assert abs(projected / measured - 1) <= 0.005  # measured 2026-11-30: within 0.01 % (dense) and 0.06 % (MoE)
 
 
 def test_llama3_8b_layer_saved_bytes() -> None:

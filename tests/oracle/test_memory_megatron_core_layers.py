@@ -59,8 +59,8 @@ def _have_megatron_core() -> bool:
 
 
 if not _have_megatron_core():
-    pytest.skip("megatron-core is not installed (not among the project's test extras; the oracle needs "
-                "`pip install megatron-core==0.16.1`)", allow_module_level=True)
+    pytest.skip("megatron-core is not installed (it is in the test extras: `pip install -e \".[test]\"` installs "
+                "megatron-core==0.16.1)", allow_module_level=True)
 
 from projection.calibrate.bench_collective import free_port  # noqa: E402
 from projection.memory.activations import layer_tensors, saved_layer_bytes  # noqa: E402

@@ -63,7 +63,6 @@ def projected_after_step(sc: Scenario, rank: RankMemory) -> int:
 
 
 def project(c: Case) -> tuple[Scenario, RankMemory]:
-    pytest.importorskip("projection.schedule.registry", reason="schedule registry (in-flight timelines) not present")
     from projection.memory.estimate import estimate_memory
 
     sc = api.load(MEGATRON / c.name / "model_config.yaml", nodes=c.nodes, gpus_per_node=c.gpus_per_node,

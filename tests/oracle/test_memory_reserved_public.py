@@ -91,3 +91,19 @@ def test_allocated_peak_of_a_published_fp8_megatron_log(tmp_path: Path) -> None:
     err = rank.peak_bytes / (75078.43 * MiB) - 1
     print(f"\n7B FP8 max allocated: measured 75078 MiB, projected {rank.peak_bytes / MiB:.0f} ({err:+.1%})")
     assert err == pytest.approx(0.0, abs=LIMIT)
+
+
+def test_reserved_gap_of_a_published_log_with_expandable_segments(tmp_path: Path) -> None:
+    """The same fixstars log, for the allocator alone: with expandable segments its reserved peak is 0.80 % above its
+    allocated peak (75682 against 75078.43 MiB). The allocated peak is not right here (the xfail above), so the gap is
+    compared, not the bytes: projected (reserved - allocated) / allocated within 1 point of the measured gap. The
+    default allocator's allowance (10 % of the activations) would give 3.4 %, a miss of 2.6 points."""
+    script = tmp_path / "fixstars_7b_fp8.sh"
+    script.write_text(FIXSTARS_7B_FP8, encoding="utf-8")
+    sc = api.load(script, hardware="h100-sxm", nodes=1)
+    assert sc.training.kernels.expandable_segments  # read from the script's `export PYTORCH_CUDA_ALLOC_CONF`
+    (rank,) = api.estimate_memory(sc).ranks
+    measured = 75682 / 75078.43 - 1
+    projected = rank.reserved_bytes / rank.peak_bytes - 1
+    print(f"\nreserved above allocated with expandable segments: measured {measured:.2%}, projected {projected:.2%}")
+    assert projected == pytest.approx(measured, abs=0.01)

@@ -10,8 +10,8 @@ keeps it, and the estimator counts it with the layer (`attn.norm_in`, `sac.layer
 
 The estimate is `projection.memory.activations.saved_layer_bytes` for the same ModelSpec with
 `kernels.transformer_impl = "torchtitan"` (what the TorchTitan loader sets), fp32, tp 1, no recompute or selective
-['op']. Must agree within 1 % (the estimator leaves out the norms' fp32 per-row statistics and the
-MoE's int64 routing indices: 0.4 % at most measured).
+['op']. Must agree within 0.5 % without recompute (the estimator leaves out the norms' fp32 per-row statistics
+and the MoE's int64 routing indices: 0.31 % at most measured) and within 1e-4 under 'op' (exact as measured).
 
 Blocks: a Llama-style GQA block (4 query heads per KV head: `repeat_kv` copies K and V), a Qwen3-style block (per-head
 Q/K norms, head_dim * heads != hidden) and a MoE block with grouped-GEMM experts and a shared expert.
@@ -137,7 +137,9 @@ def test_torchtitan_block_saved_bytes(spec: ModelSpec, op_sac: bool) -> None:
     print(f"\n{spec.name} {'op SAC' if op_sac else 'no AC'}: projected {got / 2**20:.3f} MiB, measured "
           f"{want / 2**20:.3f} MiB, ratio {got / want:.4f}; " + ", ".join(f"{k} {v / 2**20:.3f}"
                                                                            for k, v in terms.items()))
-    assert abs(got / want - 1) <= 0.01
+    # per-op SAC keeps whole mm outputs the policy names: the inventory is exact (measured 2026-11-30: ratio 1.0000);
+    # without AC the inventory rounds the small saved scalars and index tensors (measured within 0.31 %)
+    assert abs(got / want - 1) <= (1e-4 if op_sac else 0.005)
 
 
 def test_torchtitan_inventory_differs_from_transformer_engine() -> None:

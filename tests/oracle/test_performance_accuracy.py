@@ -38,7 +38,6 @@ def accuracy_module() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def rows() -> list:
-    pytest.importorskip("projection.perf", reason="projection.perf not present")
     acc = accuracy_module()
     out = acc.evaluate()
     print("\n" + acc.format_table(out))

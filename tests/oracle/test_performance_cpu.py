@@ -317,7 +317,6 @@ class Machine:
 
 @pytest.fixture(scope="module")
 def machine(tmp_path_factory: pytest.TempPathFactory) -> Machine:
-    pytest.importorskip("projection.perf", reason="projection.perf not present")
     return Machine(tmp_path_factory.mktemp("cpu-perf"))
 
 

@@ -56,8 +56,6 @@ def resolve(path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
 
 def scenario(path: Path, **kw: Any) -> Scenario:
     """Load with the Primus checkout (unless told otherwise) and build on as many 8-GPU nodes as tp*pp*cp needs."""
-    if "torchtitan" not in path.parts:
-        pytest.importorskip("projection.formats.megatron")
     kw.setdefault("primus_root", PRIMUS)
     kw.setdefault("overrides", TO_BUILD.get(path.name))
     raw = load_primus(path, env=kw.pop("env", {}), **kw)

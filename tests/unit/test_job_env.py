@@ -1,0 +1,126 @@
+"""The training job's allocator setting: where it is read (a functional test's ENV_VARS, a launch script, `--set
+env.NAME`, TorchTitan's launcher default), how PyTorch spells it, and what it changes (the reserved peak only)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.errors import ConfigError
+from projection.memory.allocator import (
+    BLOCK_ROUNDING_BYTES,
+    EXPANDABLE_PAGE_BYTES,
+    FRAGMENTATION_OF_ACTIVATIONS,
+    reserved_bytes,
+)
+from projection.units import alloc_conf_expandable_segments
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO.parent / "shared" / "fixtures"
+MiB = 2**20
+
+SCRIPT = """\
+#!/bin/bash
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+{env}
+torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 \\
+    --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 2 --global-batch-size 16 --bf16 \\
+    --vocab-size 32000 --tensor-model-parallel-size 2
+"""
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("expandable_segments:True", True),
+    ("expandable_segments:False", False),
+    (" max_split_size_mb : 512 , expandable_segments : True", True),  # PyTorch's lexer drops the spaces
+    ("garbage_collection_threshold:0.8,max_split_size_mb:512", None),
+    ("roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:True", True),
+    ("expandable_segments:True,expandable_segments:False", False),  # the last one wins, as in parseArgs
+])
+def test_alloc_conf_is_read_as_pytorch_parses_it(value: str, expected: bool | None) -> None:
+    assert alloc_conf_expandable_segments(value) is expected
+
+
+@pytest.mark.parametrize("value", ["expandable_segments:true", "expandable_segments:1", "expandable_segments",
+                                   "expandable_segments:"])
+def test_alloc_conf_spellings_pytorch_refuses(value: str) -> None:
+    with pytest.raises(ValueError, match="True or False"):
+        alloc_conf_expandable_segments(value)
+
+
+def test_reserved_with_expandable_segments_is_the_peak_in_whole_pages() -> None:
+    peak, act = 40 * 2**30 + 123, 10 * 2**30
+    r = reserved_bytes(peak, act, expandable_segments=True)
+    assert r % EXPANDABLE_PAGE_BYTES == 0 and peak <= r < peak + EXPANDABLE_PAGE_BYTES
+    default = reserved_bytes(peak, act)
+    assert default % BLOCK_ROUNDING_BYTES == 0
+    assert peak + FRAGMENTATION_OF_ACTIVATIONS * act <= default < peak + FRAGMENTATION_OF_ACTIVATIONS * act + 2 * MiB
+
+
+def _load(tmp_path: Path, env: str, *overrides: str) -> api.Scenario:
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT.format(env=env))
+    return api.load(script, hardware="h100-sxm", nodes=1, overrides=list(overrides))
+
+
+def test_launch_script_export_and_its_precedence(tmp_path: Path) -> None:
+    assert not _load(tmp_path, "").training.kernels.expandable_segments
+    assert _load(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True").training.kernels \
+        .expandable_segments
+    assert _load(tmp_path, "PYTORCH_HIP_ALLOC_CONF='expandable_segments:True'").training.kernels.expandable_segments
+    # PYTORCH_ALLOC_CONF comes first, and when it is set PyTorch does not read the device-specific name at all
+    both = "export PYTORCH_ALLOC_CONF=max_split_size_mb:512\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert not _load(tmp_path, both).training.kernels.expandable_segments
+    # --set env.NAME is the job's environment on the command line, and wins over the file
+    sc = _load(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+               "env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+    assert not sc.training.kernels.expandable_segments
+
+
+def test_only_the_reserved_peak_changes(tmp_path: Path) -> None:
+    plain = api.estimate_memory(_load(tmp_path, ""))
+    expandable = api.estimate_memory(_load(tmp_path, "export PYTORCH_ALLOC_CONF=expandable_segments:True"))
+    for a, b in zip(plain.ranks, expandable.ranks, strict=True):
+        assert a.bytes == b.bytes and a.peak_bytes == b.peak_bytes
+        assert b.reserved_bytes < a.reserved_bytes
+        assert b.reserved_bytes == -(-b.peak_bytes // EXPANDABLE_PAGE_BYTES) * EXPANDABLE_PAGE_BYTES
+    assert (plain.to_dict()["allocator"], expandable.to_dict()["allocator"]) == ("default", "expandable_segments")
+    assert "expandable segments" in expandable.to_table()
+
+
+def test_bad_job_environment_names_every_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:true")
+    (p,) = e.value.problems
+    assert (p.key, p.line, "expandable_segments:True" in (p.fix or "")) == ("PYTORCH_CUDA_ALLOC_CONF", 3, True)
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, "", "env.NCCL_ALGO=Ring", "env.PYTORCH_ALLOC_CONF=expandable_segments:yes")
+    assert sorted(p.key or "" for p in e.value.problems) == ["--set env.NCCL_ALGO", "--set env.PYTORCH_ALLOC_CONF"]
+
+
+def test_cli_bad_env_value_exits_2_without_traceback(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT.format(env=""))
+    p = subprocess.run([sys.executable, "-m", "projection", "memory", "--config", str(script), "--set",
+                        "env.PYTORCH_ALLOC_CONF=expandable_segments:on"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "PYTORCH_ALLOC_CONF" in p.stderr and "expandable_segments:True" in p.stderr
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is not here (a user's clone)")
+def test_real_configs() -> None:
+    # a Megatron functional test that sets it in ENV_VARS, one that does not, and TorchTitan's launcher default
+    meg = FIXTURES / "megatron"
+    sc = api.load(meg / "gpt3_mcore_te_tp1_pp4_vp1" / "model_config.yaml", hardware="h100-sxm")
+    assert sc.training.kernels.expandable_segments
+    sc = api.load(meg / "gpt3_mcore_te_tp4_pp1_resume_torch_dist_dist_optimizer_overlap_grad_reduce"
+                  / "model_config.yaml", hardware="h100-sxm")
+    assert not sc.training.kernels.expandable_segments
+    toml = FIXTURES / "torchtitan" / "llama3_8b.toml"
+    assert api.load(toml).training.kernels.expandable_segments
+    assert not api.load(toml, overrides=["env.PYTORCH_ALLOC_CONF=expandable_segments:False"]) \
+        .training.kernels.expandable_segments
