@@ -86,6 +86,10 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
         for dest, key in (("fp8_recipe", "recipe"), ("fp8_param_gather", "param_gather"),
                           ("fp8_amax_history_len", "amax_history_len")):
             raw.set(f"training.fp8.{key}", a.get(dest), a.origin(dest))
+        for dest, keeps in (("fp8_weight_transpose_cache", a.get("fp8_weight_transpose_cache")),
+                            ("no_fp8_weight_transpose_cache", not a.get("no_fp8_weight_transpose_cache"))):
+            if a.given(dest) and not keeps:
+                raw.set("training.fp8.weight_transpose_cache", False, a.origin(dest))
     opt = "training.optimizer"
     raw.set(f"{opt}.name", a.get("optimizer"), a.origin("optimizer"))
     if a.get("use_precision_aware_optimizer"):

@@ -74,6 +74,9 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "fp8_recipe": ("str", "delayed"),
     "fp8_param_gather": ("bool", False),
     "fp8_amax_history_len": ("int", 1),
+    # ROCm Megatron-LM's --no-fp8-weight-transpose-cache (store_false) and Primus's key of the opposite sense
+    "fp8_weight_transpose_cache": ("bool", True),
+    "no_fp8_weight_transpose_cache": ("bool", False),
     "optimizer": ("str", "adam"),
     "use_precision_aware_optimizer": ("bool", False),
     "main_grads_dtype": ("str", "fp32"),

@@ -167,10 +167,11 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
 def fp8_weight_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, rank: RankParams) -> int:
     """FP8 weight caches of the linear layers (Transformer Engine): an fp8 copy and its transpose (1 B each) per
     GEMM weight. With fp8 param gather the fp8 copy is the parameter itself (counted in weights.params at the params
-    dtype), so only the transpose is extra. Norms, router and embeddings stay in high precision. torchao caches
-    nothing (`Fp8Spec.caches_weights`): its per-GEMM casts are freed with the GEMM."""
+    dtype), so only the transpose is extra; without the transpose cache (`Fp8Spec.weight_transpose_cache`, ROCm
+    Megatron-LM / Primus) the transpose is not held. Norms, router and embeddings stay in high precision. torchao
+    caches nothing (`Fp8Spec.caches_weights`): its per-GEMM casts are freed with the GEMM."""
     assert training.fp8 is not None
-    copies = 1 if training.fp8.param_gather else 2
+    copies = (0 if training.fp8.param_gather else 1) + (1 if training.fp8.weight_transpose_cache else 0)
     return _linear_params(rank, training.fp8) * copies
 
 

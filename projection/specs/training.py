@@ -40,6 +40,11 @@ class Fp8Spec(Spec):
     library: Literal["transformer_engine", "torchao", "primus_turbo"] = "transformer_engine"
     grouped_experts: bool = False
     output_layer: bool = False
+    weight_transpose_cache: bool = Field(
+        True, description="Transformer Engine keeps each fp8 weight's transpose (for the input-gradient GEMM) with the "
+        "fp8 copy for the whole step; ROCm Megatron-LM's --no-fp8-weight-transpose-cache and Primus's "
+        "no_fp8_weight_transpose_cache turn it off (TE keep_fp8_weight_transpose_cache=False): the transpose is "
+        "made again in every backward instead of held")
 
     @property
     def caches_weights(self) -> bool:

@@ -130,6 +130,7 @@ class Dims:
     # Which FP8 casts a linear runs (Fp8Spec.library; `_fp8_casts`), and whether FSDP gathered its weight in fp8
     fp8_library: str = ""
     fp8_weight_gathered: bool = False
+    fp8_weight_transposed: bool = True  # TE holds each fp8 weight's transpose (else made again in every backward)
     # Sequence-parallel TP entry (ParallelPlan.tp_style): whether backward re-gathers the sharded input for the weight
     # gradient (Megatron) or kept the gathered one (TorchTitan's DTensor TP)
     tp_regather: bool = True
@@ -150,6 +151,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 expert_gemm="fp8" if fp8 is not None and fp8.experts_in_fp8 else act,
                 fp8_library=fp8.library if fp8 is not None else "",
                 fp8_weight_gathered=fp8 is not None and fp8.gathers_in_fp8("attention"),
+                fp8_weight_transposed=fp8 is None or fp8.weight_transpose_cache,
                 tp_regather=plan.tp_style == "megatron",
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
@@ -199,6 +201,8 @@ def linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dtype: str
     elif dt == "fp8":
         fwd.insert(0, mem(f"{name}.cast", "F", tokens * k_in * ab, 2 * tokens * k_in, "fp8", tag))
         bwd.insert(0, mem(f"{name}.dgrad.cast", "I", tokens * n_out * ab, 2 * tokens * n_out, "fp8", tag))
+        if not d.fp8_weight_transposed:  # no transpose cache: the fp8 weight (1 B) is transposed for the dgrad
+            bwd.insert(1, mem(f"{name}.weight.transpose", "I", n_out * k_in, n_out * k_in, "fp8", tag))
     return Piece(tag, tuple(fwd), tuple(bwd))
 
 

@@ -22,6 +22,7 @@ own median limit (3 %, issue 3), so that an allocator model with no fragmentatio
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,87 @@ def test_reserved_gap_of_a_published_log_with_expandable_segments(tmp_path: Path
     projected = rank.reserved_bytes / rank.peak_bytes - 1
     print(f"\nreserved above allocated with expandable segments: measured {measured:.2%}, projected {projected:.2%}")
     assert projected == pytest.approx(measured, abs=0.01)
+
+
+# hisohara/ai-scripts training/04_megatron-pyxis (commit 97db03fb): ROCm Megatron-LM (rocm/megatron-lm v25.9 image,
+# examples/llama/train_llama3.sh with FP8_WEIGHT_TRANSPOSE_CACHE=0 RECOMPUTE=1 MBS=4 BS=256 FSDP=1 TP=1 TE_FP8=1
+# SEQ_LENGTH=8192 MODEL_SIZE=70 MOCK_DATA=1) on 8 nodes x 8 MI325X, 2025-11-24. The flags below are the run's own,
+# read from the argument dump in its log megatron-pyxis-12384.out (403 arguments; the ones that change the estimate
+# are all here), which also prints, once, on rank 0:
+#     [Rank 0] (after 1 iterations) memory (MB) | allocated: 84470.69384765625 | max allocated: 140046.63720703125 |
+#     reserved: 171836.0 | max reserved: 171836.0
+MI325X_70B_FP8_FSDP2 = (
+    "torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py --tensor-model-parallel-size 1 "
+    "--pipeline-model-parallel-size 1 --context-parallel-size 1 --num-layers 80 --hidden-size 8192 "
+    "--ffn-hidden-size 28672 --num-attention-heads 64 --seq-length 8192 --max-position-embeddings 131072 "
+    "--untie-embeddings-and-output-weights --position-embedding-type rope --no-position-embedding --swiglu "
+    "--disable-bias-linear --init-method-std 0.02 --attention-dropout 0.0 --hidden-dropout 0.0 --normalization RMSNorm "
+    "--micro-batch-size 4 --global-batch-size 256 --train-iters 10 --bf16 --no-masked-softmax-fusion "
+    "--recompute-num-layers 80 --recompute-granularity full --recompute-method block "
+    "--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.1-70B --mock-data --log-interval 1 "
+    "--log-throughput --group-query-attention --num-query-groups 8 --no-gradient-accumulation-fusion "
+    "--distributed-backend nccl --overlap-grad-reduce --use-torch-fsdp2 --use-flash-attn --use-mcore-models "
+    "--transformer-impl transformer_engine --fp8-margin 0 --fp8-format hybrid --fp8-interval 1 "
+    "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --attention-softmax-in-fp32 "
+    "--no-fp8-weight-transpose-cache "
+    "--lr 1e-4 --min-lr 1e-5 --lr-decay-style cosine --weight-decay 1.0e-1 --clip-grad 1.0 --ckpt-format torch_dist "
+    "--optimizer adam --adam-beta1 0.9 --adam-beta2 0.95\n")
+MI325X_AFTER_STEP = 84470.69384765625 * MiB
+MI325X_MAX_ALLOCATED = 140046.63720703125 * MiB
+MI325X_MAX_RESERVED = 171836.0 * MiB
+
+
+def _mi325x(tmp_path: Path) -> tuple[Any, Any]:
+    script = tmp_path / "train_llama3_70b_fp8_fsdp2.sh"
+    script.write_text(MI325X_70B_FP8_FSDP2, encoding="utf-8")
+    sc = api.load(script, hardware="mi325x", nodes=8)
+    assert (sc.world_size, sc.plan.dp_(), sc.model.padded_vocab(1)) == (64, 64, 128256)
+    assert sc.training.fp8 is not None and not sc.training.fp8.weight_transpose_cache
+    (rank,) = api.estimate_memory(sc).ranks
+    return sc, rank
+
+
+def test_fp8_weight_copies_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
+    """After the step the run holds 82.5 GiB on a GPU whose FSDP2 shards of a 70B model (bf16 weights, fp32 grads and
+    Adam: 16 B / 64 ranks per parameter) are 16.4 GiB: the rest is Transformer Engine's fp8 copy of every GEMM
+    weight, unsharded, kept for the step (no transpose: --no-fp8-weight-transpose-cache). Projected: the model
+    states and buffers that outlive the step (FSDP2 frees the unsharded units after each backward). Without the
+    transpose flag read the projection would hold another 63.8 GiB of transposes (+75 %)."""
+    _, rank = _mi325x(tmp_path)
+    after = sum(rank.bytes[k] for k in ("weights", "gradients", "optimizer", "buffers")) \
+        - rank.terms.get("weights.unsharded_units", 0)
+    err = after / MI325X_AFTER_STEP - 1
+    print(f"\nMI325X 70B FP8 FSDP2, allocated after the step: measured {MI325X_AFTER_STEP / MiB:.0f} MiB, projected "
+          f"{after / MiB:.0f} ({err:+.1%}); fp8 copies {rank.terms['weights.fp8_copies'] / MiB:.0f} MiB")
+    assert err == pytest.approx(0.0, abs=LIMIT)
+
+
+def test_first_iteration_peak_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
+    """The log reports memory once, after iteration 1, so its max allocated is iteration 1's peak: Adam's states do
+    not exist until the first optimizer step, and FSDP2's sharded gradients are written by the first backward's
+    reduce-scatters, after the loss, where this full-recompute job peaks. So the projected forward/backward peak is
+    compared without its gradients and optimizer state."""
+    _, rank = _mi325x(tmp_path)
+    assert rank.bytes["activations"] > 0  # the rank peaks in the forward/backward, not at the optimizer step
+    first = rank.peak_bytes - rank.bytes["gradients"] - rank.bytes["optimizer"]
+    err = first / MI325X_MAX_ALLOCATED - 1
+    print(f"\nMI325X 70B FP8 FSDP2, iteration 1 max allocated: measured {MI325X_MAX_ALLOCATED / MiB:.0f} MiB, "
+          f"projected {first / MiB:.0f} ({err:+.1%})")
+    assert err == pytest.approx(0.0, abs=LIMIT)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2026-11-30: the run reserves 167.8 GiB for a 136.8 GiB allocated peak (+22.7 %); the default "
+    "allocator's allowance (10 % of the activations) projects 142.6 GiB (-15 %) for it. Iteration 1 creates the fp8 "
+    "weight copies (63.8 GiB, in pieces of up to 448 MiB) between the activations of its forward, and FSDP2 gathers "
+    "and frees each layer's weights in between: the segments they leave are not modelled"))
+def test_reserved_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
+    _, rank = _mi325x(tmp_path)
+    first = rank.peak_bytes - rank.bytes["gradients"] - rank.bytes["optimizer"]
+    from projection.memory.allocator import reserved_bytes
+
+    reserved = reserved_bytes(first, rank.bytes["activations"])
+    err = reserved / MI325X_MAX_RESERVED - 1
+    print(f"\nMI325X 70B FP8 FSDP2, iteration 1 max reserved: measured {MI325X_MAX_RESERVED / MiB:.0f} MiB, "
+          f"projected {reserved / MiB:.0f} ({err:+.1%})")
+    assert err == pytest.approx(0.0, abs=LIMIT)

@@ -118,3 +118,38 @@ def test_casting_on_the_fly_holds_one_gemms_fp8_operands() -> None:
     assert working_moments(turbo, split_stages(MOE, turbo.plan))[1]["working.fp8_casts"] == qkv_dy
     te = scenario(Fp8Spec())
     assert "working.fp8_casts" not in working_moments(te, split_stages(MOE, te.plan))[1]
+
+
+def test_without_the_transpose_cache_te_holds_one_fp8_copy_and_transposes_in_backward(tmp_path: Any) -> None:
+    """ROCm Megatron-LM's --no-fp8-weight-transpose-cache (and Primus's no_fp8_weight_transpose_cache): Transformer
+    Engine keeps the fp8 copy of every GEMM weight but not its transpose, which each backward makes again (one fp8
+    read and write of the weight per GEMM that has one)."""
+    from projection import api
+    from projection.memory.model_states import fp8_weight_bytes
+
+    base = ("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+            "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 32000 "
+            "--fp8-format hybrid --transformer-impl transformer_engine")
+    specs = {}
+    for name, extra in (("cached", ""), ("flag", " --no-fp8-weight-transpose-cache")):
+        path = tmp_path / f"{name}.sh"
+        path.write_text(base + extra + "\n")
+        specs[name] = api.load(path, hardware="mi300x")
+    primus_args = {"no_fp8_weight_transpose_cache": True}
+    from projection.formats.megatron import args_to_raw
+
+    raw = args_to_raw({"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024,
+                       "max_position_embeddings": 1024, "micro_batch_size": 1, "global_batch_size": 8, "bf16": True,
+                       "vocab_size": 32000, "fp8": "hybrid", **primus_args}, {}, source="primus")
+    assert raw.get("training.fp8.weight_transpose_cache") is False
+    cached, flag = specs["cached"], specs["flag"]
+    assert cached.training.fp8 is not None and cached.training.fp8.weight_transpose_cache
+    assert flag.training.fp8 is not None and not flag.training.fp8.weight_transpose_cache
+    (rank,) = per_rank_params(cached.model, cached.plan)
+    assert fp8_weight_bytes(cached.model, cached.training, cached.plan, rank) == \
+        2 * fp8_weight_bytes(flag.model, flag.training, flag.plan, rank)
+    transposes = [op for op in layer_ops(flag.model, flag.training, flag.plan, 0) if op.name.endswith(".transpose")]
+    h = 1024  # GEMM weights of a GPT layer (MHA, 4h MLP): QKV 3h^2, projection h^2, fc1 and fc2 4h^2 each, 1 B each
+    assert sum(op.bytes_read for op in transposes) == sum(op.bytes_written for op in transposes) == 12 * h * h
+    assert len(transposes) == 4 and all(op.phase == "I" for op in transposes)
+    assert not [op for op in layer_ops(cached.model, cached.training, cached.plan, 0) if op.name.endswith(".transpose")]
