@@ -287,7 +287,11 @@ def _breakdown(priced: PricedStages, dp: DPComm, sched: Schedule, sim: SimResult
     all_exposed = _uncovered(union_intervals(p2p + tasks), compute)
     out["comm.pp"] = pp_exposed
     out["comm.dp"] += max(0.0, all_exposed - pp_exposed)
-    out["bubble"] = max(0.0, sim.step_time_s - sim.busy_s[rank] - all_exposed)
+    # idle time of the compute stream that no exposed communication explains; busy and exposed time are disjoint
+    # parts of the step, so a negative remainder would be a double count, not rounding
+    idle = sim.step_time_s - sim.busy_s[rank] - all_exposed
+    assert idle >= -1e-9 * max(sim.step_time_s, 1e-3), (rank, sim.step_time_s, sim.busy_s[rank], all_exposed)
+    out["bubble"] = max(0.0, idle)
     comm["pp"] = sum(e - s for s, e in p2p)
     comm["dp"] += dp.grad_s[rank] + dp.param_gather_s[rank]
     return out, comm
