@@ -69,6 +69,18 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, list[Any] | None], list
     return out, problems
 
 
+def _base_layout_note(args: argparse.Namespace, problems: list[Problem]) -> list[Problem]:
+    """Why a layout the search would replace stops it: the search starts from the file's own scenario (its model,
+    batch and framework rules), so that must hold on the cluster first."""
+    searched = [f"--{a}" for a in ("tp", "pp", "cp", "vpp", "ep", "mbs") if getattr(args, a, None)]
+    if not searched or not any("not divisible" in p.message for p in problems):
+        return []
+    return [Problem(f"plan searches from the file's own layout, which must hold on this cluster before "
+                    f"{', '.join(searched)} replace it", key="--config", file=COMMAND_LINE,
+                    fix="set the file's own sizes to one of the searched layouts with --set (e.g. --set "
+                        "plan.tp=4, or a Megatron/Primus/TorchTitan key), or give --nodes for which they divide")]
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     from projection.perf.search import search_layouts
 
@@ -77,7 +89,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         problems += count_problems(args, ("nodes", "gpus_per_node"))
         if problems:
             raise ConfigError(problems)
-        scenario = load_scenario(args, env)
+        try:
+            scenario = load_scenario(args, env)
+        except ProjectionError as err:
+            raise ConfigError([*err.problems, *_base_layout_note(args, err.problems)]) from None
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
                                ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"],
                                reload=lambda over: load_scenario(args, env, extra=over))

@@ -58,13 +58,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+MAX_ACTION_S = 3600.0  # an hour per forward or backward of one microbatch on one rank: far past any real job
+
+
 def _seconds(value: str | None, flag: str) -> float | None:
     if value is None:
         return None
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except ValueError as e:
         raise ConfigError(Problem(str(e), key=flag, file=COMMAND_LINE, fix="give seconds, e.g. 0.06 or 60ms")) from e
+    if not seconds <= MAX_ACTION_S:  # 1e308 s per action summed over a pipeline overflows to inf
+        raise ConfigError(Problem(f"{value} is more than the {MAX_ACTION_S:.0f} s one action may take", key=flag,
+                                  file=COMMAND_LINE, fix="give seconds per microbatch per rank, e.g. 0.06 or 60ms"))
+    return seconds
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:

@@ -92,7 +92,7 @@ class GemmRow(Spec):
     dtype: str = Field(min_length=1)  # input dtype (A and B)
     layout: Layout
     batch: int = Field(default=1, ge=1)
-    time_s: float = Field(gt=0)
+    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
     flop_per_s: float = Field(default=0.0, ge=0)  # filled from the shape and time when not given
     out_dtype: str | None = None
     count: int = Field(default=1, ge=1)  # measurements averaged into time_s
@@ -117,7 +117,7 @@ class GroupedGemmRow(Spec):
     k: int = Field(ge=1)
     dtype: str = Field(min_length=1)
     layout: Layout = "TN"
-    time_s: float = Field(gt=0)
+    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
     flop_per_s: float = Field(default=0.0, ge=0)  # filled from the shape and time when not given
     count: int = Field(default=1, ge=1)
     source: str = ""
@@ -144,7 +144,7 @@ class AttentionRow(Spec):
     seq_kv: int = Field(ge=1)
     causal: bool
     dtype: str = Field(min_length=1)
-    time_s: float = Field(gt=0)
+    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
     count: int = Field(default=1, ge=1)
     source: str = ""
 
@@ -154,7 +154,7 @@ class MemoryBoundRow(Spec):
 
     op: str = Field(min_length=1)
     size_bytes: int = Field(ge=0)
-    time_s: float = Field(gt=0)
+    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
     dtype: str | None = None
     count: int = Field(default=1, ge=1)
     source: str = ""
@@ -178,7 +178,7 @@ class CollectiveRow(Spec):
     n_ranks: int = Field(ge=1)
     n_nodes: int | None = Field(default=None, ge=1)
     size_bytes: int = Field(ge=0)
-    time_s: float = Field(gt=0)
+    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
     algbw_bytes_per_s: float = Field(default=0.0, ge=0)  # filled from size, time and kind when not given
     busbw_bytes_per_s: float = Field(default=0.0, ge=0)
     in_place: bool = False

@@ -26,6 +26,9 @@ from projection.formats.megatron_shell import FlagHit, parse_shell
 from projection.formats.megatron_shell_lex import Expander, Var
 from projection.specs.scenario import Origin, RawScenario
 
+# the sections a dotted `--set` key may name on a Megatron file (cluster.* and env.* are taken by api.load first)
+CANONICAL_SECTIONS = ("model", "training", "plan", "cluster")
+
 
 def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                   env: Mapping[str, str] | None = None) -> RawScenario:
@@ -71,7 +74,17 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     canonical: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
         if "." in key:
-            canonical[key] = value
+            section = key.split(".", 1)[0]
+            if section in CANONICAL_SECTIONS:
+                canonical[key] = value
+            else:  # `trainig.seq_length`, `tensor_model_parallel_size.x`: neither a dest nor a canonical key
+                close = difflib.get_close_matches(section, CANONICAL_SECTIONS, n=1)
+                problems.append(Problem(
+                    f"--set {key}: {section!r} is not a section of projection's canonical keys "
+                    f"({', '.join(CANONICAL_SECTIONS)})", key=key, file=SET_ORIGIN,
+                    fix=f"did you mean {close[0]}.{key.split('.', 1)[1]}?" if close else
+                    "use a Megatron argparse dest name (e.g. tensor_model_parallel_size) or a dotted canonical key "
+                    "(e.g. plan.tp)"))
             continue
         dest, inverted = flag_to_dest(key) if "-" in key else (canonical_dest(key), False)
         if dest not in DESTS and dest in args:

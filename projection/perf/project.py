@@ -9,6 +9,7 @@ the rank pair) -> optimizer step (optimizer.py) and exposed parameter all-gather
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -83,14 +84,32 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     dp = dp_comm_tasks(sc, cm, sched, priced)
     crosses = dp.crosses_nodes or any(p.n_nodes > 1 for p in priced.p2p_placements)
     links: Links = "none" if engine == "dag" else ("nic" if crosses else "pair")
-    sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
+    try:
+        sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
+    except ValueError as e:
+        if "must be finite" not in str(e):
+            raise
+        raise _not_finite(sc, str(e)) from None
     opt = optimizer_step_seconds(sc, cm)
     pg = param_gather_exposed_s(dp, priced, sched, sim)
     tails = [o + g for o, g in zip(_per_schedule_rank(opt, sched), pg, strict=True)]
     step = sim.step_time_s + max(tails, default=0.0)
+    if not math.isfinite(step):
+        raise _not_finite(sc, f"the step takes {step} s")
     notes = _unmodelled(sc) + _foreign_calibration(sc, cm) + _partial_calibration(sc, cm)
     memory = _memory(sc, notes)
     return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes)
+
+
+def _not_finite(sc: Scenario, what: str) -> ConfigError:
+    """Seconds that overflow come from a device or calibration value out of any physical range (a time of 1e300 s,
+    a rate of 1e-300 B/s): a user error in those files, not a result."""
+    return ConfigError(Problem(
+        f"the projection's seconds are not finite ({what}): a time or rate of the device "
+        f"{sc.cluster.device.name!r} or of the calibration is out of range", key="cluster.hardware",
+        file=sc.origins.get("cluster.hardware", sc.source),
+        fix="check the device YAML's and the calibration's times and rates (seconds, bytes/s, FLOP/s) for values "
+            "far outside what hardware does"))
 
 
 def compare_schedules(scenario: Scenario, cost_model: CostModel | None = None, *,

@@ -103,7 +103,8 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
         return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(problems))
 
     world, base = sc.world_size, sc.plan
-    if world % (tp * cp * pp):
+    divides = world % (tp * cp * pp) == 0
+    if not divides and reload is not None:  # the framework's loader would stop at it: say only this
         return refused([Problem(f"world size {world} is not divisible by tp * cp * pp = {tp} * {cp} * {pp} = "
                                 f"{tp * cp * pp}", key="plan", fix="choose tp, cp and pp whose product divides the "
                                 "GPUs")])
@@ -130,7 +131,9 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     gbs = sc.training.resolved_global_batch(base.dp_())
     fields = base.model_dump()
     same_pipeline = (pp, vpp) == (base.pp, base.vpp_)
-    fields.update(tp=tp, pp=pp, vpp=vpp if vpp > 1 else None, cp=cp, ep=ep, dp=world // (tp * cp * pp),
+    # where tp cp pp do not divide the world there is no dp: layout_problems says so with every other reason
+    fields.update(tp=tp, pp=pp, vpp=vpp if vpp > 1 else None, cp=cp, ep=ep, dp=world // (tp * cp * pp) if divides
+                  else None,
                   recompute=_recompute(base.recompute, recompute).model_dump(),
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
                                                "last_stage_layers": None, "stage_layers": None,
@@ -143,6 +146,10 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
         return refused([Problem(str(err).splitlines()[0], key="plan", fix="choose another layout")])
     plan = _fitting_schedule(sc, plan, training)
     problems = layout_problems(RawScenario(sc.source, sc.framework), sc.model, training, plan, world)
+    if not divides:
+        problems.insert(0, Problem(f"world size {world} is not divisible by tp * cp * pp = {tp} * {cp} * {pp} = "
+                                   f"{tp * cp * pp}", key="plan", fix="choose tp, cp and pp whose product divides "
+                                   "the GPUs"))
     if problems:
         return refused(problems)
     cand = sc.model_copy(update={"plan": plan, "training": training})

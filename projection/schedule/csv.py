@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from projection.schedule.action import COMPUTE_KINDS, Action, Schedule
+from projection.schedule.registry import MAX_STAGE_MICROBATCHES
 
 _OVERLAP = re.compile(r"^\s*\(([^()]*)\)\s*OVERLAP_F_B\s*$")
 _DROPPED = re.compile(r"^\s*\d+(UNSHARD|RESHARD|REDUCE_GRAD)\d*\s*$")
@@ -60,6 +61,10 @@ def loads_csv(text: str, name: str = "custom") -> Schedule:
         raise ValueError("schedule CSV has no compute actions (F, B, I, W)")
     n_stages = 1 + max(a.stage for _, a in compute)
     n_mb = 1 + max(a.microbatch for _, a in compute)
+    if n_stages * n_mb > MAX_STAGE_MICROBATCHES:  # before anything is sized by them (0F99999999999 is one cell)
+        raise ValueError(f"the largest stage and microbatch indices ({n_stages - 1}, {n_mb - 1}) make a schedule of "
+                         f"{n_stages:,} stages x {n_mb:,} microbatches, more than the {MAX_STAGE_MICROBATCHES:,} "
+                         "this simulator builds; number stages and microbatches from 0 without gaps")
     owner: dict[int, int] = {}
     for r, a in compute:
         if owner.setdefault(a.stage, r) != r:
@@ -67,7 +72,8 @@ def loads_csv(text: str, name: str = "custom") -> Schedule:
                              "a stage lives on one rank")
     absent = [s for s in range(n_stages) if s not in owner]
     if absent:
-        raise ValueError(f"stages {absent} have no actions, so their rank is unknown "
+        shown = ", ".join(str(a) for a in absent[:10]) + (f", ... ({len(absent):,} in all)" if len(absent) > 10 else "")
+        raise ValueError(f"stages {shown} have no actions, so their rank is unknown "
                          f"(stages must be 0..{n_stages - 1})")
     visits: list[set[int]] = [set() for _ in range(n_mb)]
     for _, a in compute:

@@ -51,8 +51,10 @@ def stages_per_rank_problem(name: str, vpp: int) -> str | None:
 
 
 # Largest pp x vpp x microbatches a schedule is built for: 256 ranks x 4096 microbatches (about 1M) take ~1 GB and
-# ~8 s in `projection schedule` on one core; 2M keeps a pathological request from exhausting memory.
-MAX_STAGE_MICROBATCHES = 2_000_000
+# ~8 s in `projection schedule` on one core, and a whole `projection performance` of 650k forward actions ~22 s; 1M
+# keeps a pathological request (a global batch of 100,000 sequences) from running for minutes or exhausting memory,
+# and stays far above real jobs (405B at pp 16, vpp 8 and 2,048 microbatches is 262k).
+MAX_STAGE_MICROBATCHES = 1_000_000
 
 TOO_MANY_MICROBATCHES_FIX = ("use fewer microbatches per data-parallel rank (a smaller global batch, a larger micro "
                              "batch or more data-parallel ranks): the pipeline's steady state repeats")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
+
+MAX_INT = 2**53
 
 
 def _is_number(annotation: Any) -> bool:
@@ -33,4 +36,12 @@ class Spec(BaseModel):
             field = cls.model_fields.get(info.field_name)
             if field is not None and _is_number(field.annotation):
                 raise PydanticCustomError("bool_for_number", "expected a number, got a boolean (true/false)")
+        # a count past 2**53 is no job's (the largest are ~1e12 parameters, ~1e6 GPUs) and overflows the float
+        # arithmetic downstream (`vocab_size: 999...9` used to end in an OverflowError traceback)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            digits = len(str(abs(value)))
+            raise PydanticCustomError("int_too_large", "a {digits}-digit number is too large (at most 2**53 = {limit})",
+                                      {"digits": digits, "limit": MAX_INT})
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PydanticCustomError("not_finite", "expected a finite number, got {value}", {"value": value})
         return value

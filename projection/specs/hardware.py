@@ -39,10 +39,13 @@ def _number(parse: Callable[[str], float] | None = None, *, integer: bool = Fals
     return BeforeValidator(convert)
 
 
-FlopPerS = Annotated[float, _number(parse_flop_rate), Field(gt=0)]
+# Physical ranges, far wider than any part's (a GPU's dense peak is ~1e15-1e16 FLOP/s, links 1e9-1e13 B/s, latencies
+# and issue times microseconds): a value outside them is a typo or a unit slip, and would overflow the pricing
+# (a host issue time of 1e300 s) rather than project anything
+FlopPerS = Annotated[float, _number(parse_flop_rate), Field(ge=1e6, le=1e18)]
 Bytes = Annotated[int, _number(parse_bytes, integer=True), Field(gt=0)]
-BytesPerS = Annotated[float, _number(parse_bandwidth), Field(gt=0)]
-Seconds = Annotated[float, _number(parse_duration), Field(gt=0)]
+BytesPerS = Annotated[float, _number(parse_bandwidth), Field(ge=1e3, le=1e15)]
+Seconds = Annotated[float, _number(parse_duration), Field(gt=0, le=3600)]
 Count = Annotated[int, _number(), Field(gt=0)]
 Watts = Annotated[float, _number(), Field(gt=0)]
 

@@ -74,7 +74,8 @@ class ModelSpec(Spec):
     """A decoder-only transformer LM. Only architecture: no batch, precision or parallelism."""
 
     name: str = "model"
-    num_layers: int = Field(gt=0, description="decoder layers, MTP layers not included")
+    num_layers: int = Field(gt=0, le=10_000, description="decoder layers, MTP layers not included (at most 10,000: "
+                            "the deepest published models have under 200, and a projection's time grows with them)")
     hidden_size: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
     num_kv_heads: int | None = Field(None, gt=0, description="None = MHA (kv heads = heads)")

@@ -55,8 +55,13 @@ class RawScenario:
         """Set canonical key `dotted` (e.g. 'plan.sharding.zero_stage') to value, remembering where it came from."""
         node = self.data
         parts = dotted.split(".")
-        for p in parts[:-1]:
+        for i, p in enumerate(parts[:-1]):
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):  # `--set plan.tp.x=1`: plan.tp holds a value, not a table of keys
+                held = ".".join(parts[:i + 1])
+                raise ConfigError(Problem(f"{held} is a single value, so it has no key {parts[i + 1]!r}",
+                                          key=origin.key or dotted, file=origin.file, line=origin.line,
+                                          fix=f"set {held} itself (e.g. {held}=VALUE)"))
         node[parts[-1]] = value
         self.origins[dotted] = origin
 

@@ -284,7 +284,7 @@ def test_more_gpus_per_node_than_the_part_builds(tmp_path: Path) -> None:
 def test_a_schedule_too_large_to_build_is_refused_before_it_is_built() -> None:
     """10,000 ranks x 20,000 microbatches used to exhaust memory (the OOM killer ended it); now it is a user error."""
     res = run("schedule", "--schedule", "1f1b", "--pp", "10000", "--microbatches", "20000")
-    assert_user_error(res, "200,000,000 forward actions", "more than the 2,000,000")
+    assert_user_error(res, "200,000,000 forward actions", "more than the 1,000,000")
 
 
 def test_a_single_value_for_a_table_lists_its_keys(tmp_path: Path) -> None:
@@ -331,3 +331,58 @@ def test_mxfp8_needs_mx_matrix_cores(tmp_path: Path) -> None:
     assert_user_error(run("memory", "--config", str(write(tmp_path, text))), "key 'training.fp8'",
                       "MXFP8 needs matrix cores", "mi300x's device YAML says it has none")
     assert run("memory", "--config", str(write(tmp_path, text)), "--hardware", "mi355x").returncode == 0
+
+
+def test_a_key_below_a_single_value(tmp_path: Path) -> None:
+    """`--set plan.tp.x=1`: plan.tp holds a number, not a table (a TypeError traceback before)."""
+    res = run("memory", "--config", str(write(tmp_path, GOOD)), "--set", "plan.tp.x=1")
+    assert_user_error(res, "key 'plan.tp.x'", "plan.tp is a single value", "set plan.tp itself")
+
+
+MEGATRON_SCRIPT = ("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 "
+                   "--seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 "
+                   "--bf16 --vocab-size 32000\n")
+
+
+@pytest.mark.parametrize(("key", "hint"), [("trainig.seq_length=512", "did you mean training.seq_length"),
+                                           ("pln.tp=2", "did you mean plan.tp"),
+                                           ("tensor_model_parallel_size.x=4", "dotted canonical key")])
+def test_a_megatron_file_refuses_a_dotted_key_of_no_section(tmp_path: Path, key: str, hint: str) -> None:
+    """A dotted --set key on a Megatron file is a canonical key, so its first part must be one of projection's
+    sections (it used to be accepted and ignored, exit 0)."""
+    res = run("inspect", "--config", str(write(tmp_path, MEGATRON_SCRIPT, "train.sh")), "--set", key)
+    assert_user_error(res, f"key '{key.split('=')[0]}'", "not a section of projection's canonical keys", hint)
+
+
+def test_numbers_too_large_for_any_job(tmp_path: Path) -> None:
+    """A 400-digit vocabulary (an OverflowError traceback before) and a million layers (minutes of work) are refused
+    at the key that holds them."""
+    res = run("memory", "--config", str(write(tmp_path, GOOD)), "--set", "model.vocab_size=" + "9" * 400)
+    assert_user_error(res, "key 'model.vocab_size'", "400-digit number is too large")
+    res = run("memory", "--config", str(write(tmp_path, GOOD)), "--set", "model.num_layers=1000000")
+    assert_user_error(res, "key 'model.num_layers'", "less than or equal to 10000")
+
+
+def test_device_values_outside_any_hardware(tmp_path: Path) -> None:
+    """A host issue time of 1e300 s or an HBM bandwidth of 1e-300 B/s is a slip, refused where it is written (it used
+    to end in an overflow to inf inside the simulator)."""
+    spec = (Path(__file__).resolve().parents[2] / "hardware_specs" / "mi300x.yaml").read_text()
+    for key, value, needle in (("host_kernel_issue_s", "1e300 s", "less than or equal to 3600"),
+                               ("hbm_bandwidth_bytes_per_s", "1e-300 B/s", "greater than or equal to 1000")):
+        lines = [f"{key}: {value}" if line.startswith(f"{key}:") else line for line in spec.splitlines()]
+        device = write(tmp_path, "\n".join(lines) + "\n", f"bad_{key}.yaml")
+        res = run("performance", "--config", str(write(tmp_path, GOOD)), "--hardware", str(device))
+        assert_user_error(res, f"key '{key}'", needle)
+
+
+def test_schedule_indices_and_durations_beyond_the_simulator(tmp_path: Path) -> None:
+    """One CSV cell naming microbatch 1e20 used to run for minutes; a rank index of 1e8 made a 1 GB message; 1e308 s
+    per action printed inf and NaN."""
+    csv = write(tmp_path, "0F99999999999999999999,0B99999999999999999999\n", "huge.csv")
+    assert_user_error(run("schedule", "--csv", str(csv)), "key '--csv'", "more than the 1,000,000")
+    csv = write(tmp_path, "99999999F0,99999999B0\n", "ranks.csv")
+    res = run("schedule", "--csv", str(csv))
+    assert_user_error(res, "100,000,000 stages")
+    assert len(res.stderr) < 2000
+    res = run("schedule", "--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--fwd-s", "1e308")
+    assert_user_error(res, "key '--fwd-s'", "more than the 3600 s")

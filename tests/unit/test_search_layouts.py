@@ -50,6 +50,16 @@ def test_out_of_memory_layouts_are_not_projected_and_refused_ones_say_why(found:
     assert {p.message for p in pp1_vpp5.problems} <= {p.message for p in err.value.problems}
 
 
+def test_a_layout_the_world_does_not_divide_lists_every_reason_as_the_loader_does() -> None:
+    """tp 3 pp 3 on 32 GPUs: the loader lists six problems at once; the refused row used to show only the first."""
+    (row,) = search_layouts(api.load(L70), tp=[3], pp=[3])
+    assert row.status == "refused"
+    with pytest.raises(PlanError) as err:
+        api.load(L70, overrides={"plan.tp": 3, "plan.pp": 3})
+    assert {p.message for p in row.problems} == {p.message for p in err.value.problems}
+    assert len(row.problems) >= 5
+
+
 def test_values_must_be_positive_whole_numbers() -> None:
     with pytest.raises(ConfigError, match="tp values must be positive whole numbers"):
         search_layouts(api.load(L70), tp=[0, 2])
