@@ -7,6 +7,7 @@ collecting every schema problem and every layout violation before raising one er
 
 from __future__ import annotations
 
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -133,6 +134,9 @@ def _nested_keys(section: str, loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(cls, "model_fields", {}))
 
 
+_FIELD_IN_MESSAGE = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*) ")  # "num_attention_heads 32 is ..."
+
+
 def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> list[Problem]:
     out = []
     for e in err.errors():
@@ -144,6 +148,17 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
             msg = "unknown key"
         elif e["type"] == "missing":
             fix = f"set {dotted}"
+        elif e["type"] == "value_error" and not loc:
+            # a section's cross-field check ("; "-joined): each problem at the key it names first, so the file's own
+            # spelling and line are reported (num_key_value_heads in an HF config, --hidden-size in a launch script)
+            for part in msg.removeprefix("Value error, ").split("; "):
+                named = _FIELD_IN_MESSAGE.match(part)
+                key = f"{section}.{named.group(1)}" if named else section
+                held = raw.origins.get(key)
+                spelled = held.key if held is not None and held.key else key
+                out.append(origin_problem(raw, key, part, f"change {spelled} or the values it is checked against "
+                                          "so that they agree"))
+            continue
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             fix = "change the values named above so that they agree"

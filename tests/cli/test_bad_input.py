@@ -386,3 +386,21 @@ def test_schedule_indices_and_durations_beyond_the_simulator(tmp_path: Path) -> 
     assert len(res.stderr) < 2000
     res = run("schedule", "--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--fwd-s", "1e308")
     assert_user_error(res, "key '--fwd-s'", "more than the 3600 s")
+
+
+def test_a_model_cross_check_is_located_at_the_key_it_names(tmp_path: Path) -> None:
+    """32 heads over 5 KV heads: the problem is reported at the file's line of num_attention_heads (it used to be at
+    'model' with a generic fix), in the file's own spelling for an HF config."""
+    text = GOOD.replace("num_kv_heads: 8", "num_kv_heads: 5")
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.strip().startswith("num_attention_heads"))
+    res = run("memory", "--config", str(write(tmp_path, text)))
+    assert_user_error(res, f"exp.yaml:{line}: key 'model.num_attention_heads'", "not a multiple of num_kv_heads 5",
+                      "change model.num_attention_heads")
+    hf = FIXTURES / "hf" / "Llama-2-7b-hf.config.json"
+    if hf.is_file():
+        import json
+
+        doc = json.loads(hf.read_text())
+        doc["num_key_value_heads"] = 5
+        res = run("memory", "--config", str(write(tmp_path, json.dumps(doc, indent=1), "config.json")))
+        assert_user_error(res, "key 'num_attention_heads'", "change num_attention_heads")
