@@ -64,6 +64,10 @@ class RawScenario:
                                           key=origin.key or dotted, file=origin.file, line=origin.line,
                                           fix=f"set {held} itself (e.g. {held}=VALUE)"))
         node[parts[-1]] = value
+        # what was below `dotted` is replaced: its keys' old origins would blame the file for values --set gave
+        below = dotted + "."
+        for key in [k for k in self.origins if k.startswith(below)]:
+            del self.origins[key]
         self.origins[dotted] = origin
 
     def get(self, dotted: str, default: Any = None) -> Any:

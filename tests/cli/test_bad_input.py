@@ -404,3 +404,11 @@ def test_a_model_cross_check_is_located_at_the_key_it_names(tmp_path: Path) -> N
         doc["num_key_value_heads"] = 5
         res = run("memory", "--config", str(write(tmp_path, json.dumps(doc, indent=1), "config.json")))
         assert_user_error(res, "key 'num_attention_heads'", "change num_attention_heads")
+
+
+def test_a_table_given_on_the_command_line_is_blamed_on_the_command_line(tmp_path: Path) -> None:
+    """`--set 'training={seq_length: 0}'` replaces the file's table: the bad 0 is --set's, not the file's line that
+    holds 8192 (the old origins of the replaced keys used to be reported)."""
+    res = run("memory", "--config", str(write(tmp_path, GOOD)), "--set", "training={seq_length: 0}")
+    assert_user_error(res, "--set: key 'training'", "training.seq_length a valid value (got 0)")
+    assert "exp.yaml:" not in res.stderr
