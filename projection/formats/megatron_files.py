@@ -23,7 +23,7 @@ from projection.formats.megatron_args import (
     to_bool,
 )
 from projection.formats.megatron_shell import FlagHit, parse_shell
-from projection.formats.megatron_shell_lex import Expander, Var
+from projection.formats.megatron_shell_lex import Expander, Var, unclosed_quote
 from projection.specs.scenario import Origin, RawScenario
 
 # the sections a dotted `--set` key may name on a Megatron file (cluster.* and env.* are taken by api.load first)
@@ -50,6 +50,12 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         cluster.update(job_environment({k: (v, Origin(file, lines.get(("ENV_VARS", k)), k))
                                         for k, v in env_vars.items()}, problems))
     else:
+        unclosed = unclosed_quote(text)
+        if unclosed is not None:
+            line, quote = unclosed
+            raise ConfigError(Problem(f"the {quote} quote opened on this line is never closed, so bash would read the "
+                                      "rest of the script as one word", file=file, line=line, key=quote,
+                                      fix=f"close the quote with a matching {quote}"))
         shell = parse_shell(text, env)
         hits = shell.flags
         cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
@@ -109,11 +115,17 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                 "examples/llama3_8b_inline.yaml), or add seq_length, micro_batch_size, global_batch_size and bf16: "
                 "true to the file (or --set them)"))
     for dest, h in unresolved.items():
-        names = ", ".join(f"${n}" for n in sorted(h.unresolved))
-        problems.append(Problem(f"{h.flag} uses {names}, which is not set in the file or the environment",
-                                key=h.flag, file=file, line=h.line,
-                                fix=f"set {sorted(h.unresolved)[0]} in the script or environment, or pass "
-                                    f"--set {dest}=VALUE"))
+        commands = sorted(n for n in h.unresolved if n.startswith(("$(", "`", "(")))
+        if commands:  # `TP=$(nproc)`: a command's output, which nothing here runs
+            problems.append(Problem(f"{h.flag} takes the output of {', '.join(commands)}, a command projection does "
+                                    "not run", key=h.flag, file=file, line=h.line,
+                                    fix=f"pass the value it has in your job with --set {dest}=VALUE"))
+        else:
+            names = ", ".join(f"${n}" for n in sorted(h.unresolved))
+            problems.append(Problem(f"{h.flag} uses {names}, which is not set in the file or the environment",
+                                    key=h.flag, file=file, line=h.line,
+                                    fix=f"set {sorted(h.unresolved)[0]} in the script or environment, or pass "
+                                        f"--set {dest}=VALUE"))
         args.pop(dest, None)
     try:
         raw = args_to_raw(args, origins, source=file)

@@ -329,3 +329,46 @@ def eval_test(args: list[str], glob: bool) -> bool | None:
             except ValueError:
                 return None
     return None
+
+
+_HEREDOC = re.compile(r"<<(-?)\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+
+
+def unclosed_quote(text: str) -> tuple[int, str] | None:
+    """(1-based line, quote character) of the first quote a bash script opens and never closes, or None. Follows
+    bash's quoting: backslash escapes outside single quotes, no escapes inside them, comments from an unquoted `#`
+    at a word start to the end of the line. An unclosed quote swallows the rest of the script, so everything after
+    it would otherwise be reported as something else (flags that "use" variables, missing arguments)."""
+    i, n, line = 0, len(text), 1
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif c == "\\":
+            i += 1
+            if i < n and text[i] == "\n":
+                line += 1
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;"):
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        elif text.startswith("<<", i) and (here := _HEREDOC.match(text, i)) is not None:
+            # a here-document's body is not quoted text: skip from the next line to the delimiter line
+            end = re.compile(rf"^\t*{re.escape(here.group(2))}[ \t]*$", re.M).search(text, text.find("\n", i) + 1)
+            stop = n if end is None or text.find("\n", i) < 0 else end.end()
+            line += text.count("\n", i, stop)
+            i = stop
+            continue
+        elif c in "'\"`":
+            start, j = line, i + 1
+            while j < n and text[j] != c:
+                if text[j] == "\\" and c != "'":
+                    j += 1
+                if j < n and text[j] == "\n":
+                    line += 1
+                j += 1
+            if j >= n:
+                return start, c
+            i = j
+        i += 1
+    return None

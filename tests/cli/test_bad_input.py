@@ -412,3 +412,20 @@ def test_a_table_given_on_the_command_line_is_blamed_on_the_command_line(tmp_pat
     res = run("memory", "--config", str(write(tmp_path, GOOD)), "--set", "training={seq_length: 0}")
     assert_user_error(res, "--set: key 'training'", "training.seq_length a valid value (got 0)")
     assert "exp.yaml:" not in res.stderr
+
+
+def test_launch_script_quotes_and_commands(tmp_path: Path) -> None:
+    """An unclosed quote is reported where it opens (it used to surface as nine flags "using" a variable); a value
+    from `$(nproc)` says projection runs no commands (its fix used to ask to set `$(nproc)`); a here-document's
+    apostrophes are not quotes."""
+    flags = ("--num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+             "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 32000")
+    res = run("memory", "--config", str(write(tmp_path, f'echo ok\ntorchrun pretrain_gpt.py --lr "1e-4 {flags}\n',
+                                              "quote.sh")))
+    assert_user_error(res, "quote.sh:2", "never closed", "close the quote")
+    res = run("memory", "--config", str(write(tmp_path, f"TP=$(nproc)\ntorchrun pretrain_gpt.py {flags} "
+                                              "--tensor-model-parallel-size $TP\n", "cmd.sh")))
+    assert_user_error(res, "key '--tensor-model-parallel-size'", "a command projection does not run",
+                      "--set tensor_model_parallel_size=VALUE")
+    heredoc = f"cat > notes.txt <<EOF\ndon't edit\nEOF\ntorchrun pretrain_gpt.py {flags}\n"
+    assert run("memory", "--config", str(write(tmp_path, heredoc, "heredoc.sh"))).returncode == 0
