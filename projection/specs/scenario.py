@@ -7,6 +7,8 @@ collecting every schema problem and every layout violation before raising one er
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import re
 import typing
 from collections.abc import Mapping
@@ -178,33 +180,72 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
 
 def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
-    problem found at once."""
-    from projection.specs.validate import layout_problems, resolve_dp, torchtitan_ddp_problem, torchtitan_without_fsdp
-
+    problem found at once: where the only schema problems are unknown keys, the layout is still checked without
+    them, so a misspelt key does not hide the layout's own problems."""
     problems: list[Problem] = []
     specs: dict[str, Any] = {}
     for name, cls in (("model", ModelSpec), ("training", TrainingSpec), ("plan", ParallelPlan)):
+        data = raw.data.get(name, {})
         try:
-            specs[name] = cls.model_validate(raw.data.get(name, {}))
+            specs[name] = cls.model_validate(data)
         except ValidationError as err:
             problems += _pydantic_problems(raw, name, err)
+            loose = _without_unknown_keys(data, err)
+            if loose is not None:
+                with contextlib.suppress(ValidationError):  # other problems too: the layout is not checked
+                    specs[name] = cls.model_validate(loose)
     cluster_data = dict(raw.data.get("cluster", {}))
     cluster_data.pop("hardware", None)
     cluster_data.setdefault("gpus_per_node", device.gpus_per_node)
+    cluster: ClusterSpec | None = None
     try:
         cluster = ClusterSpec.model_validate({**cluster_data, "device": device})
     except ValidationError as err:
         problems += _pydantic_problems(raw, "cluster", err)
     if problems:
+        if cluster is not None and len(specs) == 3:
+            problems += _layout(raw, specs, cluster, device)[3]
         raise ConfigError(problems)
+    assert cluster is not None
+    plan, training, as_loaded, problems = _layout(raw, specs, cluster, device)
+    if problems:
+        raise PlanError(problems)
+    origins = {k: o.render() for k, o in raw.origins.items()}
+    return Scenario(model=specs["model"], training=training, plan=plan, cluster=cluster,
+                    framework=raw.framework, source=raw.source, origins=origins, as_loaded=as_loaded)
+
+
+def _without_unknown_keys(data: Any, err: ValidationError) -> dict[str, Any] | None:
+    """`data` with the keys pydantic called unknown removed, or None when it found anything else wrong."""
+    if not isinstance(data, dict) or any(e["type"] != "extra_forbidden" for e in err.errors()):
+        return None
+    out = copy.deepcopy(data)
+    for e in err.errors():
+        *path, last = e["loc"]
+        node: Any = out
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else node[p] if isinstance(node, list) and \
+                isinstance(p, int) and p < len(node) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
+def _layout(raw: RawScenario, specs: dict[str, Any], cluster: ClusterSpec, device: DeviceSpec
+            ) -> tuple[ParallelPlan, TrainingSpec, tuple[ParallelPlan, TrainingSpec] | None, list[Problem]]:
+    """The plan and training after the data-parallel size and the framework's world-size rules, the plan and
+    training the file asked for where a rule changed them, and every layout problem."""
+    from projection.specs.validate import layout_problems, resolve_dp, torchtitan_ddp_problem, torchtitan_without_fsdp
+
+    training: TrainingSpec = specs["training"]
     plan, dp_problems = resolve_dp(raw, specs["plan"], cluster.world_size)
     as_loaded = None
     if not dp_problems:
-        ruled = torchtitan_without_fsdp(raw.framework, plan, specs["training"])
-        if ruled != (plan, specs["training"]):
-            as_loaded = (plan, specs["training"])
-            plan, specs["training"] = ruled
-    problems = dp_problems + layout_problems(raw, specs["model"], specs["training"], plan, cluster.world_size)
+        ruled = torchtitan_without_fsdp(raw.framework, plan, training)
+        if ruled != (plan, training):
+            as_loaded = (plan, training)
+            plan, training = ruled
+    problems = dp_problems + layout_problems(raw, specs["model"], training, plan, cluster.world_size)
     ddp = torchtitan_ddp_problem(raw.framework, as_loaded[0], plan) if as_loaded is not None else None
     if ddp is not None:
         problems.append(origin_problem(raw, ddp.key or "", ddp.message, ddp.fix))
@@ -216,21 +257,17 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
             f"{device.gpus_per_node} (the device YAML's gpus_per_node; its intra-node fabric joins no more)",
             f"use at most {device.gpus_per_node} GPUs per node (--gpus-per-node) and more nodes, or a device YAML "
             "describing the larger node"))
-    f8 = specs["training"].fp8
+    f8 = training.fp8
     if f8 is not None and f8.recipe == "mxfp8" and not device.mx_formats:
         problems.append(origin_problem(
             raw, "training.fp8", f"MXFP8 needs matrix cores that run microscaled fp8 (Blackwell, CDNA4); "
             f"{device.name}'s device YAML says it has none (mx_formats)",
             "use a tensorwise, delayed or blockwise fp8 recipe on this device, or an MX-capable one (b200, mi355x)"))
-    if specs["training"].fp8 is not None and "fp8" not in device.peak_flop_per_s:  # no FP8 tensor cores (A100)
+    if f8 is not None and "fp8" not in device.peak_flop_per_s:  # no FP8 tensor cores (A100)
         problems.append(origin_problem(
             raw, "training.fp8", f"{device.name} has no fp8 peak in its device YAML (the part does not run fp8 GEMMs)",
-            f"train in {specs['training'].params_dtype} without fp8, or choose a device that runs fp8"))
-    if problems:
-        raise PlanError(problems)
-    origins = {k: o.render() for k, o in raw.origins.items()}
-    return Scenario(model=specs["model"], training=specs["training"], plan=plan, cluster=cluster,
-                    framework=raw.framework, source=raw.source, origins=origins, as_loaded=as_loaded)
+            f"train in {training.params_dtype} without fp8, or choose a device that runs fp8"))
+    return plan, training, as_loaded, problems
 
 
 # Scenario.framework values whose jobs run Megatron-Core's code (Megatron-LM launches and Primus's Megatron trainer);

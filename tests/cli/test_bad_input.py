@@ -429,3 +429,12 @@ def test_launch_script_quotes_and_commands(tmp_path: Path) -> None:
                       "--set tensor_model_parallel_size=VALUE")
     heredoc = f"cat > notes.txt <<EOF\ndon't edit\nEOF\ntorchrun pretrain_gpt.py {flags}\n"
     assert run("memory", "--config", str(write(tmp_path, heredoc, "heredoc.sh"))).returncode == 0
+
+
+def test_an_unknown_key_does_not_hide_the_layout_problems(tmp_path: Path) -> None:
+    """`--set plan.bogus=1` on a plan that also breaks the layout: every problem at once (the unknown key used to be
+    the only one reported until it was fixed)."""
+    text = GOOD.replace("  tp: 2", "  tp: 3")
+    res = run("memory", "--config", str(write(tmp_path, text)), "--set", "plan.bogus=1")
+    assert_user_error(res, "key 'plan.bogus'", "unknown key", "tp = 3 does not divide num_attention_heads",
+                      "world size 8 is not divisible")
