@@ -76,16 +76,68 @@ def _extra(name: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. A reader that closes the pipe early (`| head`) ends it quietly, as SIGPIPE ends `cat`."""
+    """Run one command. A reader that closes the pipe early (`| head`) ends it quietly, as SIGPIPE ends `cat`; any
+    other failure to write standard output (a full disk, /dev/full) is one error line and exit code 2."""
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)  # tells a stdout failure from one of an output file
     try:
         rc = _main(argv)
         sys.stdout.flush()
         return rc
     except BrokenPipeError:
-        # Python flushes stdout again at exit; point it at /dev/null so that flush cannot raise a second time.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _discard_stdout(stdout)
         return 141  # 128 + SIGPIPE, the status a shell reports for a writer whose reader went away
+    except StdoutError as e:
+        _discard_stdout(stdout)
+        print(f"error: cannot write the output to standard output: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except RecursionError:  # a parser the loaders do not guard (they report the file themselves)
+        given = (a.partition("=")[2] if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv))
+        files = [a for a in given if a and os.path.isfile(a)]
+        which = "one of these files is" if len(files) > 1 else "the file is"
+        print(f"error: {', '.join(files) or '<input>'}: {which} nested too deeply to read (hundreds of levels of lists "
+              "or mappings)\n    fix: flatten the nesting (a config needs a few levels); check that this is the file "
+              "you meant", file=sys.stderr)
+        return 2
+    finally:
+        sys.stdout = stdout
+
+
+class StdoutError(OSError):
+    """Writing or flushing standard output failed (not a broken pipe)."""
+
+
+class _Stdout:
+    """sys.stdout, raising StdoutError where a write or a flush fails with an OSError other than a broken pipe, so
+    that main reports it as a failure of standard output and not of whichever file was being written."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _discard_stdout(stream: Any) -> None:
+    """Point standard output at /dev/null: Python flushes it again at exit, and that flush must not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

@@ -5,12 +5,15 @@ half-written."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
+from projection.fileio import not_regular_problem
 
 if TYPE_CHECKING:
     from projection.specs.scenario import Scenario
@@ -52,10 +55,16 @@ def whole_numbers(text: str, flag: str, what: str = "values") -> tuple[list[int]
 def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, nodes: int | None = None,
                   default_nodes: int = 1, schedule: str | None = None,
                   extra: Mapping[str, Any] | None = None) -> Scenario:
-    """api.load with the scenario flags every sub-command shares (add_scenario_args), after their counts are checked
-    (count_problems). `nodes`: the node count to load at (None: the --nodes flag's); `extra`: overrides applied
-    after the --set ones (the layout search's, in the file's key space)."""
+    """api.load with the scenario flags every sub-command shares (add_scenario_args), after their counts and input
+    files are checked (count_problems, input_problems). `nodes`: the node count to load at (None: the --nodes
+    flag's); `extra`: overrides applied after the --set ones (the layout search's, in the file's key space)."""
     problems = count_problems(args, ("nodes", "gpus_per_node"))
+    hardware = args.hardware
+    # a device name is looked up in hardware_specs/; a path (the rule of specs/hardware.py) is a file to read
+    hardware_file = hardware is not None and (hardware.endswith((".yaml", ".yml")) or "/" in hardware or
+                                              "\\" in hardware)
+    problems += input_problems([("--config", args.config), ("--hardware", hardware if hardware_file else None)],
+                               missing_ok=True)
     if problems:
         raise ConfigError(problems)
     from projection import api
@@ -80,9 +89,26 @@ def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("t
     p.add_argument("--format", choices=formats, default=formats[0])
 
 
+def input_problems(files: Sequence[tuple[str, str | None]], *, missing_ok: bool = False) -> list[Problem]:
+    """What stops reading each (flag, path): an empty path, a missing file (unless missing_ok: the loader reports it
+    in its own words), a directory, or anything else that is not a regular file (a device or a named pipe would be
+    read forever). A None path is skipped."""
+    out = []
+    for flag, path in files:
+        if path is None:
+            continue
+        if not path:
+            out.append(Problem("the path is empty", key=flag, file=COMMAND_LINE, fix=f"give a file after {flag}"))
+        elif not missing_ok and not os.path.lexists(path):
+            out.append(Problem("file not found", key=flag, file=path, fix="check the path (relative paths are taken "
+                               "from the current directory)"))
+        else:
+            special = not_regular_problem(path, key=flag)
+            out += [special] if special else []
+    return out
+
+
 # ---- output files: checked before anything is written, and removed again when a later one fails
-
-
 
 # what matplotlib's savefig writes with the Agg backend (FigureCanvasBase.get_supported_filetypes), by extension
 PICTURE_FORMATS = frozenset({"png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "raw",
@@ -92,8 +118,10 @@ PICTURE_FORMATS = frozenset({"png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "j
 def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence[tuple[str, str | None]] = ()
                     ) -> list[Problem]:
     """What stops writing each (flag, path) of `files` (a file; its folder must exist) or `dirs` (a folder, created
-    with its parents), checked before any work is done. A None or empty path is skipped."""
-    out = []
+    with its parents), checked before any work is done. A None path is skipped; an empty one is a problem (it
+    would otherwise turn the output off without a word)."""
+    out = [Problem("the path is empty", key=flag, file=COMMAND_LINE, fix=f"give a path after {flag}, or drop the flag")
+           for flag, path in (*files, *dirs) if path == ""]
     for flag, path in files:
         if not path:
             continue
@@ -110,6 +138,11 @@ def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence
                                fix="create the folder first, or choose another path"))
         elif not os.access(p if p.exists() else p.parent, os.W_OK):
             out.append(Problem("not writable", key=flag, file=path, fix="choose a writable path"))
+        elif p.is_file() and not os.access(Path(os.path.realpath(p)).parent, os.W_OK):
+            # the writers replace a file whole (projection/fileio.py): the new one is written beside it first
+            out.append(Problem(f"folder {Path(os.path.realpath(p)).parent} is not writable (a file is replaced by a "
+                               "new one written beside it)", key=flag, file=path,
+                               fix="choose a path in a writable folder"))
     for flag, path in dirs:
         if not path:
             continue
@@ -134,14 +167,16 @@ def _entries(path: Path) -> set[Path]:
 
 def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list[str]:
     """Run each (flag, path, writer) in order; returns the written paths. If one fails, everything the earlier ones
-    and the failing one created is removed (files that existed before are left as they are) and ConfigError names
-    the flag and the path: nothing half-written stays behind."""
+    and the failing one created is removed, the files they overwrote get their old content back, and ConfigError
+    names the flag and the path: nothing half-written stays behind, and nothing that was there is lost."""
     before: dict[Path, set[Path]] = {}
+    aside: list[tuple[Path, Path]] = []  # (file a writer may overwrite, the hidden name it waits under)
     written = []
     try:
         for flag, path, fn in jobs:
             before.setdefault(Path(path), _entries(Path(path)))
             try:
+                _set_aside(Path(path), aside)
                 written.append(str(fn()))
             except OSError as e:
                 raise ConfigError(Problem(f"cannot write output: {e.strerror or e}", key=flag,
@@ -151,10 +186,38 @@ def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list
                 raise ConfigError(Problem(f"cannot write output: {e}", key=flag, file=path,
                                           fix="choose another file name (a .png picture always works)")) from e
     except BaseException:  # a user error, or anything else: the run wrote nothing
+        hidden = {h for _, h in aside}
         for out, old in before.items():
-            _remove(sorted(_entries(out) - old, key=lambda p: len(p.parts), reverse=True))
+            _remove(sorted(_entries(out) - old - hidden, key=lambda p: len(p.parts), reverse=True))
+        for original, kept in reversed(aside):
+            _put_back(original, kept)
         raise
+    for original, kept in aside:  # an old file no writer replaced (a pp_vis rank file of a larger run) stays
+        if original.exists() or original.is_symlink():
+            kept.unlink(missing_ok=True)
+        else:
+            _put_back(original, kept)
     return written
+
+
+def _set_aside(out: Path, aside: list[tuple[Path, Path]]) -> None:
+    """Rename the regular files a writer of `out` may overwrite (`out` itself, or every file under the folder `out`)
+    to hidden names beside them, appending (file, hidden name) to `aside`. A writer that truncates in place
+    (matplotlib's savefig) or fails halfway then cannot touch the old content. Symlinks are followed: the link is
+    left as it is, its target waits aside."""
+    files = [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else [out] if out.is_file() else []
+    for f in files:
+        real = Path(os.path.realpath(f))
+        if any(real == done for done, _ in aside):
+            continue
+        kept = real.with_name(f".{real.name}.{secrets.token_hex(4)}.old")
+        os.replace(real, kept)
+        aside.append((real, kept))
+
+
+def _put_back(original: Path, kept: Path) -> None:
+    with contextlib.suppress(OSError):  # else the old content stays under the hidden name: better than removing it
+        os.replace(kept, original)
 
 
 def _remove(paths: Sequence[Path]) -> None:

@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from projection.calibrate.calibration import load_calibration
@@ -25,6 +24,7 @@ from projection.calibrate.errors import CalibrationError
 from projection.calibrate.fit import fit_calibration
 from projection.calibrate.importers import import_files
 from projection.errors import Problem, ProjectionError
+from projection.fileio import atomic_write_text
 
 Hook = Callable[[Any], None]  # receives the `calibrate` group's sub-parsers action (argparse._SubParsersAction)
 
@@ -92,7 +92,7 @@ def _run_fit(args: argparse.Namespace) -> int:
                      indent=2)  # the same document on stdout and in --out
     if args.out:
         try:
-            Path(args.out).write_text(doc + "\n", encoding="utf-8")
+            atomic_write_text(args.out, doc + "\n")
         except OSError as err:
             raise CalibrationError(Problem(f"cannot write the fit: {err.strerror or err}", file=args.out,
                                            fix="give a writable path for --out")) from None

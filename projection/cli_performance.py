@@ -26,7 +26,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from projection.cli_args import count, count_problems, load_scenario, output_problems, whole_numbers, write_outputs
+from projection.cli_args import (
+    count,
+    count_problems,
+    input_problems,
+    load_scenario,
+    output_problems,
+    whole_numbers,
+    write_outputs,
+)
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 
 if TYPE_CHECKING:
@@ -105,10 +113,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
             from projection.perf.project import with_schedule
 
             scenario = extrapolate(with_schedule(scenario, "gpipe"), args.target_nodes, flag="--target-nodes")
-    calibration = Path(args.calibration) if args.calibration else None
-    if calibration is not None and not calibration.is_file():
-        raise ConfigError(Problem("calibration file not found", file=str(calibration), key="--calibration",
-                                  fix="give a Calibration JSON written by `projection calibrate ...`"))
+    calibration = Path(args.calibration) if args.calibration else None  # checked by _check_args
     schedule = None if args.schedule == "all" else args.schedule
     if counts:  # every count and the schedule at every count checked before anything is projected
         problems = [p for n in counts for p in node_count_problems(scenario, n, flag="--scaling")]
@@ -212,6 +217,7 @@ def _check_args(args: argparse.Namespace) -> list[int]:
         counts, bad = whole_numbers(args.scaling, "--scaling", "node counts")
         problems += bad
     problems += output_problems([("--png", args.png if args.scaling else None), ("--trace", args.trace)])
+    problems += input_problems([("--calibration", args.calibration)])
     if problems:
         raise ConfigError(problems)
     return counts

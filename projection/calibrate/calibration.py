@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError, model_validator
 from projection.calibrate.errors import CalibrationError
 from projection.cost.collectives import COLLECTIVE_KINDS, CollectiveKind, bus_factor
 from projection.errors import Problem
+from projection.fileio import atomic_write_text, not_regular_problem
 from projection.specs.base import Spec
 
 Layout = Literal["NN", "NT", "TN", "TT"]
@@ -227,9 +228,9 @@ class Calibration(Spec):
         return self.model_dump_json(indent=2) + "\n"
 
     def save(self, path: str | Path) -> None:
-        """Write the calibration as JSON; CalibrationError if the file cannot be written."""
+        """Write the calibration as JSON, whole or not at all; CalibrationError if the file cannot be written."""
         try:
-            Path(path).write_text(self.to_json(), encoding="utf-8")
+            atomic_write_text(path, self.to_json())
         except OSError as err:
             raise CalibrationError(Problem(f"cannot write the calibration: {err.strerror or err}", file=str(path),
                                            fix="give a writable path for --out")) from None
@@ -241,6 +242,9 @@ TABLES = ("gemm", "grouped_gemm", "attention", "memory_bound", "collective", "ho
 def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration JSON file. CalibrationError names the file, the line or key, and the fix."""
     file = str(path)
+    special = not_regular_problem(path)
+    if special is not None:  # a device would be read until memory runs out, a named pipe blocks until written
+        raise CalibrationError(special)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -257,7 +261,10 @@ def calibration_from_json(text: str, file: str = "<calibration>") -> Calibration
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise CalibrationError(Problem(f"invalid JSON: {err.msg}", file=file, line=err.lineno,
+        raise CalibrationError(Problem(f"invalid JSON: {err.msg} (column {err.colno})", file=file, line=err.lineno,
+                                       fix="give the JSON written by `projection calibrate import`")) from None
+    except RecursionError:
+        raise CalibrationError(Problem("the JSON is nested too deeply to read (hundreds of levels)", file=file,
                                        fix="give the JSON written by `projection calibrate import`")) from None
     if not isinstance(data, dict) or not (set(data) & {"schema_version", *TABLES}):
         raise CalibrationError(Problem("not a calibration: expected a JSON object with 'schema_version' and tables "

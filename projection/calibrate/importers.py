@@ -22,6 +22,7 @@ from projection.calibrate.import_hipblaslt import import_hipblaslt, looks_like_h
 from projection.calibrate.import_nccl import looks_like_nccl, parse_nccl_text
 from projection.calibrate.import_trace import import_trace
 from projection.errors import Problem
+from projection.fileio import not_regular_problem
 
 Format = Literal["trace", "calibration", "hipblaslt", "te_algo_cache", "nccl", "unknown"]
 _SUPPORTED = ("an nccl-tests / rccl-tests log, hipblaslt-bench output, a PyTorch profiler trace (.json / .json.gz) "
@@ -39,7 +40,7 @@ def detect_format(data: bytes) -> Format:
             return "trace"
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # import_file says what is wrong with it
             obj = None
         if isinstance(obj, dict) and ("schema_version" in obj or "collective" in obj or "gemm" in obj):
             return "calibration"
@@ -55,6 +56,9 @@ def detect_format(data: bytes) -> Format:
 def import_file(path: str | Path) -> Calibration:
     """One file into a Calibration (format from its content). CalibrationError if it holds no benchmark table."""
     file = str(path)
+    special = not_regular_problem(path)
+    if special is not None:  # a device would be read until memory runs out, a named pipe blocks until written
+        raise CalibrationError(special)
     try:
         data = _unpacked(Path(path).read_bytes())
     except FileNotFoundError:
@@ -72,7 +76,21 @@ def import_file(path: str | Path) -> Calibration:
         return import_hipblaslt(file, text)
     if fmt == "nccl":
         return parse_nccl_text(text, file)
+    if text.lstrip()[:1] == "{":  # meant as JSON (a calibration, a trace) but broken: where, not "no table"
+        _check_json(text, file)
     raise CalibrationError(Problem("no benchmark table found in this file", file=file, fix=f"give {_SUPPORTED}"))
+
+
+def _check_json(text: str, file: str) -> None:
+    """CalibrationError locating the syntax error of JSON text that does not parse; nothing when it parses."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CalibrationError(Problem(f"invalid JSON: {err.msg} (column {err.colno})", file=file, line=err.lineno,
+                                       fix="fix the JSON syntax at that line")) from None
+    except RecursionError:
+        raise CalibrationError(Problem("the JSON is nested too deeply to read (hundreds of levels)", file=file,
+                                       fix=f"give {_SUPPORTED}")) from None
 
 
 def _unpacked(data: bytes) -> bytes:

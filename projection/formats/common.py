@@ -10,8 +10,17 @@ from typing import Any
 import yaml
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
+from projection.fileio import not_regular_problem
 
 KeyPath = tuple[str, ...]
+
+
+def too_deep(path: Path | str, what: str) -> ConfigError:
+    """The error of a file nested deeper than the parser's recursion allows (it raised RecursionError): a config is
+    a few levels deep, so this is a generated or damaged file, not one to support."""
+    return ConfigError(Problem(f"{what} is nested too deeply to read (hundreds of levels of lists or mappings)",
+                               file=str(path), fix="flatten the nesting (a config needs a few levels); check that "
+                               "this is the file you meant"))
 
 
 def read_text(path: Path) -> str:
@@ -21,6 +30,9 @@ def read_text(path: Path) -> str:
     if path.is_dir():
         raise ConfigError(Problem(f"{path} is a directory, not a config file", file=str(path),
                                   fix="pass the YAML/TOML/JSON file itself"))
+    special = not_regular_problem(path)
+    if special is not None:  # /dev/zero would be read until memory runs out; a named pipe blocks until written
+        raise ConfigError(special)
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -41,10 +53,15 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, i
         raise ConfigError(Problem(f"YAML syntax error: {problem}", file=str(path), line=line,
                                   fix="fix the YAML syntax at that line (indentation, quotes, ':' after keys)")) \
             from None
+    except RecursionError:
+        raise too_deep(path, "the YAML") from None
     lines: dict[KeyPath, int] = {}
     duplicates: list[Problem] = []
     if node is not None:
-        _walk(node, (), lines, duplicates, str(path))
+        try:
+            _walk(node, (), lines, duplicates, str(path))
+        except RecursionError:  # yaml.compose nests deeper than _walk before it fails: kept as a safety net
+            raise too_deep(path, "the YAML") from None
     if duplicates:  # yaml.safe_load keeps the last one silently; the user meant one of them
         raise ConfigError(duplicates)
     return data, lines
@@ -75,6 +92,8 @@ def load_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], dict
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(Problem(f"TOML syntax error: {e}", file=str(path),
                                   fix="fix the TOML syntax (quotes around strings, [section] headers)")) from None
+    except RecursionError:
+        raise too_deep(path, "the TOML") from None
     lines: dict[KeyPath, int] = {}
     section: KeyPath = ()
     for i, raw in enumerate(text.splitlines(), 1):
@@ -96,6 +115,8 @@ def load_json(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, i
     except json.JSONDecodeError as e:
         raise ConfigError(Problem(f"JSON syntax error: {e.msg}", file=str(path), line=e.lineno,
                                   fix="fix the JSON syntax at that line")) from None
+    except RecursionError:
+        raise too_deep(path, "the JSON") from None
     lines: dict[KeyPath, int] = {}
     if isinstance(data, dict):
         for i, raw in enumerate(text.splitlines(), 1):

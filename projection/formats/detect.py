@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
-from projection.formats.common import load_yaml, read_text
+from projection.formats.common import load_toml, load_yaml, read_text
 from projection.paths import MODELS_DIR
 from projection.specs.scenario import RawScenario
 
@@ -18,7 +18,11 @@ def detect_format(path: Path) -> str:
     """One of FORMATS, from the suffix and the content."""
     text = read_text(path)
     suffix = path.suffix.lower()
+    if not text.strip():  # an empty TOML would load as TorchTitan's defaults (its debug model) without a word
+        raise ConfigError(_empty(path, "is empty"))
     if suffix == ".toml":
+        if not load_toml(path, text)[0]:
+            raise ConfigError(_empty(path, "holds no settings"))
         return "torchtitan"
     if suffix == ".json":
         return "hf"
@@ -26,6 +30,8 @@ def detect_format(path: Path) -> str:
         return "megatron"
     if suffix in (".yaml", ".yml"):
         data, _ = load_yaml(path, text)
+        if data is None:
+            raise ConfigError(_empty(path, "holds no settings"))
         if isinstance(data, dict):
             if "modules" in data or ("extends" in data and "MODEL_ARGS" not in data):
                 return "primus"  # an experiment, or a model preset that pulls in others (formats/primus_preset.py)
@@ -44,6 +50,11 @@ def detect_format(path: Path) -> str:
     raise ConfigError(Problem("unrecognised config file", file=str(path),
                               fix="use a .yaml (Primus, Megatron MODEL_ARGS, native), .toml (TorchTitan), "
                                   ".json (HF config) or a launch script / file of Megatron flags"))
+
+
+def _empty(path: Path, what: str) -> Problem:
+    return Problem(f"the config file {what}", file=str(path),
+                   fix="give it contents (examples/ has one of each format), or pass the file you meant")
 
 
 def load_raw(path: Path, overrides: Mapping[str, Any] | None = None, *, fmt: str | None = None,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
+from projection.fileio import atomic_write_text
 from projection.schedule.interleaved import schedule_table
 from projection.sim.costs import StageCosts
 from projection.sim.result import SimResult
@@ -66,7 +67,7 @@ def write_pp_vis(result: SimResult, out_dir: str | Path, name: str | None = None
     target = Path(out_dir) / (name or result.schedule.name)
     target.mkdir(parents=True, exist_ok=True)
     for fname, content in pp_vis_dump(result, activation_gb).items():
-        (target / fname).write_text(json.dumps(content))
+        atomic_write_text(target / fname, json.dumps(content))
     return target
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from projection.fileio import atomic_write_text
 from projection.sim.result import SimResult
 
 STREAM_TID = {"compute": 0, "p2p": 1, "comm": 2}
@@ -51,7 +52,5 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
 
 def write_chrome_trace(result: SimResult, path: str | Path,
                        tails: Sequence[Sequence[tuple[str, float]]] = ()) -> Path:
-    """Write the trace to `path` (JSON); returns the path."""
-    out = Path(path)
-    out.write_text(json.dumps(chrome_trace(result, tails)))
-    return out
+    """Write the trace to `path` (JSON), whole or not at all; returns the path."""
+    return atomic_write_text(Path(path), json.dumps(chrome_trace(result, tails)))

@@ -17,6 +17,8 @@ import io
 import re
 from pathlib import Path
 
+from projection.errors import ConfigError
+from projection.fileio import atomic_write_text, not_regular_problem
 from projection.schedule.action import COMPUTE_KINDS, Action, Schedule
 from projection.schedule.registry import MAX_STAGE_MICROBATCHES
 
@@ -97,6 +99,9 @@ def loads_csv(text: str, name: str = "custom") -> Schedule:
 def load_csv(path: str | Path, name: str | None = None) -> Schedule:
     """Schedule from a CSV file; the name defaults to the file's stem."""
     p = Path(path)
+    special = not_regular_problem(p)
+    if special is not None:  # a device would be read until memory runs out, a named pipe blocks until written
+        raise ConfigError(special)
     return loads_csv(p.read_text(), name or p.stem)
 
 
@@ -119,5 +124,5 @@ def dumps_csv(s: Schedule) -> str:
 
 
 def dump_csv(s: Schedule, path: str | Path) -> None:
-    """Write `s` to `path` in torch.distributed.pipelining CSV notation."""
-    Path(path).write_text(dumps_csv(s))
+    """Write `s` to `path` in torch.distributed.pipelining CSV notation, whole or not at all."""
+    atomic_write_text(path, dumps_csv(s))
