@@ -324,12 +324,12 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(selected: Iterable[Case] | None = None,
+         what: str = "on the metric shown; see the module docstring for the conversions") -> int:
     t0 = time.perf_counter()
-    rows = evaluate()
+    rows = evaluate(selected)
     print(format_table(rows))
-    print(f"({len(rows)} projections in {time.perf_counter() - t0:.1f} s; error = projected / measured - 1 on the "
-          f"metric shown; see the module docstring for the conversions)")
+    print(f"({len(rows)} projections in {time.perf_counter() - t0:.1f} s; error = projected / measured - 1 {what})")
     return 0
 
 

@@ -26,16 +26,16 @@ run used, projected with the shipped default calibration, and compared on tokens
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import Case, _tokens, evaluate, format_table  # noqa: E402
+from accuracy import Case, _tokens, evaluate  # noqa: E402,F401  (evaluate: for tests/oracle/test_performance_amd_public.py)
+from accuracy import main as accuracy_main  # noqa: E402
 
 SOURCE = "AMD public logs"
 
-_LLAMA2_7B_FP8 = (
+LLAMA2_7B_FP8 = (
     "torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --tensor-model-parallel-size 1 "
     "--pipeline-model-parallel-size 1 --context-parallel-size 1 --num-layers 32 --hidden-size 4096 "
     "--ffn-hidden-size 11008 --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 32000 "
@@ -52,7 +52,7 @@ _LLAMA2_7B_FP8 = (
     "--lr-decay-style cosine --weight-decay 1.0e-1 --clip-grad 1.0 --ckpt-format torch_dist --optimizer adam "
     "--adam-beta1 0.9 --adam-beta2 0.95\n")
 
-_LLAMA31_70B_FP8_FSDP2 = (
+LLAMA31_70B_FP8_FSDP2 = (
     "torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py --tensor-model-parallel-size 1 "
     "--pipeline-model-parallel-size 1 --context-parallel-size 1 --num-layers 80 --hidden-size 8192 "
     "--ffn-hidden-size 28672 --num-attention-heads 64 --seq-length 8192 --max-position-embeddings 131072 "
@@ -71,20 +71,15 @@ _LLAMA31_70B_FP8_FSDP2 = (
 
 def cases() -> list[Case]:
     """(name, GPUs, nodes, device, script, measured step seconds, global batch, sequence)."""
-    runs = [("M1 Llama-2-7B FP8 tp1 dp8", 8, 1, "mi300x", _LLAMA2_7B_FP8, 10.2505, 256, 4096),
-            ("U4 Llama-3.1-70B FP8 FSDP2 dp64", 64, 8, "mi325x", _LLAMA31_70B_FP8_FSDP2, 19.1249, 256, 8192)]
+    runs = [("M1 Llama-2-7B FP8 tp1 dp8", 8, 1, "mi300x", LLAMA2_7B_FP8, 10.2505, 256, 4096),
+            ("U4 Llama-3.1-70B FP8 FSDP2 dp64", 64, 8, "mi325x", LLAMA31_70B_FP8_FSDP2, 19.1249, 256, 8192)]
     return [Case(SOURCE, name, gpus, {}, "tokens/s/GPU", gbs * seq / (step * gpus), _tokens,
                  note=f"step {step} s", script=script, hardware=device, nodes=nodes)
             for name, gpus, nodes, device, script, step, gbs, seq in runs]
 
 
 def main() -> int:
-    t0 = time.perf_counter()
-    rows = evaluate(cases())
-    print(format_table(rows))
-    print(f"({len(rows)} projections in {time.perf_counter() - t0:.1f} s; error = projected / measured - 1 on "
-          f"tokens/s/GPU; the runs and their sources are in the module docstring)")
-    return 0
+    return accuracy_main(cases(), "on tokens/s/GPU; the runs and their sources are in the module docstring")
 
 
 if __name__ == "__main__":

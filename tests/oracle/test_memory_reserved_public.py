@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from projection import api
+from tests.oracle.bench_modules import load_benchmark
 
 MiB = 2**20
 LIMIT = 0.03
@@ -117,22 +118,7 @@ def test_reserved_gap_of_a_published_log_with_expandable_segments(tmp_path: Path
 # are all here), which also prints, once, on rank 0:
 #     [Rank 0] (after 1 iterations) memory (MB) | allocated: 84470.69384765625 | max allocated: 140046.63720703125 |
 #     reserved: 171836.0 | max reserved: 171836.0
-MI325X_70B_FP8_FSDP2 = (
-    "torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py --tensor-model-parallel-size 1 "
-    "--pipeline-model-parallel-size 1 --context-parallel-size 1 --num-layers 80 --hidden-size 8192 "
-    "--ffn-hidden-size 28672 --num-attention-heads 64 --seq-length 8192 --max-position-embeddings 131072 "
-    "--untie-embeddings-and-output-weights --position-embedding-type rope --no-position-embedding --swiglu "
-    "--disable-bias-linear --init-method-std 0.02 --attention-dropout 0.0 --hidden-dropout 0.0 --normalization RMSNorm "
-    "--micro-batch-size 4 --global-batch-size 256 --train-iters 10 --bf16 --no-masked-softmax-fusion "
-    "--recompute-num-layers 80 --recompute-granularity full --recompute-method block "
-    "--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.1-70B --mock-data --log-interval 1 "
-    "--log-throughput --group-query-attention --num-query-groups 8 --no-gradient-accumulation-fusion "
-    "--distributed-backend nccl --overlap-grad-reduce --use-torch-fsdp2 --use-flash-attn --use-mcore-models "
-    "--transformer-impl transformer_engine --fp8-margin 0 --fp8-format hybrid --fp8-interval 1 "
-    "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --attention-softmax-in-fp32 "
-    "--no-fp8-weight-transpose-cache "
-    "--lr 1e-4 --min-lr 1e-5 --lr-decay-style cosine --weight-decay 1.0e-1 --clip-grad 1.0 --ckpt-format torch_dist "
-    "--optimizer adam --adam-beta1 0.9 --adam-beta2 0.95\n")
+MI325X_70B_FP8_FSDP2 = load_benchmark("accuracy_amd").LLAMA31_70B_FP8_FSDP2  # the U4 run of the accuracy table
 MI325X_AFTER_STEP = 84470.69384765625 * MiB
 MI325X_MAX_ALLOCATED = 140046.63720703125 * MiB
 MI325X_MAX_RESERVED = 171836.0 * MiB

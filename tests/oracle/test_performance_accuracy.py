@@ -11,12 +11,11 @@ same table (`python3 benchmarks/accuracy.py`). The published numbers are validat
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.oracle.bench_modules import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO.parent / "shared" / "reference" / "validation-public.md"
@@ -27,18 +26,9 @@ pytestmark = pytest.mark.skipif(not REFERENCE.is_file(), reason="shared/referenc
                                 "cases are transcribed from shared/reference/validation-public.md")
 
 
-def accuracy_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("projection_benchmarks_accuracy", REPO / "benchmarks" / "accuracy.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def rows() -> list:
-    acc = accuracy_module()
+    acc = load_benchmark("accuracy")
     out = acc.evaluate()
     print("\n" + acc.format_table(out))
     return out

@@ -5,32 +5,15 @@ to them. The cases are transcribed in the benchmark module, so this runs without
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.oracle.bench_modules import load_benchmark
+
 LIMIT = 0.20  # issue 6: no case beyond 20 %
 
 
-def amd_module() -> ModuleType:
-    bench = str(REPO / "benchmarks")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    spec = importlib.util.spec_from_file_location("projection_benchmarks_accuracy_amd", REPO / "benchmarks" /
-                                                  "accuracy_amd.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _error(name: str) -> float:
-    mod = amd_module()
+    mod = load_benchmark("accuracy_amd")
     (case,) = [c for c in mod.cases() if c.name.startswith(name)]
     (row,) = mod.evaluate([case])
     print(f"\n{case.name} on {case.gpus} x {case.hardware}: measured {case.measured:.1f} tokens/s/GPU, projected "

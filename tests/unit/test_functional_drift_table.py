@@ -3,13 +3,12 @@ golden files: every case it names must be one of the scored cases, and every ent
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.oracle.bench_modules import load_benchmark
 from tests.oracle.megatron_cases import MEGATRON, cases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,11 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_versions_name_scored_cases_and_commits() -> None:
     if not (MEGATRON / "CASES.md").is_file():
         pytest.skip("shared/fixtures/megatron absent (user clone)")
-    spec = importlib.util.spec_from_file_location("functional_drift", REPO / "benchmarks" / "functional_drift.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("functional_drift")
     names = {c.name for c in cases()}
     assert set(mod.VERSIONS) <= names and len(mod.VERSIONS) == len(names)
     for versions in mod.VERSIONS.values():
