@@ -87,7 +87,8 @@ class Case:
     projected_metric: Callable[[Any, Case], float] = field(compare=False)
     note: str = ""
     script: str = ""                 # a launch script loaded as the file itself, instead of `scenario`
-    hardware: str = ""               # with `script`: the device and node count it ran on
+    config: str = ""                 # or a config file (a path) loaded as it is
+    hardware: str = ""               # with `script` or `config`: the device and node count it ran on
     nodes: int = 0
 
 
@@ -267,6 +268,8 @@ def load_case(case: Case, workdir: Path) -> Any:
     """The case as a validated Scenario: a native YAML written from `scenario`, or the launch script `script` as it
     was run, loaded with projection.api.load."""
     stem = f"{case.source.split()[0].lower()}-{case.name.replace(' ', '_')}"
+    if case.config:
+        return api.load(Path(case.config), hardware=case.hardware, nodes=case.nodes)
     if case.script:
         path = workdir / f"{stem}.sh"
         path.write_text(case.script, encoding="utf-8")

@@ -21,6 +21,11 @@ run used, projected with the shipped default calibration, and compared on tokens
   full recompute, MBS 4, BS 256, sequence 8192. The flags are the run's own argument dump (its log,
   megatron-pyxis-12384.out, 403 arguments). Measured: the script's mean, 19,124.9 ms (iterations 3-9),
   1,713.4 tokens/s/GPU. The same log's memory report is an oracle of tests/oracle/test_memory_reserved_public.py.
+* U1-U3, AMD Primus on MI325X (hisohara/ai-scripts training/03_primus @4fb66ab5, 2025-11-14/15, rocm/primus
+  v25.9): Llama-2-7B FP8 on 64 GPUs, Llama-2-70B FP8 with FSDP2 and full recompute on 16, Mixtral-8x7B BF16 with
+  EP 8 on 64. Each log's rank-0 Megatron argument dump is kept as a flat YAML of argparse dests in amd_runs/ (with
+  its measured lines in the header) and loaded as it is. Measured: the log's mean elapsed time per iteration from
+  iteration 3 to 50.
 """
 
 from __future__ import annotations
@@ -69,13 +74,23 @@ LLAMA31_70B_FP8_FSDP2 = (
     "--clip-grad 1.0 --ckpt-format torch_dist --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95\n")
 
 
+RUNS = Path(__file__).resolve().parent / "amd_runs"  # Primus runs' argument dumps, each file citing its log
+
+
 def cases() -> list[Case]:
-    """(name, GPUs, nodes, device, script, measured step seconds, global batch, sequence)."""
+    """(name, GPUs, nodes, device, script or config file, measured step seconds, global batch, sequence)."""
     runs = [("M1 Llama-2-7B FP8 tp1 dp8", 8, 1, "mi300x", LLAMA2_7B_FP8, 10.2505, 256, 4096),
-            ("U4 Llama-3.1-70B FP8 FSDP2 dp64", 64, 8, "mi325x", LLAMA31_70B_FP8_FSDP2, 19.1249, 256, 8192)]
-    return [Case(SOURCE, name, gpus, {}, "tokens/s/GPU", gbs * seq / (step * gpus), _tokens,
-                 note=f"step {step} s", script=script, hardware=device, nodes=nodes)
-            for name, gpus, nodes, device, script, step, gbs, seq in runs]
+            ("U4 Llama-3.1-70B FP8 FSDP2 dp64", 64, 8, "mi325x", LLAMA31_70B_FP8_FSDP2, 19.1249, 256, 8192),
+            ("U1 Llama-2-7B FP8 dp64", 64, 8, "mi325x", RUNS / "primus_llama2_7b_fp8_64xmi325x.yaml",
+             6.4027, 2048, 4096),
+            ("U2 Llama-2-70B FP8 FSDP2 dp16", 16, 2, "mi325x",
+             RUNS / "primus_llama2_70b_fp8_fsdp2_16xmi325x.yaml", 92.6319, 640, 4096),
+            ("U3 Mixtral-8x7B BF16 ep8 dp64", 64, 8, "mi325x",
+             RUNS / "primus_mixtral_8x7b_bf16_ep8_64xmi325x.yaml", 3.0995, 256, 4096)]
+    return [Case(SOURCE, name, gpus, {}, "tokens/s/GPU", gbs * seq / (step * gpus), _tokens, note=f"step {step} s",
+                 script=run if isinstance(run, str) else "", config=str(run) if isinstance(run, Path) else "",
+                 hardware=device, nodes=nodes)
+            for name, gpus, nodes, device, run, step, gbs, seq in runs]
 
 
 def main() -> int:

@@ -178,3 +178,41 @@ def test_reserved_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
     print(f"\nMI325X 70B FP8 FSDP2, iteration 1 max reserved: measured {MI325X_MAX_RESERVED / MiB:.0f} MiB, "
           f"projected {reserved / MiB:.0f} ({err:+.1%})")
     assert err == pytest.approx(0.0, abs=LIMIT)
+
+
+# AMD Primus runs on MI325X (benchmarks/amd_runs/: each log's argument dump as a flat YAML, its memory line in the
+# header). Iteration 1's max allocated, as above: Adam's moments are created by the first step; the distributed
+# optimizer's gradient buffer and fp32 master shards exist from the start, FSDP2's sharded gradients only from the
+# first backward's reduce-scatters, after these full-recompute or no-recompute jobs' loss peak.
+PRIMUS_RUNS = {  # file, nodes, measured iteration-1 max allocated MiB (rank 0)
+    "7b": ("primus_llama2_7b_fp8_64xmi325x.yaml", 8, 111506.17822265625),
+    "mixtral": ("primus_mixtral_8x7b_bf16_ep8_64xmi325x.yaml", 8, 108035.423828125),
+    "70b_fsdp2": ("primus_llama2_70b_fp8_fsdp2_16xmi325x.yaml", 2, 169964.1650390625),
+}
+
+
+def _primus_first_iteration_error(key: str) -> float:
+    name, nodes, measured = PRIMUS_RUNS[key]
+    sc = api.load(load_benchmark("accuracy_amd").RUNS / name, hardware="mi325x", nodes=nodes)
+    (rank,) = api.estimate_memory(sc).ranks
+    assert rank.bytes["activations"] > 0  # the peak is in the forward/backward
+    fsdp = sc.plan.sharding.fsdp != "none"
+    first = rank.peak_bytes - rank.terms.get("optimizer.moments", 0) - (rank.bytes["gradients"] if fsdp else 0)
+    err = first / (measured * MiB) - 1
+    print(f"\n{name}: iteration 1 max allocated measured {measured:.0f} MiB, projected {first / MiB:.0f} ({err:+.1%})")
+    return err
+
+
+@pytest.mark.parametrize("key", ["7b", "mixtral"])
+def test_first_iteration_peak_of_primus_runs_on_mi325x(key: str) -> None:
+    """Measured 2026-11-30: Llama-2-7B FP8 -0.3 %, Mixtral-8x7B BF16 with EP 8 -1.8 %."""
+    assert abs(_primus_first_iteration_error(key)) <= LIMIT
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2026-11-30: Llama-2-70B FP8 with FSDP2 on 16 MI325X (Primus), iteration 1 max allocated projected "
+    "-11.2 % and the allocated after the step -5.8 % (131,349 against 139,477 MiB): some 8,000 MiB that outlive the "
+    "step are not in the estimate (the ROCm Megatron-LM 70B FSDP2 run above is within 2.5 %); not investigated "
+    "further"))
+def test_first_iteration_peak_of_a_primus_fsdp2_run_on_mi325x() -> None:
+    assert abs(_primus_first_iteration_error("70b_fsdp2")) <= LIMIT

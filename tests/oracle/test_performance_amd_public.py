@@ -21,8 +21,21 @@ def _error(name: str) -> float:
     return float(row.error)
 
 
-def test_mi325x_70b_fp8_fsdp2() -> None:
-    assert abs(_error("U4")) <= LIMIT
+@pytest.mark.parametrize("name", ["U4", "U1", "U2"])
+def test_mi325x_runs(name: str) -> None:
+    """U4 ROCm Megatron-LM 70B FP8 FSDP2 on 64 (-9.4 %), U1 Primus 7B FP8 on 64 (+2.4 %), U2 Primus 70B FP8 FSDP2 on
+    16 (+0.4 %), as measured 2026-11-30."""
+    assert abs(_error(name)) <= LIMIT
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2026-11-30: Mixtral-8x7B BF16 on 64 MI325X with EP 8 (Primus, grouped GEMM, all-to-all dispatcher, "
+    "forced load balancing), projected 8,341 tokens/s/GPU (1.96 s per step) against 5,286 measured (3.10 s): "
+    "+57.8 %. The dense runs of the same cluster and stack are within 2.4 %, so the miss is in the MoE layer's "
+    "pricing (grouped expert GEMMs, the token permutation and the EP all-to-all across nodes); not investigated "
+    "further this session"))
+def test_mi325x_mixtral_ep8() -> None:
+    assert abs(_error("U3")) <= LIMIT
 
 
 @pytest.mark.xfail(strict=True, reason=(
