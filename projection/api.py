@@ -16,7 +16,7 @@ from typing import Any
 from projection.errors import COMMAND_LINE, ConfigError, Problem, count_of
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
-from projection.formats.job_env import READ, job_environment
+from projection.formats.job_env import READ, job_environment, merged
 from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR
 from projection.report.inspect import InspectReport, build_inspect_report
@@ -61,13 +61,15 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     # `env.NAME` is the training job's environment variable NAME, also projection's own key in every format
     job_env = {str(k): v for k, v in ov.items() if str(k).startswith("env.")}
     ov = {k: v for k, v in ov.items() if str(k) not in cluster and str(k) not in job_env}
-    env_keys = _job_env_keys(job_env)
+    command_line, problems = _job_env_vars(job_env)
     raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
                    models_dir=models_dir, env=env or {})
     for key, value in cluster.items():
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
-    for key, (value, where) in env_keys.items():
+    for key, (value, where) in job_environment(merged(raw.job_env, command_line), problems).items():
         raw.set(key, value, where)
+    if problems:
+        raise ConfigError(problems)
     if schedule is not None:
         raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
     if hardware is not None:
@@ -90,11 +92,11 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     return build_scenario(raw, device)
 
 
-def _job_env_keys(job_env: Mapping[str, Any]) -> dict[str, tuple[Any, Origin]]:
-    """`--set env.NAME=VALUE` -> the canonical keys that NAME sets (projection.formats.job_env); every name it does
-    not read, and every value the job would refuse, is a problem, all reported at once."""
+def _job_env_vars(job_env: Mapping[str, Any]) -> tuple[dict[str, tuple[str | None, Origin]], list[Problem]]:
+    """`--set env.NAME=VALUE` -> NAME -> (VALUE, where; None for `env.NAME=null`, which unsets it), and a problem for
+    each name projection does not read (reported with the values' own problems)."""
     problems: list[Problem] = []
-    variables: dict[str, tuple[str, Origin]] = {}
+    out: dict[str, tuple[str | None, Origin]] = {}
     for key, value in job_env.items():
         name = key[len("env."):]
         if name not in READ:
@@ -102,11 +104,8 @@ def _job_env_keys(job_env: Mapping[str, Any]) -> dict[str, tuple[Any, Origin]]:
                                     key=f"--set {key}", file=COMMAND_LINE,
                                     fix=f"the variables it reads: {', '.join(READ)}"))
             continue
-        variables[name] = (str(value), Origin(COMMAND_LINE, None, f"--set {key}"))
-    out = job_environment(variables, problems)
-    if problems:
-        raise ConfigError(problems)
-    return out
+        out[name] = (None if value is None else str(value), Origin(COMMAND_LINE, None, f"--set {key}"))
+    return out, problems
 
 
 def _check_load_args(config: Any, overrides: Any, env: Any, hardware_dir: Any, models_dir: Any,

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,8 @@ def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list
         raise
     for original, kept in aside:  # an old file no writer replaced (a pp_vis rank file of a larger run) stays
         if original.exists() or original.is_symlink():
+            with contextlib.suppress(OSError):  # the new file keeps the old one's permission bits, as open() would
+                os.chmod(original, stat.S_IMODE(kept.stat().st_mode))
             kept.unlink(missing_ok=True)
         else:
             _put_back(original, kept)

@@ -1,9 +1,11 @@
 """The job's environment variables that change what projection computes, wherever they are written: a Megatron
-functional test's `ENV_VARS:`, the assignments and exports of a launch script, or `--set env.NAME=VALUE` in any format
-(the environment of the machine running projection is never read: it is not the training job's)."""
+functional test's `ENV_VARS:`, the exported variables of a launch script (and assignments prefixed to its launch
+command), TorchTitan's launcher default, or `--set env.NAME=VALUE` in any format. projection's own environment is
+read only where a file expands a variable from it (`${VAR:-default}`), as bash would."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,27 +18,75 @@ READ = {"CUBLAS_WORKSPACE_CONFIG": "training.kernels.gemm_workspace_bytes",
         **{name: "training.kernels.expandable_segments" for name in ALLOC_CONF_VARS}}
 
 
+def merged(from_file: Mapping[str, tuple[str, Origin]], from_command_line: Mapping[str, tuple[str | None, Origin]]
+           ) -> dict[str, tuple[str, Origin]]:
+    """The job's variables: the file's, then the command line's by name (None unsets one). An allocator variable on
+    the command line states the allocator: it replaces every allocator variable the file (or a launcher default)
+    set, so that a default of another name cannot contradict it."""
+    out = dict(from_file)
+    if any(name in ALLOC_CONF_VARS for name in from_command_line):
+        out = {k: v for k, v in out.items() if k not in ALLOC_CONF_VARS}
+    for name, (value, origin) in from_command_line.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = (value, origin)
+    return out
+
+
 def job_environment(variables: Mapping[str, tuple[str, Origin]], problems: list[Problem]
                     ) -> dict[str, tuple[Any, Origin]]:
     """The job environment variables projection reads (name -> (value, where it was set)) -> canonical keys:
-    CUBLAS_WORKSPACE_CONFIG -> training.kernels.gemm_workspace_bytes; expandable_segments of the first of
-    PYTORCH_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF that is set ->
-    training.kernels.expandable_segments. A value PyTorch would refuse is a problem."""
+    CUBLAS_WORKSPACE_CONFIG -> training.kernels.gemm_workspace_bytes; PYTORCH_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF and
+    PYTORCH_HIP_ALLOC_CONF -> training.kernels.expandable_segments (a variable that is set without the option means
+    the default allocator). Which of those PyTorch reads first has changed between versions (2.9's
+    AcceleratorAllocatorConfig reads PYTORCH_ALLOC_CONF first; later c10 code reads the device-specific names
+    first), so two of them that disagree are a problem rather than a guess. A value PyTorch would refuse is one too."""
     out: dict[str, tuple[Any, Origin]] = {}
     ws = variables.get("CUBLAS_WORKSPACE_CONFIG")
-    if ws is not None and parse_cublas_workspace_config(ws[0]) is not None:
-        out["training.kernels.gemm_workspace_bytes"] = (parse_cublas_workspace_config(ws[0]), ws[1])
+    if ws is not None:
+        parsed = parse_cublas_workspace_config(ws[0])
+        if parsed is None:
+            value, where = ws
+            problems.append(Problem(f"CUBLAS_WORKSPACE_CONFIG {value!r} is not a list of :SIZE_KiB:COUNT pairs "
+                                    "(PyTorch would warn and use its default workspace)",
+                                    key=where.key or "CUBLAS_WORKSPACE_CONFIG", file=where.file, line=where.line,
+                                    fix="write e.g. :4096:8, or leave it unset"))
+        else:
+            out["training.kernels.gemm_workspace_bytes"] = (parsed, ws[1])
+    settings: dict[str, tuple[bool, Origin]] = {}
     for name in ALLOC_CONF_VARS:
         if name not in variables:
             continue
         value, origin = variables[name]
         try:
-            expandable = alloc_conf_expandable_segments(value)
+            settings[name] = (bool(alloc_conf_expandable_segments(value)), origin)
         except ValueError as e:
             problems.append(Problem(f"{name}: {e}", key=origin.key or name, file=origin.file, line=origin.line,
                                     fix="write expandable_segments:True or expandable_segments:False"))
-            break
-        if expandable is not None:
-            out["training.kernels.expandable_segments"] = (expandable, origin)
-        break  # PyTorch reads the first of them that is set, and only that one
+    if len({on for on, _ in settings.values()}) > 1:
+        names = ", ".join(f"{n} ({'on' if on else 'off'})" for n, (on, _) in settings.items())
+        first = next(iter(settings.values()))[1]
+        problems.append(Problem(f"the allocator variables disagree on expandable segments: {names}; which one "
+                                "PyTorch reads first depends on its version", key=first.key or "env",
+                                file=first.file, line=first.line, fix="set one of them, or give them the same value"))
+    elif settings:
+        on, origin = next(iter(settings.values()))
+        out["training.kernels.expandable_segments"] = (on, origin)
     return out
+
+
+_EXPORT = re.compile(r"^[ \t]*(?:export|declare[ \t]+-[a-zA-Z]*x[a-zA-Z]*)[ \t]+(.*)$", re.M)
+_PREFIXED_LAUNCH = re.compile(
+    r"^[ \t]*((?:[A-Za-z_]\w*=\S*[ \t]+)+)(?:\S*/)?(?:torchrun|python3?|deepspeed|srun|mpirun)\b", re.M)
+
+
+def exported_names(text: str) -> set[str]:
+    """Names a bash script hands to the processes it launches: `export NAME[=...]` / `declare -x`, every variable
+    under `set -a`, and assignments prefixed to a launch command (`NAME=value torchrun ...`). A plain `NAME=value`
+    stays in the shell and is not the job's environment."""
+    if re.search(r"^\s*set\s+-[a-zA-Z]*a", text, re.M):
+        return {m.group(1) for m in re.finditer(r"^\s*([A-Za-z_]\w*)=", text, re.M)}
+    names = {n for m in _EXPORT.finditer(text) for n in re.findall(r"(?:^|\s)([A-Za-z_]\w*)(?==|\s|$)", m.group(1))}
+    names |= {n for m in _PREFIXED_LAUNCH.finditer(text) for n in re.findall(r"([A-Za-z_]\w*)=", m.group(1))}
+    return names

@@ -12,7 +12,7 @@ from typing import Any
 
 from projection.errors import ConfigError, Problem
 from projection.formats.common import load_yaml, read_text
-from projection.formats.job_env import job_environment
+from projection.formats.job_env import READ, exported_names
 from projection.formats.megatron import SET_ORIGIN, args_to_raw
 from projection.formats.megatron_args import (
     DESTS,
@@ -23,7 +23,8 @@ from projection.formats.megatron_args import (
     to_bool,
 )
 from projection.formats.megatron_shell import FlagHit, parse_shell
-from projection.formats.megatron_shell_lex import Expander, Var, unclosed_quote
+from projection.formats.megatron_shell_lex import Expander, Var
+from projection.formats.shell_quotes import unclosed_quote
 from projection.specs.scenario import Origin, RawScenario
 
 # the sections a dotted `--set` key may name on a Megatron file (cluster.* and env.* are taken by api.load first)
@@ -40,15 +41,15 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     text = read_text(path)
     file = str(path)
     cluster: dict[str, tuple[Any, Origin]] = {}
+    job_vars: dict[str, tuple[str, Origin]] = {}
     problems: list[Problem] = []
     flat = False  # a flat YAML of dests (a models/ preset) rather than a functional test's MODEL_ARGS
     if path.suffix.lower() in (".yaml", ".yml"):
         hits = _yaml_hits(path, text, env or {})
         data, lines = load_yaml(path, text)
         flat = isinstance(data, dict) and "MODEL_ARGS" not in data
-        env_vars = _env_vars(data.get("ENV_VARS") if isinstance(data, dict) else None)
-        cluster.update(job_environment({k: (v, Origin(file, lines.get(("ENV_VARS", k)), k))
-                                        for k, v in env_vars.items()}, problems))
+        env_vars = _env_vars(data.get("ENV_VARS") if isinstance(data, dict) else None)  # the harness exports them
+        job_vars = {k: (v, Origin(file, lines.get(("ENV_VARS", k)), k)) for k, v in env_vars.items() if k in READ}
     else:
         unclosed = unclosed_quote(text)
         if unclosed is not None:
@@ -59,8 +60,9 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         shell = parse_shell(text, env)
         hits = shell.flags
         cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
-        cluster.update(job_environment({k: (v.text(), Origin(file, shell.assigned_at.get(k), k))
-                                        for k, v in shell.variables.items() if k in shell.assigned_at}, problems))
+        exported = exported_names(text)
+        job_vars = {k: (v.text(), Origin(file, shell.assigned_at.get(k), k)) for k, v in shell.variables.items()
+                    if k in READ and k in shell.assigned_at and k in exported}
         if not any(h.dest == "tokenizer_model" for h in hits) and "TOKENIZER_MODEL" in shell.assigned_at:
             tok = shell.variables["TOKENIZER_MODEL"]  # modelopt conf scripts name the tokenizer only in a variable
             hits.append(FlagHit("TOKENIZER_MODEL", "tokenizer_model", False, tok.text(),
@@ -137,6 +139,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         raise ConfigError(problems)
     for key, (value, origin) in cluster.items():
         raw.set(key, value, origin)
+    raw.job_env.update(job_vars)
     for key, value in canonical.items():
         raw.set(key, value, Origin(SET_ORIGIN, None, key))
     return raw

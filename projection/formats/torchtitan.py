@@ -44,9 +44,9 @@ def load_torchtitan(path: Path, overrides: Mapping[str, Any] | None = None) -> R
     raw = job_config_to_raw(data, origins, source=str(path))
     # TorchTitan's launcher, run_train.sh, starts torchrun with PYTORCH_ALLOC_CONF="expandable_segments:True"
     # (PYTORCH_CUDA_ALLOC_CONF in older versions); a TOML cannot say otherwise, --set env.PYTORCH_ALLOC_CONF can
-    raw.set("training.kernels.expandable_segments", True,
-            Origin("default (TorchTitan's run_train.sh sets PYTORCH_ALLOC_CONF=expandable_segments:True; "
-                   "--set env.PYTORCH_ALLOC_CONF=expandable_segments:False to change)"))
+    raw.job_env["PYTORCH_ALLOC_CONF"] = (
+        "expandable_segments:True", Origin("default (TorchTitan's run_train.sh sets PYTORCH_ALLOC_CONF="
+                                           "expandable_segments:True; --set env.PYTORCH_ALLOC_CONF=... to change)"))
     return raw
 
 

@@ -53,6 +53,9 @@ class RawScenario:
     framework: str
     data: dict[str, Any] = field(default_factory=lambda: {"model": {}, "training": {}, "plan": {}, "cluster": {}})
     origins: dict[str, Origin] = field(default_factory=dict)
+    # the training job's environment variables the file sets (name -> value, where), resolved by api.load together
+    # with `--set env.NAME` (projection.formats.job_env)
+    job_env: dict[str, tuple[str, Origin]] = field(default_factory=dict)
 
     def set(self, dotted: str, value: Any, origin: Origin) -> None:
         """Set canonical key `dotted` (e.g. 'plan.sharding.zero_stage') to value, remembering where it came from."""
@@ -143,6 +146,18 @@ def _nested_keys(section: str, loc: tuple[Any, ...]) -> list[str]:
 _FIELD_IN_MESSAGE = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*) ")  # "num_attention_heads 32 is ..."
 
 
+def _is_field(section: str, dotted: str) -> bool:
+    """Whether `dotted` (e.g. 'num_attention_heads', 'moe.layer_pattern') names a field of the section's spec."""
+    cls: Any = {"model": ModelSpec, "training": TrainingSpec, "plan": ParallelPlan}.get(section)
+    for part in dotted.split("."):
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return False
+        cls = next((a for a in (field.annotation, *typing.get_args(field.annotation)) if hasattr(a, "model_fields")),
+                   None)
+    return True
+
+
 def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> list[Problem]:
     out = []
     for e in err.errors():
@@ -159,7 +174,8 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
             # spelling and line are reported (num_key_value_heads in an HF config, --hidden-size in a launch script)
             for part in msg.removeprefix("Value error, ").split("; "):
                 named = _FIELD_IN_MESSAGE.match(part)
-                key = f"{section}.{named.group(1)}" if named else section
+                # only a real field of the section ("learned position embeddings need ..." names none)
+                key = f"{section}.{named.group(1)}" if named and _is_field(section, named.group(1)) else section
                 held = raw.origins.get(key)
                 spelled = held.key if held is not None and held.key else key
                 out.append(origin_problem(raw, key, part, f"change {spelled} or the values it is checked against "

@@ -34,8 +34,10 @@ def limits(file_bytes: int | None = None) -> Callable[[], None]:
 
 def run(*args: str, cwd: Path | None = None, file_bytes: int | None = None,
         stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    # this checkout's package, whatever projection is installed (the tests run from other working directories)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "projection", *args], stdout=stdout, stderr=subprocess.PIPE,
-                          text=True, timeout=60, cwd=cwd, preexec_fn=limits(file_bytes))
+                          text=True, timeout=60, cwd=cwd, preexec_fn=limits(file_bytes), env=env)
 
 
 def assert_user_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -157,3 +157,14 @@ def test_not_regular_names_what_the_path_is(tmp_path: Path) -> None:
     assert problem is not None and "a link to /dev/null, a character device" in problem.render()
     with pytest.raises(ConfigError, match="a character device"):
         load_csv(link)  # refused before it is read (a link to /dev/zero would be read until memory runs out)
+
+
+def test_write_outputs_keeps_the_permission_bits_of_a_file_it_replaces(tmp_path: Path) -> None:
+    """The old file waits aside while the writer runs, so the new one is made fresh: it must still get the old
+    file's mode (a 0600 trace stayed 0600 with a plain open(); it became 0644)."""
+    out = tmp_path / "trace.json"
+    out.write_text("old")
+    out.chmod(0o600)
+    write_outputs([("--trace", str(out), lambda: (out.write_text("new"), out)[1])])
+    assert out.read_text() == "new" and stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]

@@ -71,14 +71,26 @@ def test_launch_script_export_and_its_precedence(tmp_path: Path) -> None:
     assert not _load(tmp_path, "").training.kernels.expandable_segments
     assert _load(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True").training.kernels \
         .expandable_segments
-    assert _load(tmp_path, "PYTORCH_HIP_ALLOC_CONF='expandable_segments:True'").training.kernels.expandable_segments
-    # PYTORCH_ALLOC_CONF comes first, and when it is set PyTorch does not read the device-specific name at all
+    # a plain assignment stays in the shell; one prefixed to the launch command is the job's
+    assert not _load(tmp_path, "PYTORCH_HIP_ALLOC_CONF='expandable_segments:True'").training.kernels \
+        .expandable_segments
+    prefixed = SCRIPT.replace("torchrun", "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True torchrun")
+    (tmp_path / "prefixed.sh").write_text(prefixed.format(env=""))
+    assert api.load(tmp_path / "prefixed.sh", hardware="h100-sxm").training.kernels.expandable_segments
+    # which allocator variable PyTorch reads first depends on its version: two that disagree are refused
     both = "export PYTORCH_ALLOC_CONF=max_split_size_mb:512\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    assert not _load(tmp_path, both).training.kernels.expandable_segments
-    # --set env.NAME is the job's environment on the command line, and wins over the file
-    sc = _load(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-               "env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
-    assert not sc.training.kernels.expandable_segments
+    with pytest.raises(ConfigError, match="disagree on expandable segments"):
+        _load(tmp_path, both)
+    # --set env.NAME is the job's environment on the command line: its allocator variable replaces the file's, and a
+    # variable set without the option is the default allocator
+    for value in ("expandable_segments:False", "max_split_size_mb:512"):
+        sc = _load(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                   f"env.PYTORCH_ALLOC_CONF={value}")
+        assert not sc.training.kernels.expandable_segments
+    assert not _load(tmp_path, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                     "env.PYTORCH_CUDA_ALLOC_CONF=null").training.kernels.expandable_segments
+    with pytest.raises(ConfigError, match="CUBLAS_WORKSPACE_CONFIG 'garbage'"):
+        _load(tmp_path, "", "env.CUBLAS_WORKSPACE_CONFIG=garbage")
 
 
 def test_only_the_reserved_peak_changes(tmp_path: Path) -> None:
@@ -122,5 +134,6 @@ def test_real_configs() -> None:
     assert not sc.training.kernels.expandable_segments
     toml = FIXTURES / "torchtitan" / "llama3_8b.toml"
     assert api.load(toml).training.kernels.expandable_segments
-    assert not api.load(toml, overrides=["env.PYTORCH_ALLOC_CONF=expandable_segments:False"]) \
-        .training.kernels.expandable_segments
+    for other in ("env.PYTORCH_ALLOC_CONF=expandable_segments:False",
+                  "env.PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64"):
+        assert not api.load(toml, overrides=[other]).training.kernels.expandable_segments

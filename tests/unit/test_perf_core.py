@@ -542,7 +542,8 @@ def test_hardware_flops_with_full_recompute_are_narayanans_f96(pp: int, tp: int)
 def test_hardware_flops_with_selective_recompute_add_one_attention_core_forward(pp: int, tp: int) -> None:
     """Selective recompute of the attention core (Korthikanti et al. 2022 §5): the hardware FLOPs are the model
     FLOPs plus one more forward of QK^T and of the probabilities times V in every layer, 2 x 2 B s^2 h (over the full
-    s x s, the convention of the model FLOPs), and nothing else is recomputed."""
+    s x s, the convention of the model FLOPs), and nothing else is recomputed: a first-principles count of the two
+    recomputed GEMMs, not a formula taken from the paper."""
     b, s, l, h, v = 32, 1024, 8, 1024, 32768  # noqa: E741
     model = ModelSpec(num_layers=l, hidden_size=h, num_attention_heads=16, ffn_hidden_size=4 * h, gated_mlp=False,
                       activation="gelu", vocab_size=v, vocab_divisible_by=128)
