@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from projection.errors import COMMAND_LINE, ConfigError, Problem, count_of
+from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError, count_of
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
 from projection.formats.job_env import READ, job_environment, merged
@@ -68,8 +68,6 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
     for key, (value, where) in job_environment(merged(raw.job_env, command_line), problems).items():
         raw.set(key, value, where)
-    if problems:
-        raise ConfigError(problems)
     if schedule is not None:
         raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
     if hardware is not None:
@@ -89,7 +87,13 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     else:
         device = load_device(str(raw.get("cluster.hardware")), hardware_dir, key=origin.key or "cluster.hardware",
                              file=origin.file, line=origin.line)
-    return build_scenario(raw, device)
+    try:
+        scenario = build_scenario(raw, device)
+    except ProjectionError as err:  # the job environment's problems with the file's, all at once
+        raise type(err)([*problems, *err.problems]) from None
+    if problems:
+        raise ConfigError(problems)
+    return scenario
 
 
 def _job_env_vars(job_env: Mapping[str, Any]) -> tuple[dict[str, tuple[str | None, Origin]], list[Problem]]:

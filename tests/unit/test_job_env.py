@@ -137,3 +137,11 @@ def test_real_configs() -> None:
     for other in ("env.PYTORCH_ALLOC_CONF=expandable_segments:False",
                   "env.PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64"):
         assert not api.load(toml, overrides=[other]).training.kernels.expandable_segments
+
+
+def test_environment_problems_come_with_the_files(tmp_path: Path) -> None:
+    """A bad allocator value and an unknown key of the file are reported together, not one run at a time."""
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, "export PYTORCH_ALLOC_CONF=expandable_segments:yes", "plan.bogus=1")
+    assert {p.key for p in e.value.problems} >= {"PYTORCH_ALLOC_CONF"}
+    assert any("unknown" in p.message or "bogus" in (p.key or "") for p in e.value.problems)
