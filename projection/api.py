@@ -62,12 +62,17 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     job_env = {str(k): v for k, v in ov.items() if str(k).startswith("env.")}
     ov = {k: v for k, v in ov.items() if str(k) not in cluster and str(k) not in job_env}
     command_line, problems = _job_env_vars(job_env)
-    raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
-                   models_dir=models_dir, env=env or {})
+    try:
+        raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
+                       models_dir=models_dir, env=env or {})
+    except ProjectionError as err:  # the command line's environment problems with the file's, all at once
+        raise _with(problems, err) from None
     for key, value in cluster.items():
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
     for key, (value, where) in job_environment(merged(raw.job_env, command_line), problems).items():
-        raw.set(key, value, where)
+        held = raw.origins.get(key)
+        if held is None or held.file not in ("--set", COMMAND_LINE):  # an explicit --set of the key itself wins
+            raw.set(key, value, where)
     if schedule is not None:
         raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
     if hardware is not None:
@@ -82,18 +87,23 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
     origin = raw.origins.get("cluster.hardware")  # an unknown name is reported where it was written
-    if origin is None or origin.file.startswith("default"):
-        device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
-    else:
-        device = load_device(str(raw.get("cluster.hardware")), hardware_dir, key=origin.key or "cluster.hardware",
-                             file=origin.file, line=origin.line)
     try:
+        if origin is None or origin.file.startswith("default"):
+            device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
+        else:
+            device = load_device(str(raw.get("cluster.hardware")), hardware_dir,
+                                 key=origin.key or "cluster.hardware", file=origin.file, line=origin.line)
         scenario = build_scenario(raw, device)
     except ProjectionError as err:  # the job environment's problems with the file's, all at once
-        raise type(err)([*problems, *err.problems]) from None
+        raise _with(problems, err) from None
     if problems:
         raise ConfigError(problems)
     return scenario
+
+
+def _with(problems: list[Problem], err: ProjectionError) -> ProjectionError:
+    """`err` with `problems` in front; a ConfigError when there are any (they are the config's, not the layout's)."""
+    return ConfigError([*problems, *err.problems]) if problems else err
 
 
 def _job_env_vars(job_env: Mapping[str, Any]) -> tuple[dict[str, tuple[str | None, Origin]], list[Problem]]:

@@ -76,17 +76,33 @@ def job_environment(variables: Mapping[str, tuple[str, Origin]], problems: list[
     return out
 
 
-_EXPORT = re.compile(r"^[ \t]*(?:export|declare[ \t]+-[a-zA-Z]*x[a-zA-Z]*)[ \t]+(.*)$", re.M)
+_EXPORT = re.compile(r"^[ \t]*(?:export|(?:declare|typeset|local)[ \t]+-[a-zA-Z]*x[a-zA-Z]*)[ \t]+(.*)$", re.M)
+_BLANK = r"(?:[ \t]|\\\n)+"  # blanks, or a backslash-continued line
 _PREFIXED_LAUNCH = re.compile(
-    r"^[ \t]*((?:[A-Za-z_]\w*=\S*[ \t]+)+)(?:\S*/)?(?:torchrun|python3?|deepspeed|srun|mpirun)\b", re.M)
+    rf"^[ \t]*(?:env{_BLANK})?((?:[A-Za-z_]\w*=\S*{_BLANK})+)(?:\S*/)?(?:torchrun|python3?|deepspeed|srun|mpirun)\b",
+    re.M)
 
 
 def exported_names(text: str) -> set[str]:
     """Names a bash script hands to the processes it launches: `export NAME[=...]` / `declare -x`, every variable
-    under `set -a`, and assignments prefixed to a launch command (`NAME=value torchrun ...`). A plain `NAME=value`
-    stays in the shell and is not the job's environment."""
-    if re.search(r"^\s*set\s+-[a-zA-Z]*a", text, re.M):
-        return {m.group(1) for m in re.finditer(r"^\s*([A-Za-z_]\w*)=", text, re.M)}
+    of a script that turns on `set -a`, and assignments prefixed to a launch command (`NAME=value torchrun ...`,
+    `env NAME=value torchrun ...`). A plain `NAME=value` stays in the shell and is not the job's environment;
+    `unset` is not followed."""
     names = {n for m in _EXPORT.finditer(text) for n in re.findall(r"(?:^|\s)([A-Za-z_]\w*)(?==|\s|$)", m.group(1))}
+    if re.search(r"^[ \t]*set[ \t]+(?:-[a-zA-Z]*a|-o[ \t]+allexport)", text, re.M):  # where it is switched on and
+        # off is not followed: every assignment of such a script counts
+        names |= {m.group(1) for m in re.finditer(r"^[ \t]*([A-Za-z_]\w*)=", text, re.M)}
     names |= {n for m in _PREFIXED_LAUNCH.finditer(text) for n in re.findall(r"([A-Za-z_]\w*)=", m.group(1))}
     return names
+
+
+def launch_assignments(text: str) -> dict[str, tuple[str, int]]:
+    """The assignments prefixed to a launch command (`NAME=value torchrun ...`, `env NAME=value torchrun ...`), name
+    -> (value with its quotes removed, 1-based line): what that command's environment holds, whatever the shell
+    variables say (an `env` prefix is not a shell assignment at all)."""
+    out: dict[str, tuple[str, int]] = {}
+    for m in _PREFIXED_LAUNCH.finditer(text):
+        line = text.count("\n", 0, m.start(1)) + 1
+        for name, value in re.findall(r"([A-Za-z_]\w*)=(\S*)", m.group(1)):
+            out[name] = (value.strip("'\""), line)
+    return out

@@ -12,7 +12,7 @@ from typing import Any
 
 from projection.errors import ConfigError, Problem
 from projection.formats.common import load_yaml, read_text
-from projection.formats.job_env import READ, exported_names
+from projection.formats.job_env import READ, exported_names, launch_assignments
 from projection.formats.megatron import SET_ORIGIN, args_to_raw
 from projection.formats.megatron_args import (
     DESTS,
@@ -63,6 +63,8 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         exported = exported_names(text)
         job_vars = {k: (v.text(), Origin(file, shell.assigned_at.get(k), k)) for k, v in shell.variables.items()
                     if k in READ and k in shell.assigned_at and k in exported}
+        job_vars.update({k: (value, Origin(file, line, k)) for k, (value, line) in launch_assignments(text).items()
+                         if k in READ})
         if not any(h.dest == "tokenizer_model" for h in hits) and "TOKENIZER_MODEL" in shell.assigned_at:
             tok = shell.variables["TOKENIZER_MODEL"]  # modelopt conf scripts name the tokenizer only in a variable
             hits.append(FlagHit("TOKENIZER_MODEL", "tokenizer_model", False, tok.text(),

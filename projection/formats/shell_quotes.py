@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-_HEREDOC = re.compile(r"<<(-?)[ \t]*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+_HEREDOC = re.compile(r"<<(-?)[ \t]*\\?['\"]?([A-Za-z0-9_]+)['\"]?")
 _WORD_START = " \t\n;|&()"
 
 
@@ -45,7 +45,8 @@ def _scan(text: str, i: int, closer: str | None) -> int:
             i = n if nl < 0 else nl
             continue
         if c == "'":
-            i = _single(text, i, ansi=i > 0 and text[i - 1] == "$")
+            # $'...' (not an escaped \$ followed by a quote)
+            i = _single(text, i, ansi=i > 0 and text[i - 1] == "$" and not (i > 1 and text[i - 2] == "\\"))
             continue
         if c == '"':
             i = _double(text, i)
@@ -127,5 +128,5 @@ def _heredoc_end(text: str, i: int, delimiter: str) -> int:
     nl = text.find("\n", i)
     if nl < 0:
         return len(text)
-    end = re.compile(rf"^\t*{re.escape(delimiter)}[ \t]*$", re.M).search(text, nl + 1)
+    end = re.compile(rf"^\t*{re.escape(delimiter)}\r?$", re.M).search(text, nl + 1)
     return len(text) if end is None else end.end()

@@ -145,3 +145,28 @@ def test_environment_problems_come_with_the_files(tmp_path: Path) -> None:
         _load(tmp_path, "export PYTORCH_ALLOC_CONF=expandable_segments:yes", "plan.bogus=1")
     assert {p.key for p in e.value.problems} >= {"PYTORCH_ALLOC_CONF"}
     assert any("unknown" in p.message or "bogus" in (p.key or "") for p in e.value.problems)
+
+
+def test_exports_the_way_bash_hands_them_on_and_an_explicit_key_wins(tmp_path: Path) -> None:
+    """`set -a` with export lines, `env NAME=v torchrun`, a prefix continued with a backslash; and a --set of the
+    canonical key itself is not overwritten by the file's variable."""
+    on = "expandable_segments:True"
+    for env in (f"set -a\nexport PYTORCH_CUDA_ALLOC_CONF={on}", f"set -o allexport\nPYTORCH_CUDA_ALLOC_CONF={on}"):
+        assert _load(tmp_path, env).training.kernels.expandable_segments, env
+    for launch in (f"env PYTORCH_ALLOC_CONF={on} torchrun", f"PYTORCH_ALLOC_CONF={on} \\\n    torchrun"):
+        (tmp_path / "launch.sh").write_text(SCRIPT.replace("torchrun", launch).format(env=""))
+        assert api.load(tmp_path / "launch.sh", hardware="h100-sxm").training.kernels.expandable_segments, launch
+    sc = _load(tmp_path, f"export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTORCH_CUDA_ALLOC_CONF={on}",
+               "training.kernels.expandable_segments=false", "training.kernels.gemm_workspace_bytes=0")
+    assert (sc.training.kernels.expandable_segments, sc.training.kernels.gemm_workspace_bytes) == (False, 0)
+
+
+def test_environment_problems_survive_a_file_or_device_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, "", "env.NCCL_ALGO=Ring", "plan.tp.x=1")  # the loader stops at the second
+    assert {p.key for p in e.value.problems} >= {"--set env.NCCL_ALGO"}
+    script = tmp_path / "bad.sh"
+    script.write_text(SCRIPT.format(env="export CUBLAS_WORKSPACE_CONFIG=garbage"))
+    with pytest.raises(ConfigError) as e:
+        api.load(script, hardware="nosuchgpu", overrides=["env.NCCL_ALGO=Ring"])
+    assert len(e.value.problems) >= 2

@@ -16,6 +16,8 @@ from projection.formats.shell_quotes import unclosed_quote
     "echo 'it''s'", 'echo "a \\" b"', "echo don\\'t", "a='x\ny'",
     "cat <<EOF\ndon't\nEOF\necho ok",                # a here-document's body is not quoted text
     "y=$((1<<2))", "X=`date`; Y='ok'",
+    "cat <<\\EOF\nit's\nEOF\n", "cat << \\EOF\nit's\nEOF\n", "cat <<1EOF\nit's\n1EOF\n",  # other delimiters
+    "echo \\$'a\\'\necho 'b'\n",                  # an escaped $ opens no $'...'
 ])
 def test_scripts_bash_accepts(script: str) -> None:
     assert unclosed_quote(script) is None
