@@ -14,9 +14,10 @@ import contextlib
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
-from projection.errors import Problem
+from projection.errors import ConfigError, Problem
 
 _CHUNK = 1 << 20  # bytes per os.write call
 
@@ -97,3 +98,11 @@ def not_regular_problem(path: str | Path, key: str | None = None) -> Problem | N
     return Problem(f"is {link}{kind}, not a regular file", key=key, file=str(path),
                    fix="give a regular file: a device, a named pipe or a socket is not read (save its content to a "
                        "file first)")
+
+
+def require_regular(path: str | Path, error: Callable[[Problem], Exception] | None = None) -> None:
+    """Raise `error(problem)` (a ConfigError by default) when `path` exists but is not a regular file: a device would
+    be read until memory runs out, a named pipe blocks until something writes to it."""
+    problem = not_regular_problem(path)
+    if problem is not None:
+        raise (error or ConfigError)(problem)

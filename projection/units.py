@@ -100,8 +100,9 @@ def parse_cublas_workspace_config(value: str) -> int | None:
     return sum(int(size) * 1024 * int(count) for size, count in pairs)
 
 
-# The job's allocator settings, in the order PyTorch reads them: PYTORCH_ALLOC_CONF (2.9 on), then the device-specific
-# PYTORCH_CUDA_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF (c10/core/AllocatorConfig.cpp and the CUDA/HIP allocator configs).
+# The variables that hold the job's allocator settings: the device-generic PYTORCH_ALLOC_CONF (2.9 on) and the
+# device-specific PYTORCH_CUDA_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF. Which PyTorch reads first has changed between
+# versions (projection.formats.job_env refuses two that disagree).
 ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 

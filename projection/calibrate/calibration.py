@@ -23,17 +23,19 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from projection.calibrate.errors import CalibrationError
 from projection.cost.collectives import COLLECTIVE_KINDS, CollectiveKind, bus_factor
 from projection.errors import Problem
-from projection.fileio import atomic_write_text, not_regular_problem
+from projection.fileio import atomic_write_text, require_regular
 from projection.specs.base import Spec
 
 Layout = Literal["NN", "NT", "TN", "TT"]
+# one kernel's or collective's measured seconds: an hour is a typo or a unit slip, and would overflow the pricing
+RowSeconds = Annotated[float, Field(gt=0, le=3600)]
 SCHEMA_VERSION: Literal[1] = 1
 
 _DTYPES = {  # lower-cased spelling with '_r' and 'c10::' removed -> short name
@@ -93,7 +95,7 @@ class GemmRow(Spec):
     dtype: str = Field(min_length=1)  # input dtype (A and B)
     layout: Layout
     batch: int = Field(default=1, ge=1)
-    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
+    time_s: RowSeconds
     flop_per_s: float = Field(default=0.0, ge=0)  # filled from the shape and time when not given
     out_dtype: str | None = None
     count: int = Field(default=1, ge=1)  # measurements averaged into time_s
@@ -118,7 +120,7 @@ class GroupedGemmRow(Spec):
     k: int = Field(ge=1)
     dtype: str = Field(min_length=1)
     layout: Layout = "TN"
-    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
+    time_s: RowSeconds
     flop_per_s: float = Field(default=0.0, ge=0)  # filled from the shape and time when not given
     count: int = Field(default=1, ge=1)
     source: str = ""
@@ -145,7 +147,7 @@ class AttentionRow(Spec):
     seq_kv: int = Field(ge=1)
     causal: bool
     dtype: str = Field(min_length=1)
-    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
+    time_s: RowSeconds
     count: int = Field(default=1, ge=1)
     source: str = ""
 
@@ -155,7 +157,7 @@ class MemoryBoundRow(Spec):
 
     op: str = Field(min_length=1)
     size_bytes: int = Field(ge=0)
-    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
+    time_s: RowSeconds
     dtype: str | None = None
     count: int = Field(default=1, ge=1)
     source: str = ""
@@ -179,7 +181,7 @@ class CollectiveRow(Spec):
     n_ranks: int = Field(ge=1)
     n_nodes: int | None = Field(default=None, ge=1)
     size_bytes: int = Field(ge=0)
-    time_s: float = Field(gt=0, le=3600)  # one kernel or collective; an hour is a typo or a unit slip
+    time_s: RowSeconds
     algbw_bytes_per_s: float = Field(default=0.0, ge=0)  # filled from size, time and kind when not given
     busbw_bytes_per_s: float = Field(default=0.0, ge=0)
     in_place: bool = False
@@ -242,9 +244,7 @@ TABLES = ("gemm", "grouped_gemm", "attention", "memory_bound", "collective", "ho
 def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration JSON file. CalibrationError names the file, the line or key, and the fix."""
     file = str(path)
-    special = not_regular_problem(path)
-    if special is not None:  # a device would be read until memory runs out, a named pipe blocks until written
-        raise CalibrationError(special)
+    require_regular(path, CalibrationError)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -22,7 +22,7 @@ from projection.calibrate.import_hipblaslt import import_hipblaslt, looks_like_h
 from projection.calibrate.import_nccl import looks_like_nccl, parse_nccl_text
 from projection.calibrate.import_trace import import_trace
 from projection.errors import Problem
-from projection.fileio import not_regular_problem
+from projection.fileio import require_regular
 
 Format = Literal["trace", "calibration", "hipblaslt", "te_algo_cache", "nccl", "unknown"]
 _SUPPORTED = ("an nccl-tests / rccl-tests log, hipblaslt-bench output, a PyTorch profiler trace (.json / .json.gz) "
@@ -56,9 +56,7 @@ def detect_format(data: bytes) -> Format:
 def import_file(path: str | Path) -> Calibration:
     """One file into a Calibration (format from its content). CalibrationError if it holds no benchmark table."""
     file = str(path)
-    special = not_regular_problem(path)
-    if special is not None:  # a device would be read until memory runs out, a named pipe blocks until written
-        raise CalibrationError(special)
+    require_regular(path, CalibrationError)
     try:
         data = _unpacked(Path(path).read_bytes())
     except FileNotFoundError:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
-from projection.fileio import not_regular_problem
+from projection.fileio import require_regular
 
 KeyPath = tuple[str, ...]
 
@@ -30,9 +30,7 @@ def read_text(path: Path) -> str:
     if path.is_dir():
         raise ConfigError(Problem(f"{path} is a directory, not a config file", file=str(path),
                                   fix="pass the YAML/TOML/JSON file itself"))
-    special = not_regular_problem(path)
-    if special is not None:  # /dev/zero would be read until memory runs out; a named pipe blocks until written
-        raise ConfigError(special)
+    require_regular(path)
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

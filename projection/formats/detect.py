@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
-from projection.formats.common import load_toml, load_yaml, read_text
+from projection.formats.common import load_yaml, read_text
 from projection.paths import MODELS_DIR
 from projection.specs.scenario import RawScenario
 
@@ -21,8 +21,8 @@ def detect_format(path: Path) -> str:
     if not text.strip():  # an empty TOML would load as TorchTitan's defaults (its debug model) without a word
         raise ConfigError(_empty(path, "is empty"))
     if suffix == ".toml":
-        if not load_toml(path, text)[0]:
-            raise ConfigError(_empty(path, "holds no settings"))
+        if all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):  # comments only:
+            raise ConfigError(_empty(path, "holds no settings"))  # the loader would parse it again for nothing
         return "torchtitan"
     if suffix == ".json":
         return "hf"

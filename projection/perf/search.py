@@ -105,9 +105,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     world, base = sc.world_size, sc.plan
     divides = world % (tp * cp * pp) == 0
     if not divides and reload is not None:  # the framework's loader would stop at it: say only this
-        return refused([Problem(f"world size {world} is not divisible by tp * cp * pp = {tp} * {cp} * {pp} = "
-                                f"{tp * cp * pp}", key="plan", fix="choose tp, cp and pp whose product divides the "
-                                "GPUs")])
+        return refused([_world_problem(world, tp, cp, pp)])
     if reload is not None:
         spec = _recompute(base.recompute, recompute)
         over = layout_overrides(sc, tp, pp, vpp if given["vpp"] else None, cp, ep, mbs if given["mbs"] else None,
@@ -147,13 +145,16 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     plan = _fitting_schedule(sc, plan, training)
     problems = layout_problems(RawScenario(sc.source, sc.framework), sc.model, training, plan, world)
     if not divides:
-        problems.insert(0, Problem(f"world size {world} is not divisible by tp * cp * pp = {tp} * {cp} * {pp} = "
-                                   f"{tp * cp * pp}", key="plan", fix="choose tp, cp and pp whose product divides "
-                                   "the GPUs"))
+        problems.insert(0, _world_problem(world, tp, cp, pp))
     if problems:
         return refused(problems)
     cand = sc.model_copy(update={"plan": plan, "training": training})
     return _priced(cand, tp, pp, vpp, cp, ep, mbs, recompute, cost_model, engine)
+
+
+def _world_problem(world: int, tp: int, cp: int, pp: int) -> Problem:
+    return Problem(f"world size {world} is not divisible by tp * cp * pp = {tp} * {cp} * {pp} = {tp * cp * pp}",
+                   key="plan", fix="choose tp, cp and pp whose product divides the GPUs")
 
 
 def _priced(cand: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, recompute: str,

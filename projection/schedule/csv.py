@@ -17,8 +17,7 @@ import io
 import re
 from pathlib import Path
 
-from projection.errors import ConfigError
-from projection.fileio import atomic_write_text, not_regular_problem
+from projection.fileio import atomic_write_text, require_regular
 from projection.schedule.action import COMPUTE_KINDS, Action, Schedule
 from projection.schedule.registry import MAX_STAGE_MICROBATCHES
 
@@ -99,9 +98,7 @@ def loads_csv(text: str, name: str = "custom") -> Schedule:
 def load_csv(path: str | Path, name: str | None = None) -> Schedule:
     """Schedule from a CSV file; the name defaults to the file's stem."""
     p = Path(path)
-    special = not_regular_problem(p)
-    if special is not None:  # a device would be read until memory runs out, a named pipe blocks until written
-        raise ConfigError(special)
+    require_regular(p)
     return loads_csv(p.read_text(), name or p.stem)
 
 

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from projection.errors import ConfigError, Problem
-from projection.fileio import not_regular_problem
+from projection.fileio import require_regular
 from projection.paths import HARDWARE_DIR
 from projection.specs.base import Spec
 from projection.units import parse_bandwidth, parse_bytes, parse_duration, parse_flop_rate
@@ -288,9 +288,7 @@ def _resolve(name_or_path: str | Path, search_dir: Path, *, key: str = "device",
 def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     """Parse a YAML mapping; also return the 1-based line of each key path (from yaml.compose)."""
     file = str(path)
-    special = not_regular_problem(path)
-    if special is not None:  # `cluster.hardware: /dev/zero` would be read until memory runs out
-        raise ConfigError(special)
+    require_regular(path)  # `cluster.hardware: /dev/zero` would be read until memory runs out
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from projection import api
+from projection.memory.allocator import reserved_bytes
 from tests.oracle.bench_modules import load_benchmark
 
 MiB = 2**20
@@ -124,6 +125,16 @@ MI325X_MAX_ALLOCATED = 140046.63720703125 * MiB
 MI325X_MAX_RESERVED = 171836.0 * MiB
 
 
+def _first_iteration_peak(sc: Any, rank: Any) -> int:
+    """The projected forward/backward peak as it stands in a job's first iteration, which is when these logs report
+    memory: Adam's state (moments, step counters) is created by the first optimizer step, and FSDP2's sharded
+    gradients by the first backward's reduce-scatters, after the loss where these jobs peak; the distributed
+    optimizer's gradient buffer and fp32 master shards exist from the start. A reading of the logs, stated."""
+    assert rank.bytes["activations"] > 0  # the rank peaks in the forward/backward, not at the optimizer step
+    adam = rank.terms.get("optimizer.moments", 0) + rank.terms.get("optimizer.step_counters", 0)
+    return int(rank.peak_bytes - adam - (rank.bytes["gradients"] if sc.plan.sharding.fsdp != "none" else 0))
+
+
 def _mi325x(tmp_path: Path) -> tuple[Any, Any]:
     script = tmp_path / "train_llama3_70b_fp8_fsdp2.sh"
     script.write_text(MI325X_70B_FP8_FSDP2, encoding="utf-8")
@@ -154,9 +165,8 @@ def test_first_iteration_peak_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
     not exist until the first optimizer step, and FSDP2's sharded gradients are written by the first backward's
     reduce-scatters, after the loss, where this full-recompute job peaks. So the projected forward/backward peak is
     compared without its gradients and optimizer state."""
-    _, rank = _mi325x(tmp_path)
-    assert rank.bytes["activations"] > 0  # the rank peaks in the forward/backward, not at the optimizer step
-    first = rank.peak_bytes - rank.bytes["gradients"] - rank.bytes["optimizer"]
+    sc, rank = _mi325x(tmp_path)
+    first = _first_iteration_peak(sc, rank)
     err = first / MI325X_MAX_ALLOCATED - 1
     print(f"\nMI325X 70B FP8 FSDP2, iteration 1 max allocated: measured {MI325X_MAX_ALLOCATED / MiB:.0f} MiB, "
           f"projected {first / MiB:.0f} ({err:+.1%})")
@@ -169,11 +179,8 @@ def test_first_iteration_peak_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
     "weight copies (63.8 GiB, in pieces of up to 448 MiB) between the activations of its forward, and FSDP2 gathers "
     "and frees each layer's weights in between: the segments they leave are not modelled"))
 def test_reserved_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
-    _, rank = _mi325x(tmp_path)
-    first = rank.peak_bytes - rank.bytes["gradients"] - rank.bytes["optimizer"]
-    from projection.memory.allocator import reserved_bytes
-
-    reserved = reserved_bytes(first, rank.bytes["activations"])
+    sc, rank = _mi325x(tmp_path)
+    reserved = reserved_bytes(_first_iteration_peak(sc, rank), rank.bytes["activations"])
     err = reserved / MI325X_MAX_RESERVED - 1
     print(f"\nMI325X 70B FP8 FSDP2, iteration 1 max reserved: measured {MI325X_MAX_RESERVED / MiB:.0f} MiB, "
           f"projected {reserved / MiB:.0f} ({err:+.1%})")
@@ -181,9 +188,7 @@ def test_reserved_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
 
 
 # AMD Primus runs on MI325X (benchmarks/amd_runs/: each log's argument dump as a flat YAML, its memory line in the
-# header). Iteration 1's max allocated, as above: Adam's moments are created by the first step; the distributed
-# optimizer's gradient buffer and fp32 master shards exist from the start, FSDP2's sharded gradients only from the
-# first backward's reduce-scatters, after these full-recompute or no-recompute jobs' loss peak.
+# header), each reporting iteration 1's max allocated once, compared as _first_iteration_peak reads it.
 PRIMUS_RUNS = {  # file, nodes, measured iteration-1 max allocated MiB (rank 0)
     "7b": ("primus_llama2_7b_fp8_64xmi325x.yaml", 8, 111506.17822265625),
     "mixtral": ("primus_mixtral_8x7b_bf16_ep8_64xmi325x.yaml", 8, 108035.423828125),
@@ -195,9 +200,7 @@ def _primus_first_iteration_error(key: str) -> float:
     name, nodes, measured = PRIMUS_RUNS[key]
     sc = api.load(load_benchmark("accuracy_amd").RUNS / name, hardware="mi325x", nodes=nodes)
     (rank,) = api.estimate_memory(sc).ranks
-    assert rank.bytes["activations"] > 0  # the peak is in the forward/backward
-    fsdp = sc.plan.sharding.fsdp != "none"
-    first = rank.peak_bytes - rank.terms.get("optimizer.moments", 0) - (rank.bytes["gradients"] if fsdp else 0)
+    first = _first_iteration_peak(sc, rank)
     err = first / (measured * MiB) - 1
     print(f"\n{name}: iteration 1 max allocated measured {measured:.0f} MiB, projected {first / MiB:.0f} ({err:+.1%})")
     return err
