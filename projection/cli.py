@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -140,8 +141,24 @@ def _discard_stdout(stream: Any) -> None:
     os.dup2(devnull, stream.fileno())
 
 
+_DASH_VALUE = re.compile(r"-\.?\d")
+
+
+def _join_dash_values(argv: list[str]) -> list[str]:
+    """`--scaling -4,4` as `--scaling=-4,4`: argparse takes a value that starts with a dash and is not one plain
+    negative number for an option of its own, and answers with its usage text. Joined, the option's own check names
+    the value and the fix."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _DASH_VALUE.match(token) and out[-1] != "--":
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _join_dash_values(list(sys.argv[1:] if argv is None else argv))
     args = build_parser(argv).parse_args(argv)
     if args.command in _EXTRA:
         try:

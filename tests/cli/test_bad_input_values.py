@@ -116,3 +116,15 @@ def test_an_unknown_key_does_not_hide_the_layout_problems(tmp_path: Path) -> Non
     res = run("memory", "--config", str(write(tmp_path, text)), "--set", "plan.bogus=1")
     assert_user_error(res, "key 'plan.bogus'", "unknown key", "tp = 3 does not divide num_attention_heads",
                       "world size 8 is not divisible")
+
+
+@pytest.mark.parametrize(("command", "option", "value", "needle"),
+                         [("performance", "--scaling", "-4,4", "cannot read node counts '-4,4'"),
+                          ("plan", "--tp", "-2,4", "cannot read tp values '-2,4'")])
+def test_a_list_value_that_starts_with_a_dash(tmp_path: Path, command: str, option: str, value: str,
+                                              needle: str) -> None:
+    """`--scaling -4,4`: argparse took the list for an option of its own and printed its usage text; the option's
+    own check now names the value and the fix."""
+    res = run(command, "--config", str(write(tmp_path, GOOD)), option, value)
+    assert_user_error(res, f"key '{option}'", needle, "is not a positive whole number")
+    assert "usage:" not in res.stderr
