@@ -125,3 +125,46 @@ PRIMUS_MEGATRON_KEYS = frozenset({
     'zero_bubble_max_pending_backward', 'zero_bubble_pipeline_timers_end_iter',
     'zero_bubble_pipeline_timers_start_iter', 'zero_bubble_v_schedule', 'zero_bubble_v_schedule_mem_setup'
 })
+
+# The keys of Primus's Megatron model bases (AMD-AGI/Primus @fd1eeab, primus/configs/models/megatron/
+# language_model.yaml and primus_megatron_model.yaml, the root of every model preset's `extends` chain): the model
+# arguments a preset or an experiment's overrides may set (primus_unknown.unknown_file_keys).
+PRIMUS_MODEL_BASE_KEYS = frozenset({
+    'add_bias_linear', 'add_position_embedding', 'add_qkv_bias', 'apply_layernorm_1p',
+    'apply_query_key_layer_scaling', 'apply_residual_connection_post_layernorm', 'apply_rope_fusion',
+    'async_tensor_model_parallel_allreduce', 'attention_backend', 'attention_dropout', 'attention_softmax_in_fp32',
+    'attn_logit_softcapping', 'barrier_with_L1_time', 'bias_dropout_fusion', 'bias_gelu_fusion',
+    'bias_swiglu_fusion', 'clone_scatter_output_in_embedding', 'context_parallel_size', 'conv_L_cache', 'conv_bias',
+    'cp_comm_type', 'cross_entropy_fusion_impl', 'cross_entropy_loss_fusion', 'decoder_first_pipeline_num_layers',
+    'decoder_last_pipeline_num_layers', 'decoder_num_layers', 'delay_wgrad_compute', 'deprecated_use_mcore_models',
+    'disable_primus_topk_router', 'encoder_num_layers', 'encoder_pipeline_model_parallel_size',
+    'encoder_tensor_model_parallel_size', 'expert_model_parallel_size', 'expert_tensor_parallel_size',
+    'ffn_hidden_size', 'final_logit_softcapping', 'fp32_residual_connection', 'gradient_accumulation_fusion',
+    'group_query_attention', 'hidden_dropout', 'hidden_size', 'hierarchical_context_parallel_sizes',
+    'high_priority_stream_groups', 'init_method_std', 'kv_channels', 'kv_lora_rank', 'legacy_tokenizer',
+    'lfm_layer_types', 'masked_softmax_fusion', 'max_position_embeddings', 'microbatch_group_size_per_vp_stage',
+    'model_parallel_size', 'model_type', 'moe_aux_loss_coeff', 'moe_enable_deepep', 'moe_expert_capacity_factor',
+    'moe_extended_tp', 'moe_ffn_hidden_size', 'moe_grouped_gemm', 'moe_input_jitter_eps', 'moe_layer_freq',
+    'moe_layer_recompute', 'moe_pad_expert_input_to_capacity', 'moe_per_layer_logging', 'moe_permute_fusion',
+    'moe_router_bias_update_rate', 'moe_router_dtype', 'moe_router_enable_expert_bias',
+    'moe_router_force_load_balancing', 'moe_router_group_topk', 'moe_router_load_balancing_type',
+    'moe_router_num_groups', 'moe_router_pre_softmax', 'moe_router_score_function', 'moe_router_topk',
+    'moe_router_topk_scaling_factor', 'moe_shared_expert_intermediate_size', 'moe_shared_expert_overlap',
+    'moe_token_dispatcher_type', 'moe_token_drop_policy', 'moe_use_legacy_grouped_gemm', 'moe_use_upcycling',
+    'moe_z_loss_coeff', 'mscale', 'mscale_all_dim', 'multi_latent_attention', 'no_persist_layer_norm',
+    'norm_epsilon', 'normalization', 'num_attention_heads', 'num_experts', 'num_layers',
+    'num_layers_per_virtual_pipeline_stage', 'num_query_groups', 'num_virtual_stages_per_pipeline_rank',
+    'openai_gelu', 'original_max_position_embeddings', 'perform_initialization',
+    'pipeline_model_parallel_comm_backend', 'pipeline_model_parallel_layout', 'pipeline_model_parallel_size',
+    'pipeline_model_parallel_split_rank', 'position_embedding_type', 'q_lora_rank', 'qk_head_dim', 'qk_l2_norm',
+    'qk_layernorm', 'qk_pos_emb_head_dim', 'quick_geglu', 'rope_scaling_factor', 'rope_type', 'rotary_base',
+    'rotary_interleaved', 'rotary_percent', 'rotary_scaling_factor', 'rotary_seq_len_interpolation_factor',
+    'router_logit_softcapping', 'sequence_parallel', 'squared_relu', 'swiglu', 'tensor_model_parallel_size',
+    'tiktoken_num_special_tokens', 'tiktoken_pattern', 'tiktoken_special_tokens', 'tokenizer_model',
+    'tokenizer_type', 'tp_comm_bootstrap_backend', 'tp_comm_bulk_dgrad', 'tp_comm_bulk_wgrad', 'tp_comm_overlap',
+    'tp_comm_overlap_ag', 'tp_comm_overlap_cfg', 'tp_comm_overlap_rs', 'tp_comm_overlap_rs_dgrad',
+    'tp_comm_split_ag', 'tp_comm_split_rs', 'transformer_impl', 'trust_remote_code',
+    'untie_embeddings_and_output_weights', 'use_cpu_initialization', 'use_deprecated_20241209_moe_layer',
+    'use_legacy_models', 'use_rope_scaling', 'use_rotary_position_embeddings', 'use_te_activation_func',
+    'v_head_dim', 'virtual_pipeline_model_parallel_size', 'vocab_extra_ids', 'vocab_file', 'vocab_size'
+})

@@ -16,6 +16,7 @@ from typing import Any
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.formats.megatron_args import DESTS, canonical_dest
 from projection.formats.primus_keys import PRIMUS_MEGATRON_KEYS
+from projection.specs.scenario import Origin
 
 CANONICAL_SECTIONS = ("model", "training", "plan", "cluster")
 
@@ -73,3 +74,31 @@ def _holds(params: Mapping[str, Any], dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def unknown_override_keys(block: Mapping[str, Any], origins: Mapping[tuple[str, ...], Origin],
+                          held: Mapping[str, Any], trainer: str, file: str) -> list[Problem]:
+    """Every key of an experiment's `modules.<trainer>.overrides` block (nested mappings key by key) that the module
+    config and model preset do not hold. Primus refuses these before the trainer starts (primus/core/utils/
+    yaml_utils.py override_namespace: "Override namespace failed: can't find key"), so a misspelt key is not a
+    setting that is silently dropped. origins: the block's key paths -> where they were written."""
+    problems: list[Problem] = []
+
+    def walk(node: Mapping[str, Any], have: Mapping[str, Any], path: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            at = (*path, str(key))
+            if key not in have:
+                close = difflib.get_close_matches(str(key), [str(k) for k in have], n=3)
+                o = origins.get(at)
+                problems.append(Problem(
+                    f"override {'.'.join(at)!r} is not a key of the module config or the model preset, so Primus "
+                    "refuses it (\"Override namespace failed: can't find key\")",
+                    key=f"modules.{trainer}.overrides.{'.'.join(at)}", file=o.file if o else file,
+                    line=o.line if o else None,
+                    fix=f"did you mean {', '.join(close)}?" if close else "remove it, or use the name the module "
+                    "config (pre_trainer.yaml and what it extends) or the model preset gives the setting"))
+            elif isinstance(value, Mapping) and isinstance(have[key], Mapping):
+                walk(value, have[key], at)
+
+    walk(block, held, ())
+    return problems

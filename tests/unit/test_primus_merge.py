@@ -151,7 +151,8 @@ def root(tmp_path: Path) -> Path:
     mods, models = r / "primus/configs/modules", r / "primus/configs/models"
     write(mods / "module_base.yaml", "trainable: false\n")
     write(mods / "megatron/trainer_base.yaml", "extends:\n  - ../module_base.yaml\ntrainable: true\n"
-          "micro_batch_size: 2\nglobal_batch_size: 128\nseq_length: 4096\nbf16: true\n")
+          "micro_batch_size: 2\nglobal_batch_size: 128\nseq_length: 4096\nbf16: true\n"
+          "train_data_path: null\nlabel: x\nlr: 1.0e-5\nmy_block:\n  enable: true\n")
     write(mods / "megatron/pre_trainer.yaml", "extends:\n  - trainer_base.yaml\nglobal_batch_size: 16\n"
           "seq_length: 1024\n")
     write(models / "megatron/toy_base.yaml", "swiglu: true\nnum_layers: 2\n")
@@ -293,7 +294,8 @@ def test_set_keys_a_megatron_experiment_would_not_read_are_refused(tmp_path: Pat
                           "training.global_batch_size)")]
     assert "--primus-root" not in err.value.problems[1].message  # a checkout was given: its keys are the keys
     with pytest.raises(ConfigError, match="pass --primus-root PATH to read your version's"):
-        load_primus(exp, {"bogus_key": 5}, models_dir=root / "primus/configs/models", env={})
+        load_primus(experiment(tmp_path / "builtin", "      lr: 1.0e-4\n"), {"bogus_key": 5},
+                    models_dir=root / "primus/configs/models", env={})
     raw = load_primus(exp, {"training.global_batch_size": 64, "modules.pre_trainer.overrides.micro_batch_size": 1,
                             "plan.tp": 2}, primus_root=root, env={})
     assert raw.get("training.global_batch_size") == 64 and raw.get("training.micro_batch_size") == 1
@@ -310,3 +312,49 @@ def test_shipped_primus_key_names_are_the_module_configs_keys() -> None:
     files = [*sorted((modules / "megatron").glob("*.yaml")), modules / "module_base.yaml"]
     keys = {k for f in files for k in load_primus_yaml(f, {}).data} - {"extends"}
     assert keys == PRIMUS_MEGATRON_KEYS
+
+
+def test_override_keys_the_module_and_model_do_not_hold_are_refused(tmp_path: Path, root: Path) -> None:
+    """Primus refuses an `overrides:` key that the module config and the model preset do not hold (yaml_utils
+    override_namespace), nested keys too; projection used to drop a misspelt key and project the default instead."""
+    exp = experiment(tmp_path, "      micro_batch_sise: 4\n      lr: 1.0e-4\n      my_block:\n        enabel: true\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_experiment(exp, primus_root=root, env={})
+    got = [(p.key, p.line, p.fix) for p in err.value.problems]
+    assert got == [("modules.pre_trainer.overrides.micro_batch_sise", 8,
+                    "did you mean micro_batch_size, global_batch_size?"),
+                   ("modules.pre_trainer.overrides.my_block.enabel", 11, "did you mean enable?")]
+    assert all(p.file == str(exp) and "Primus refuses it" in p.message for p in err.value.problems)
+    # a model-preset key may be overridden, and the TorchTitan module's sections are checked key by key
+    assert resolve_experiment(experiment(tmp_path, "      swiglu: false\n"), primus_root=root,
+                              env={}).params["swiglu"] is False
+    with pytest.raises(ConfigError, match="training.local_batch_sise"):
+        resolve_experiment(experiment(tmp_path, "      training:\n        local_batch_sise: 2\n",
+                                      framework="torchtitan", model="tiny.yaml"), primus_root=root, env={})
+
+
+def test_builtin_override_keys_are_primus_module_and_model_base_keys(tmp_path: Path) -> None:
+    """Without a checkout, the keys of Primus @fd1eeab's Megatron module configs and model bases (primus_keys) count
+    as held, though the built-in defaults carry only what projection reads."""
+    models = tmp_path / "models"
+    write(models / "toy.yaml", "num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\n")
+    exp = experiment(tmp_path, "      lr: 1.0e-4\n      init_method_std: 0.008\n      micro_batch_sise: 4\n",
+                     model="toy")
+    with pytest.raises(ConfigError) as err:
+        resolve_experiment(exp, models_dir=models, env={})
+    assert [(p.key, p.fix) for p in err.value.problems] == [
+        ("modules.pre_trainer.overrides.micro_batch_sise", "did you mean micro_batch_size, indexer_batch_size, "
+                                                            "batch_size?")]
+
+
+def test_shipped_primus_model_base_keys_are_the_bases_keys() -> None:
+    """primus_keys.PRIMUS_MODEL_BASE_KEYS against Primus @fd1eeab's language_model.yaml and primus_megatron_model.yaml
+    in ../shared/fixtures."""
+    from projection.formats.primus_keys import PRIMUS_MODEL_BASE_KEYS
+
+    models = Path(__file__).resolve().parents[3] / "shared/fixtures/primus/primus/configs/models/megatron"
+    if not models.is_dir():
+        pytest.skip(f"{models} is absent (the shared fixtures are not in a user's clone)")
+    keys = {k for f in ("language_model.yaml", "primus_megatron_model.yaml")
+            for k in load_primus_yaml(models / f, {}).data} - {"extends"}
+    assert keys == PRIMUS_MODEL_BASE_KEYS
