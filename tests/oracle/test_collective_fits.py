@@ -107,6 +107,10 @@ PUBLISHED = {
         (8, 1, {2**20: 64.64, 2**24: 195.85, 2**27: 293.50, 2**30: 313.66, 2**33: 315.69}),
     "2 nodes x 8 MI300X, 8x RoCE, AAC10 (hisohara/ai-scripts training/01_rccl-smoketest/README.md)":
         (16, 2, {2**24: 63.26, 2**27: 173.70, 2**30: 340.75, 2**33: 356.14, 2**34: 357.46}),
+    "8x MI325X xGMI, NCCL_ALGO=Ring, AAC11 (hisohara/ai-scripts training/01_rccl-smoketest/README.md)":
+        (8, 1, {2**32: 316.88, 2**33: 318.37, 2**34: 319.08}),
+    "8 nodes x 8 MI325X, 8x bnxt_re RoCE, AAC11 (hisohara/ai-scripts training/01_rccl-smoketest/README.md)":
+        (64, 8, {2**32: 344.13, 2**33: 349.98, 2**34: 350.84}),
     "2 nodes x 8 MI355X, Pollara 400, AAC14 (hisohara/ai-scripts training/01_rccl-smoketest/README.md)":
         (16, 2, {2**24: 120.23, 2**27: 241.57, 2**30: 364.39, 2**33: 369.04}),
     "2 nodes x 8 H100, GCP A3 Mega (lessizzmore/create-a3mega-ztan-fork ztan-NCCL-test-result)":
