@@ -270,7 +270,7 @@ def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Proj
                   ("param all-gather (exposed)",
                    proj.param_gather_exposed_s[r] if r < len(proj.param_gather_exposed_s) else 0.0))
                  for r in range(len(sim.timeline))]
-        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails))]
+        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds))]
     return write_outputs(jobs)
 
 

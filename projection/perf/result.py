@@ -73,6 +73,7 @@ class Projection:
     priced: PricedStages = field(repr=False)
     dp: DPComm = field(repr=False)
     notes: tuple[str, ...] = ()
+    rounds: int = 1  # back-to-back runs of `sim` in one step (TorchTitan gradient accumulation under pp: perf/rounds)
 
     @property
     def exposed_comm_s(self) -> float:

@@ -6,7 +6,8 @@ the stages, ParallelPlan.pipelined_fsdp) its own final reduce-scatter and re-gat
 a step of global batch G on dp ranks of local batch L is G / (L x dp) back-to-back rounds of one schedule, not one
 schedule of G / (mbs x dp) microbatches. specs/accumulation.rounds says how many; `repeat` turns the projection of
 one round into the step's: every breakdown term and collective total times the rounds except the optimizer step,
-which runs once; the timeline, the trace and `param_gather_exposed_s` stay one schedule's.
+which runs once; the timeline and `param_gather_exposed_s` stay one schedule's (`rounds` says how many run; the
+Chrome trace draws them all, report/trace.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def repeat(proj: Projection, sc: Scenario, n: int) -> Projection:
         mfu=mflops / (step * world * peak),
         hardware_flops_per_step=hflops, hardware_tflops_per_gpu=hflops / step / world / 1e12,
         hfu=hflops / (step * world * peak), n_microbatches=n * proj.n_microbatches, breakdown_s=breakdown,
-        comm_total_s={k: n * v for k, v in proj.comm_total_s.items()},
+        comm_total_s={k: n * v for k, v in proj.comm_total_s.items()}, rounds=n,
         notes=(*proj.notes, f"TorchTitan accumulates gradients over {n} pipeline schedules of {proj.n_microbatches} "
                f"microbatches each (pp_schedule.step() per accumulation step, each with its own fill, drain and "
-               f"gradient reduction); the timeline and trace show one of them"))
+               f"gradient reduction); the timeline shows one of them, the trace all {n}"))

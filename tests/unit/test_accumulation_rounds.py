@@ -71,3 +71,25 @@ def test_torch_schedule_set_is_what_the_torchtitan_loader_maps_to() -> None:
     from projection.schedule.registry import TORCH_SCHEDULES
 
     assert {name for name, _ in SCHEDULES.values()} == TORCH_SCHEDULES
+
+
+def test_the_trace_draws_every_round_and_one_optimizer_step() -> None:
+    """The Chrome trace of a TorchTitan step under pp shows all of its rounds back to back, each with its exposed
+    parameter all-gather, then the optimizer once: it ends at the step the projection reports (it used to show one
+    round, 1/3 of the step here). Its end is the latest rank's, which may differ from the breakdown rank's step by
+    the ranks' own optimizer and gather tails (a relative 1e-6 here)."""
+    from projection.report.trace import chrome_trace
+
+    full = project(scenario("torch"))
+    assert full.rounds == 3
+    tails = [(("optimizer", o), ("param all-gather (exposed)", g))
+             for o, g in zip(full.optimizer_s, full.param_gather_exposed_s, strict=True)]
+    trace = chrome_trace(full.sim, tails, full.rounds)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    end = max(e["ts"] + e["dur"] for e in spans) / 1e6
+    assert end == pytest.approx(trace["otherData"]["step_time_s"], rel=1e-12)
+    assert end == pytest.approx(full.step_time_s, rel=1e-6)
+    assert {e["args"].get("round") for e in spans if e.get("cat") == "F"} == {0, 1, 2}
+    assert sum(e["name"] == "optimizer" for e in spans) == sum(o > 0 for o in full.optimizer_s)
+    one = chrome_trace(full.sim, tails)  # one round: the schedule alone, as before
+    assert one["otherData"]["rounds"] == 1 and one["otherData"]["step_time_s"] < end / 2
