@@ -136,10 +136,11 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
         from projection.perf import compare_schedules
 
         projs = compare_schedules(scenario, cost_model, engine=args.engine)
-        fastest = min(projs, key=lambda p: p.step_time_s) if projs else None
-        written = _write_all([], fastest, args.trace)
+        chosen = _chosen(projs)
+        written = _write_all([], chosen, args.trace)
         if args.format == "json":
-            return json.dumps({"schedules": [p.to_dict() for p in projs], "wrote": written}, indent=2)
+            return json.dumps({"schedules": [p.to_dict() for p in projs],
+                               "chosen": chosen.schedule if chosen else None, "wrote": written}, indent=2)
         return "\n".join([_schedules_table(projs, scenario), *[f"wrote {w}" for w in written]])
     proj = project(scenario, cost_model, schedule=schedule, engine=args.engine)
     written = _write_all([], proj, args.trace)
@@ -317,14 +318,21 @@ def _scaling_table(rows: Sequence[Projection], scenario: Scenario) -> str:
     return "\n".join(lines)
 
 
+def _chosen(projs: Sequence[Projection]) -> Projection | None:
+    """The schedule `--schedule all` recommends: the fastest that fits in memory (the first listed of equal ones),
+    else the fastest; its row is marked, its trace written and its name is the JSON's `chosen`."""
+    fitting = [p for p in projs if p.memory is not None and p.memory.verdict != "out of memory"]
+    return min(fitting or projs, key=lambda p: p.step_time_s, default=None)
+
+
 def _schedules_table(projs: Sequence[Projection], scenario: Scenario) -> str:
     lines = [f"schedules compared: {_title(scenario)}, {projs[0].n_microbatches if projs else 0} microbatches",
              f"{'schedule':<18} {'vpp':>4} {'step s':>10} {'tokens/s/GPU':>13} {'TFLOP/s/GPU':>12} {'MFU':>7} "
              f"{'bubble':>7}  memory"]
-    fitting = [p for p in projs if p.memory is not None and p.memory.verdict != "out of memory"]
-    best = min((p.step_time_s for p in fitting), default=-1.0)
+    chosen = _chosen(projs)
+    fits = chosen is not None and chosen.memory is not None and chosen.memory.verdict != "out of memory"
     for p in projs:
-        mark = "  <- fastest that fits" if p.step_time_s == best else ""
+        mark = ("  <- fastest that fits" if fits else "  <- fastest (none fits)") if p is chosen else ""
         lines.append(f"{p.schedule:<18} {p.scenario.plan.vpp_:>4} {p.step_time_s:>10.4g} "
                      f"{p.tokens_per_s_per_gpu:>13.1f} {p.model_tflops_per_gpu:>12.1f} {p.mfu:>7.1%} "
                      f"{p.sim.bubble_ratio:>7.1%}  {_verdict(p)}{mark}")

@@ -311,7 +311,7 @@ def _breakdown(priced: PricedStages, dp: DPComm, sched: Schedule, sim: SimResult
     idle = sim.step_time_s - sim.busy_s[rank] - all_exposed
     assert idle >= -1e-9 * max(sim.step_time_s, 1e-3), (rank, sim.step_time_s, sim.busy_s[rank], all_exposed)
     out["bubble"] = max(0.0, idle)
-    comm["pp"] = sum(e - s for s, e in p2p)
+    comm["pp"] = float(sum(e - s for s, e in p2p))  # 0.0, not the int 0, without a pipeline
     comm["dp"] += dp.grad_s[rank] + dp.param_gather_s[rank]
     return out, comm
 

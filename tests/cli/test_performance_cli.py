@@ -112,6 +112,19 @@ def test_schedule_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpipe" in out and "out of memory" in next(line for line in out.splitlines() if line.startswith("gpipe"))
 
 
+def test_schedule_all_names_one_chosen_schedule_and_traces_it(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    """gpipe ties 1f1b here (32 microbatches on pp 2) but does not fit: the table marks 1f1b alone, the JSON names it
+    `chosen`, and the trace is of it (the trace used to take gpipe, the first of the tied rows)."""
+    out = tmp_path / "t.json"
+    doc = perf_json(capsys, "--config", str(LLAMA), "--schedule", "all", "--trace", str(out))
+    rows = {d["schedule"]: d for d in doc["schedules"]}
+    assert rows["gpipe"]["step_time_s"] == pytest.approx(rows["1f1b"]["step_time_s"], rel=1e-12)
+    assert rows["gpipe"]["memory"]["verdict"] == "out of memory"
+    assert doc["chosen"] == "1f1b" == json.loads(out.read_text())["otherData"]["schedule"]
+    assert isinstance(rows["1f1b"]["comm_total_s"]["pp"], float)
+
+
 
 def test_without_a_pipeline_there_is_one_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     """pp 1: microbatches run one after another whatever schedule is named (Megatron forward_backward_no_pipelining;
