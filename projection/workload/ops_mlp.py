@@ -100,6 +100,7 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
         pieces = [*router,
                   Piece("moe", (mem("moe.permute", "F", tl * h * ab + routed * 8, routed * h * ab, d.act, "moe"),),
                         (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),
+                  *_dispatch_metadata(d, e, routed),
                   _exchange("moe.dispatch", d, routed * h * ab, rows * h * ab),
                   *experts,
                   _exchange("moe.combine", d, routed * h * ab, rows * h * ab, combine=True),
@@ -144,6 +145,21 @@ def _allgather_dispatch(d: Dims, e: int, rows: int, experts: list[Piece]) -> lis
     combine = Piece("moe", (coll("moe.combine.tokens", "F", "reduce_scatter", tg * h * ab, "etp_ep", tag="moe"),),
                     (coll("moe.combine.tokens.bwd", "I", "all_gather", tg * h * ab, "etp_ep", tag="moe"),))
     return [gather, permute, *experts, unpermute, combine]
+
+
+def _dispatch_metadata(d: Dims, e: int, routed: int) -> list[Piece]:
+    """What Megatron's all-to-all dispatcher exchanges beside the tokens (megatron/core/transformer/moe/
+    token_dispatcher.py, MoEAlltoAllTokenDispatcher): `preprocess` all-gathers each rank's tokens per expert (e int64
+    counts, no gradient) over the expert-tensor-and-expert group when ep or etp > 1; `token_dispatch` sends the
+    permuted routing probabilities with the tokens (a second all-to-all), and `dispatch_postprocess` gathers them
+    over etp like the tokens. The probabilities carry a gradient (they weight the expert activation), so their
+    exchange runs again in backward. Probabilities in the activation dtype, as the allgather dispatcher's."""
+    if d.ep * d.etp == 1:
+        return []
+    counts = Piece("moe", (coll("moe.dispatch.counts", "F", "all_gather", d.ep * d.etp * e * 8, "etp_ep",
+                                tag="moe"),), ())
+    probs = routed * d.act_bytes
+    return [counts, _exchange("moe.dispatch.probs", d, probs, probs * d.etp)]
 
 
 def _exchange(name: str, d: Dims, a2a_bytes: float, etp_bytes: float, combine: bool = False) -> Piece:

@@ -239,9 +239,18 @@ def test_expert_parallel_splits_routed_experts_and_adds_all_to_all() -> None:
     ep_experts = [o for o in ep if o.kind == "grouped_gemm"]
     assert sum(o.flop for o in experts) == sum(o.flop for o in ep_experts)  # balanced: same rows, half the experts
     assert {o.batch for o in experts} == {4} and {o.batch for o in ep_experts} == {2}
-    a2a = [o for o in ep if o.coll == "all_to_all"]
+    a2a = [o for o in ep if o.coll == "all_to_all" and ".probs" not in o.name]
     assert len(a2a) == 4 and {o.group for o in a2a} == {"ep"}  # dispatch + combine, forward and backward
     assert a2a[0].coll_bytes == 2 * 64 * 2 * 64 * 2  # top_k * tokens * hidden * bf16
+    # Megatron's all-to-all dispatcher also sends the routing probabilities with the tokens (forward and backward)
+    # and all-gathers each rank's tokens per expert over the etp x ep group (token_dispatcher.py)
+    probs = [o for o in ep if o.name.startswith("moe.dispatch.probs")]
+    assert [(o.coll, o.phase, o.coll_bytes) for o in probs] == [("all_to_all", "F", 2 * 64 * 2 * 2),
+                                                               ("all_to_all", "I", 2 * 64 * 2 * 2)]
+    counts = [o for o in ep if o.name == "moe.dispatch.counts"]
+    assert [(o.coll, o.group, o.phase, o.coll_bytes) for o in counts] == [("all_gather", "etp_ep", "F",
+                                                                           2 * MOE.moe.num_experts * 8)]
+    assert not any(".probs" in o.name or ".counts" in o.name for o in layer_ops(MOE, training, ParallelPlan(dp=2), 1))
 
 
 def test_model_flops_reduce_to_f72_for_gpt() -> None:
