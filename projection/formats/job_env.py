@@ -87,7 +87,8 @@ def exported_names(text: str) -> set[str]:
     """Names a bash script hands to the processes it launches: `export NAME[=...]` / `declare -x`, every variable
     of a script that turns on `set -a`, and assignments prefixed to a launch command (`NAME=value torchrun ...`,
     `env NAME=value torchrun ...`). A plain `NAME=value` stays in the shell and is not the job's environment;
-    `unset` is not followed."""
+    a name the script unsets afterwards is dropped by the caller, which keeps only names still assigned at the end
+    (megatron_shell follows `unset`)."""
     names = {n for m in _EXPORT.finditer(text) for n in re.findall(r"(?:^|\s)([A-Za-z_]\w*)(?==|\s|$)", m.group(1))}
     if re.search(r"^[ \t]*set[ \t]+(?:-[a-zA-Z]*a|-o[ \t]+allexport)", text, re.M):  # where it is switched on and
         # off is not followed: every assignment of such a script counts

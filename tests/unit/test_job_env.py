@@ -170,3 +170,17 @@ def test_environment_problems_survive_a_file_or_device_error(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as e:
         api.load(script, hardware="nosuchgpu", overrides=["env.NCCL_ALGO=Ring"])
     assert len(e.value.problems) >= 2
+
+
+def test_a_variable_the_script_unsets_is_not_the_jobs(tmp_path: Path) -> None:
+    """`unset NAME` empties a variable: an exported allocator setting unset before the launch is not the job's, and a
+    flag's `${TP:-2}` takes its default again (both used to keep the value set before the unset)."""
+    on = "expandable_segments:True"
+    assert not _load(tmp_path, f"export PYTORCH_CUDA_ALLOC_CONF={on}\nunset PYTORCH_CUDA_ALLOC_CONF"
+                     ).training.kernels.expandable_segments
+    assert _load(tmp_path, f"export PYTORCH_CUDA_ALLOC_CONF={on}\nunset -f PYTORCH_CUDA_ALLOC_CONF"
+                 ).training.kernels.expandable_segments  # -f: a function of that name, not the variable
+    script = tmp_path / "tp.sh"
+    script.write_text(SCRIPT.format(env="TP=4\nunset -v TP").replace("--tensor-model-parallel-size 2",
+                                                                      "--tensor-model-parallel-size ${TP:-2}"))
+    assert api.load(script, hardware="h100-sxm").plan.tp == 2
