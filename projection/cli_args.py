@@ -40,17 +40,20 @@ def count_problems(args: argparse.Namespace, flags: Sequence[str]) -> list[Probl
     return out
 
 
-def whole_numbers(text: str, flag: str, what: str = "values") -> tuple[list[int], list[Problem]]:
-    """The sorted distinct positive whole numbers of 'a,b,c' (ASCII digits), or a problem naming every item that is
-    not one (an empty item, as in '8,,16', included)."""
+def whole_numbers(text: str, flag: str, what: str = "values", *,
+                  allow_zero: bool = False) -> tuple[list[int], list[Problem]]:
+    """The sorted distinct positive (with allow_zero: non-negative) whole numbers of 'a,b,c' (ASCII digits), or a
+    problem naming every item that is not one (an empty item, as in '8,,16', included)."""
     items = text.replace(" ", "").split(",")
-    wrong = [x for x in items if not (x.isascii() and x.isdecimal() and int(x) > 0)]
+    least = 0 if allow_zero else 1
+    wrong = [x for x in items if not (x.isascii() and x.isdecimal() and int(x) >= least)]
     if not wrong:
         return sorted({int(x) for x in items}), []
     names = ", ".join(repr(x) if x else "an empty item" for x in wrong)
-    return [], [Problem(f"cannot read {what} {text!r}: {names} {'is' if len(wrong) == 1 else 'are'} not a positive "
+    kind = "non-negative" if allow_zero else "positive"
+    return [], [Problem(f"cannot read {what} {text!r}: {names} {'is' if len(wrong) == 1 else 'are'} not a {kind} "
                         "whole number", key=flag, file=COMMAND_LINE,
-                        fix="give positive integers separated by commas, e.g. 1,2,4,8")]
+                        fix=f"give {kind} integers separated by commas, e.g. {'0,1,3' if allow_zero else '1,2,4,8'}")]
 
 
 def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, nodes: int | None = None,

@@ -3,7 +3,7 @@ first, then step time, and print the fastest that fit, the out-of-memory ones an
 
     projection plan --config F [--nodes N] [--hardware NAME] [--gpus-per-node G] [--set KEY=VALUE ...]
                     [--tp 1,2,4,8] [--pp 1,2,4] [--vpp 1,2] [--cp 1,2] [--ep 1,8] [--mbs 1,2]
-                    [--recompute none,selective,full]
+                    [--recompute none,selective,full] [--zero 0,1,2,3]
                     [--top K] [--format table|json] [--primus-root DIR]
 
 A list not given keeps the config's own value. Wiring (cli.py): `add_parser(subparsers)`, `run(args, env)`.
@@ -20,17 +20,20 @@ from typing import Any
 from projection.cli_args import add_scenario_args, count_problems, load_scenario, whole_numbers
 from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 
-AXES = ("tp", "pp", "vpp", "cp", "ep", "mbs")
+AXES = ("tp", "pp", "vpp", "cp", "ep", "mbs", "zero")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "plan", help="search tp / pp / vpp / cp / ep / micro batch / recompute layouts: the fastest that fit",
+        "plan", help="search tp / pp / vpp / cp / ep / micro batch / recompute / ZeRO layouts: the fastest that fit",
         description="Every layout of the given values on the config's cluster and global batch: memory first (the "
         "layouts that do not fit are not projected), then step time; refused layouts with every reason.")
     add_scenario_args(p)
-    for axis in AXES:
+    for axis in AXES[:-1]:
         p.add_argument(f"--{axis}", metavar="N,N,...", help=f"{axis} values to try (default: the config's)")
+    p.add_argument("--zero", metavar="Z,Z,...", help="ZeRO stages to try, of 0 (plain data parallelism), 1 (the "
+                   "distributed optimizer), 2 (gradients sharded too), 3 (FSDP: the config's implementation, else "
+                   "PyTorch FSDP2); default: the config's")
     p.add_argument("--recompute", metavar="G,G,...", help="recompute granularities to try, of none, selective "
                    "(the config's modules, else the framework's default: Megatron core_attn, TorchTitan its "
                    "selective_ac_option), full (the config's method, else every layer); default: the config's")
@@ -48,7 +51,10 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, list[Any] | None], list
         if text is None:
             out[axis] = None
             continue
-        values, bad = whole_numbers(text, f"--{axis}", f"{axis} values")
+        values, bad = whole_numbers(text, f"--{axis}", f"{axis} values", allow_zero=axis == "zero")
+        if axis == "zero" and not bad and any(v > 3 for v in values):
+            bad = [Problem(f"cannot read ZeRO stages {text!r}: stages are 0, 1, 2 and 3", key="--zero",
+                           file=COMMAND_LINE, fix="give a comma list of 0, 1, 2, 3")]
         out[axis] = values or None
         problems += bad
     out["recompute"] = None
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             raise ConfigError([*err.problems, *_base_layout_note(args, err.problems)]) from None
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
                                ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"],
-                               reload=lambda over: load_scenario(args, env, extra=over))
+                               zero=values["zero"], reload=lambda over: load_scenario(args, env, extra=over))
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2
@@ -107,18 +113,19 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
           f"{scenario.training.resolved_global_batch(scenario.plan.dp_())}: {len(fits)} fit, "
           f"{sum(c.status == 'out of memory' for c in found)} out of memory, "
           f"{sum(c.status == 'refused' for c in found)} refused")
-    print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'recompute':<9} {'schedule':<17} "
+    print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'recompute':<9} {'zero':>4} "
+          f"{'schedule':<17} "
           f"{'step s':>9} {'tokens/s/GPU':>13} {'MFU':>6} {'vs':>4} {'peak GiB':>9}")
     for c in fits[:args.top] + [c for c in found if c.status == "out of memory"]:
         r = _row(c)
         step = f"{r['step_time_s']:>9.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['mfu']:>6.1%} {r['peak_dtype']:>4}" \
             if c.projection else f"{'-':>9} {'-':>13} {'-':>6} {'-':>4}"
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp:>3} {c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {r['dp']:>4} "
-              f"{c.recompute:<9} {r['schedule']:<17} {step} {r['peak_gib']:>9.2f}"
+              f"{c.recompute:<9} {c.zero:>4} {r['schedule']:<17} {step} {r['peak_gib']:>9.2f}"
               + (f"  {r['memory_verdict']}" if r['memory_verdict'] != "fits" else ""))
     for c in (c for c in found if c.status == "refused"):
         print(f"refused tp {c.tp} pp {c.pp} vpp {c.vpp} cp {c.cp} ep {c.ep} mbs {c.micro_batch_size} "
-              f"recompute {c.recompute}: "
+              f"recompute {c.recompute} zero {c.zero}: "
               + "; ".join(p.message + (f" (fix: {p.fix})" if p.fix else "") for p in c.problems))
     return 0
 
@@ -126,7 +133,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 def _row(c: Any) -> dict[str, Any]:
     sc, p, m = c.scenario, c.projection, c.memory
     return {"tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "ep": c.ep, "micro_batch_size": c.micro_batch_size,
-            "recompute": c.recompute,
+            "recompute": c.recompute, "zero": c.zero,
             "recompute_spec": sc.plan.recompute.model_dump(mode="json") if sc is not None else None,
             "status": c.status, "dp": sc.plan.dp_() if sc is not None else None,
             "schedule": sc.plan.schedule if sc is not None else None,

@@ -1,9 +1,10 @@
 """`search_layouts`: the parallel layouts of one cluster and global batch, memory first, then time.
 
-For each combination of tp, pp, vpp, cp, ep, micro batch size and recompute granularity (the scenario's own value of
-any not given), the layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage
+For each combination of tp, pp, vpp, cp, ep, micro batch size, recompute granularity and ZeRO stage (the scenario's own
+value of any not given), the layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage
 split or group size the file fixed for its own pp is dropped; recompute is one of RECOMPUTE (`_recompute`: the
-file's own selective modules or full method at the file's granularity, else the framework's defaults); the schedule is
+file's own selective modules or full method at the file's granularity, else the framework's defaults); the ZeRO stage
+is the file's sharding at its own stage, else the framework's way to the stage asked (`_sharding`); the schedule is
 the file's where it fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp 1 (a layout neither fits is refused
 with the schedule's reason). Native, HF and Megatron jobs are built from the scenario's plan; TorchTitan and Primus
 jobs, whose rules depend on the layout, from the config loaded again with the framework's own keys when a `reload`
@@ -28,18 +29,19 @@ from projection.perf.costmodel import default_cost_model
 from projection.perf.project import Engine, applicable_schedules, project
 from projection.perf.result import Projection
 from projection.perf.search_reload import Reload, derived_vpp_problem, layout_overrides, needs_reload
-from projection.specs.plan import ParallelPlan, RecomputeSpec
+from projection.specs.plan import ParallelPlan, RecomputeSpec, ShardingSpec
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
 from projection.specs.validate import layout_problems
 
 RECOMPUTE = ("none", "selective", "full")
+ZERO = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One layout: its plan and training, and either its projection (fits), its memory (out of memory) or the
-    problems that refuse it. recompute: the granularity searched (RECOMPUTE)."""
+    problems that refuse it. recompute: the granularity searched (RECOMPUTE); zero: the ZeRO stage searched (ZERO)."""
 
     tp: int
     pp: int
@@ -48,6 +50,7 @@ class Candidate:
     ep: int
     micro_batch_size: int
     recompute: str
+    zero: int
     scenario: Scenario | None
     memory: MemoryReport | None = None
     projection: Projection | None = None
@@ -63,14 +66,15 @@ class Candidate:
 def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: Sequence[int] | None = None,
                    vpp: Sequence[int] | None = None, cp: Sequence[int] | None = None, ep: Sequence[int] | None = None,
                    micro_batch_size: Sequence[int] | None = None, recompute: Sequence[str] | None = None,
-                   cost_model: CostModel | None = None, engine: Engine = "des",
+                   zero: Sequence[int] | None = None, cost_model: CostModel | None = None, engine: Engine = "des",
                    reload: Reload | None = None) -> list[Candidate]:
     """Every layout of the given values (the scenario's own for each one not given) on the scenario's cluster and
     global batch: fitting ones fastest first, then out-of-memory ones (smallest peak first), then refused ones.
-    recompute: granularities of RECOMPUTE. cost_model: default, each layout's shipped calibration (collectives are
-    priced on its own placements). reload: loads the scenario's config again with overrides in its own key space
-    (`lambda ov: api.load(path, ..., overrides=ov)`); TorchTitan and Primus candidates are built with it
-    (perf/search_reload.py), and without it TorchTitan jobs and Primus pipeline changes are refused."""
+    recompute: granularities of RECOMPUTE; zero: ZeRO stages of ZERO. cost_model: default, each layout's shipped
+    calibration (collectives are priced on its own placements). reload: loads the scenario's config again with
+    overrides in its own key space (`lambda ov: api.load(path, ..., overrides=ov)`); TorchTitan and Primus
+    candidates are built with it (perf/search_reload.py), and without it TorchTitan jobs and Primus pipeline changes
+    are refused."""
     plan, training = scenario.plan, scenario.training
     axes = {"tp": tp or [plan.tp], "pp": pp or [plan.pp], "vpp": vpp or [plan.vpp_], "cp": cp or [plan.cp],
             "ep": ep or [plan.ep], "micro_batch_size": micro_batch_size or [training.micro_batch_size]}
@@ -82,25 +86,29 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
     if not all(isinstance(g, str) and g in RECOMPUTE for g in granularities):
         bad.append(Problem(f"recompute values must be among {', '.join(RECOMPUTE)}, got {granularities!r}",
                            key="recompute", file="<search>", fix="pass e.g. ['none', 'selective', 'full']"))
+    stages = list(dict.fromkeys(zero or [plan.sharding.zero_stage]))
+    if not all(type(z) is int and z in ZERO for z in stages):
+        bad.append(Problem(f"zero values must be among {', '.join(map(str, ZERO))}, got {stages!r}", key="zero",
+                           file="<search>", fix="pass e.g. [0, 1, 3]"))
     if bad:
         raise ConfigError(bad)
     if reload is None or not needs_reload(scenario):
         _check_supported(scenario, axes)
         reload = None
-    given = {"vpp": vpp is not None, "mbs": micro_batch_size is not None}
-    out = [_candidate(scenario, *combo, recompute=g, cost_model=cost_model, engine=engine, reload=reload,
+    given = {"vpp": vpp is not None, "mbs": micro_batch_size is not None, "zero": zero is not None}
+    out = [_candidate(scenario, *combo, recompute=g, zero=z, cost_model=cost_model, engine=engine, reload=reload,
                       given=given)
-           for combo in itertools.product(*axes.values()) for g in granularities]
+           for combo in itertools.product(*axes.values()) for g in granularities for z in stages]
     fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
     return fits + oom + [c for c in out if c.status == "refused"]
 
 
-def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *, recompute: str,
+def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *, recompute: str, zero: int,
                cost_model: CostModel | None, engine: Engine, reload: Reload | None,
                given: Mapping[str, bool]) -> Candidate:
     def refused(problems: Sequence[Problem]) -> Candidate:
-        return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(problems))
+        return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, zero, None, problems=tuple(problems))
 
     world, base = sc.world_size, sc.plan
     divides = world % (tp * cp * pp) == 0
@@ -109,7 +117,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     if reload is not None:
         spec = _recompute(base.recompute, recompute)
         over = layout_overrides(sc, tp, pp, vpp if given["vpp"] else None, cp, ep, mbs if given["mbs"] else None,
-                                spec)
+                                spec, zero if given["zero"] else None)
         if isinstance(over, list):
             return refused(over)
         try:
@@ -120,12 +128,13 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
         if derived is not None:
             return refused([derived])
         clash = _held_by_overrides(cand, tp, pp, cp, ep, vpp if given["vpp"] else None,
-                                   mbs if given["mbs"] else None, spec.granularity)
+                                   mbs if given["mbs"] else None, spec.granularity, zero if given["zero"] else None)
         if clash:
             return refused(clash)
         # the loader derives the stages per rank (TorchTitan) and the micro batch where they were not searched
-        return _priced(cand, tp, pp, cand.plan.vpp_, cp, ep, cand.training.micro_batch_size, recompute, cost_model,
-                       engine)
+        # the loader derives the ZeRO stage where it was not searched (TorchTitan: no FSDP on one data-parallel rank)
+        return _priced(cand, tp, pp, cand.plan.vpp_, cp, ep, cand.training.micro_batch_size, recompute,
+                       cand.plan.sharding.zero_stage, cost_model, engine)
     gbs = sc.training.resolved_global_batch(base.dp_())
     fields = base.model_dump()
     same_pipeline = (pp, vpp) == (base.pp, base.vpp_)
@@ -133,6 +142,8 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     fields.update(tp=tp, pp=pp, vpp=vpp if vpp > 1 else None, cp=cp, ep=ep, dp=world // (tp * cp * pp) if divides
                   else None,
                   recompute=_recompute(base.recompute, recompute).model_dump(),
+                  sharding=_sharding(base.sharding, zero).model_dump(),
+                  overlap={**base.overlap.model_dump(), **({"param_gather": False} if zero == 0 else {})},
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
                                                "last_stage_layers": None, "stage_layers": None,
                                                "microbatch_group_size": None}))
@@ -149,7 +160,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     if problems:
         return refused(problems)
     cand = sc.model_copy(update={"plan": plan, "training": training})
-    return _priced(cand, tp, pp, vpp, cp, ep, mbs, recompute, cost_model, engine)
+    return _priced(cand, tp, pp, vpp, cp, ep, mbs, recompute, zero, cost_model, engine)
 
 
 def _world_problem(world: int, tp: int, cp: int, pp: int) -> Problem:
@@ -157,7 +168,7 @@ def _world_problem(world: int, tp: int, cp: int, pp: int) -> Problem:
                    key="plan", fix="choose tp, cp and pp whose product divides the GPUs")
 
 
-def _priced(cand: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, recompute: str,
+def _priced(cand: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, recompute: str, zero: int,
             cost_model: CostModel | None, engine: Engine) -> Candidate:
     """The candidate's memory, and its projection where it fits."""
     try:
@@ -165,23 +176,25 @@ def _priced(cand: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: i
 
         memory = estimate_memory(cand)
         if memory.verdict == "out of memory":
-            return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, cand, memory)
+            return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, zero, cand, memory)
         proj = project(cand, cost_model if cost_model is not None else default_cost_model(cand), engine=engine)
     except ProjectionError as err:
-        return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, None, problems=tuple(err.problems))
-    return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, cand, memory, proj)
+        return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, zero, None, problems=tuple(err.problems))
+    return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, zero, cand, memory, proj)
 
 
 def _held_by_overrides(cand: Scenario, tp: int, pp: int, cp: int, ep: int, vpp: int | None, mbs: int | None,
-                       granularity: str) -> list[Problem]:
+                       granularity: str, zero: int | None) -> list[Problem]:
     """Why a reloaded candidate is not the layout asked for: a --set key of the user's (a projection key such as
     plan.tp, applied after the framework's own) held an axis the search sets. Rows must never carry a layout they
     do not have."""
     plan = cand.plan
     got = {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep, "vpp": plan.vpp_,
-           "mbs": cand.training.micro_batch_size, "recompute": plan.recompute.granularity}
-    want = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "mbs": mbs, "recompute": granularity}
-    keys = {"mbs": "training.micro_batch_size", "recompute": "plan.recompute.granularity"}
+           "mbs": cand.training.micro_batch_size, "recompute": plan.recompute.granularity,
+           "zero": plan.sharding.zero_stage}
+    want = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "mbs": mbs, "recompute": granularity, "zero": zero}
+    keys = {"mbs": "training.micro_batch_size", "recompute": "plan.recompute.granularity",
+            "zero": "plan.sharding.zero_stage"}
     return [Problem(f"the loaded layout has {axis} {got[axis]}, not {value}: a --set override or a rule of the "
                     "config holds it", key=f"--{axis}", file=COMMAND_LINE,
                     fix=f"drop a --set key that fixes {axis} ({keys.get(axis, f'plan.{axis}')}), or leave {axis} "
@@ -200,6 +213,16 @@ def _recompute(own: RecomputeSpec, granularity: str) -> RecomputeSpec:
     if granularity == "full":
         return RecomputeSpec(granularity="full", method="uniform", num_layers=1)
     return RecomputeSpec()
+
+
+def _sharding(own: ShardingSpec, zero: int) -> ShardingSpec:
+    """The file's sharding at its own stage; otherwise the stage asked, the rest kept: 0 plain data parallelism, 1 the
+    distributed optimizer, 2 gradients sharded too (Megatron-FSDP's optim_grads in a Megatron job), 3 FSDP with the
+    file's implementation, else PyTorch FSDP2 (Megatron's --use-torch-fsdp2, TorchTitan's only one)."""
+    if zero == own.zero_stage:
+        return own
+    fsdp = (own.fsdp if own.fsdp != "none" else "torch_fsdp2") if zero == 3 else "none"
+    return own.model_copy(update={"zero_stage": zero, "fsdp": fsdp})
 
 
 def _check_supported(sc: Scenario, axes: Mapping[str, Sequence[int]]) -> None:

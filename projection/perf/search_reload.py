@@ -15,7 +15,9 @@ Keys per candidate (`layout_overrides`), each only where the value differs from 
   holds the config's global batch; with a pipeline on another pp or data-parallel size than the file's,
   `training.local_batch_size` is the global batch over dp (no gradient accumulation: the file's local batch was
   chosen for its own dp); `activation_checkpoint.mode` the recompute granularity (selective keeps the file's
-  `selective_ac_option`, TorchTitan's default every 2nd layer). A file that fixes `data_parallel_shard_degree` keeps
+  `selective_ac_option`, TorchTitan's default every 2nd layer); ZeRO stage 3 as FSDP over every data-parallel rank
+  (`data_parallel_shard_degree` -1, `data_parallel_replicate_degree` 1), 0 as DDP (replicate dp, shard 1), 1 and 2
+  refused (TorchTitan has neither). Otherwise a file that fixes `data_parallel_shard_degree` keeps
   it (a layout it no longer fills is refused by the loader, saying so); the stages per rank follow the schedule and
   `pipeline_parallel_layers_per_stage`, so an asked vpp stands only where it is what TorchTitan derives.
 - Primus (Megatron argument names): `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
@@ -23,7 +25,9 @@ Keys per candidate (`layout_overrides`), each only where the value differs from 
   pipeline, `num_virtual_stages_per_pipeline_rank` (the other two vpp spellings and the first/last-stage layer counts
   cleared, as the native search drops a split fixed for another pp); recompute as `recompute_granularity`,
   `recompute_method`, `recompute_num_layers`, with `recompute_activations` and `moe_layer_recompute` off (Megatron's
-  defaults where the file has none: perf/search.py `_recompute`).
+  defaults where the file has none: perf/search.py `_recompute`); the ZeRO stage as `use_distributed_optimizer` (1),
+  `use_torch_fsdp2` (3) or neither (0, with `overlap_param_gather` off), stage 2 refused (Primus shards with the
+  distributed optimizer or FSDP2).
 
 A user's `--set` of a projection key (`plan.tp=2`) is applied after the framework's keys and would hold an axis the
 search sets: such a candidate is refused (perf/search.py `_held_by_overrides`), never shown under a layout it does
@@ -48,13 +52,32 @@ def needs_reload(sc: Scenario) -> bool:
 
 
 def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
-                     recompute: RecomputeSpec) -> dict[str, Any] | list[Problem]:
+                     recompute: RecomputeSpec, zero: int | None = None) -> dict[str, Any] | list[Problem]:
     """The framework's own keys that turn the config into this layout (module docstring), or why it cannot.
-    vpp / mbs None: not searched (the config's own; for TorchTitan, what it derives for the layout)."""
+    vpp / mbs / zero None: not searched (the config's own; for TorchTitan, what it derives for the layout)."""
     base, gbs = sc.plan, sc.training.resolved_global_batch(sc.plan.dp_())
+    if zero == base.sharding.zero_stage:
+        zero = None
     if "torchtitan" in sc.framework:
-        return _torchtitan(sc, tp, pp, vpp, cp, ep, mbs, recompute, gbs)
+        if zero in (1, 2):
+            return [Problem(f"ZeRO stage {zero}: TorchTitan shards with FSDP2 (stage 3) or replicates (DDP, stage 0)",
+                            key="--zero", file=COMMAND_LINE, fix="search --zero 0,3 on a TorchTitan job")]
+        titan = _torchtitan(sc, tp, pp, vpp, cp, ep, mbs, recompute, gbs)
+        if isinstance(titan, dict) and zero is not None:
+            dp = sc.world_size // (tp * pp * cp)
+            p = "parallelism"
+            titan.update({f"{p}.data_parallel_shard_degree": -1, f"{p}.data_parallel_replicate_degree": 1}
+                         if zero == 3 else
+                         {f"{p}.data_parallel_shard_degree": 1, f"{p}.data_parallel_replicate_degree": max(dp, 1)})
+        return titan
+    if zero == 2:
+        return [Problem("ZeRO stage 2: a Primus experiment shards with the distributed optimizer (stage 1) or FSDP2 "
+                        "(stage 3)", key="--zero", file=COMMAND_LINE, fix="search --zero 0,1,3 on a Primus job")]
     out: dict[str, Any] = {"global_batch_size": gbs}
+    if zero is not None:
+        out.update(use_distributed_optimizer=zero == 1, use_torch_fsdp2=zero == 3, use_megatron_fsdp=False)
+        if zero == 0:
+            out["overlap_param_gather"] = False
     for key, value, own in (("tensor_model_parallel_size", tp, base.tp), ("pipeline_model_parallel_size", pp, base.pp),
                             ("context_parallel_size", cp, base.cp), ("expert_model_parallel_size", ep, base.ep),
                             ("micro_batch_size", mbs, sc.training.micro_batch_size)):

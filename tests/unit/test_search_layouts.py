@@ -378,3 +378,52 @@ def test_a_layout_at_risk_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["reserved_gib"] == pytest.approx(mem.reserved_bytes / 2**30, rel=1e-12)
     assert main(["plan", "--config", str(L70), "--tp", "2", "--recompute", "none"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("at risk")
+
+
+def test_zero_axis_is_what_the_loader_gives_for_the_same_keys() -> None:
+    """ZeRO stages on the 70B example (tp 4 here, dp 2, so every stage shards something): each equals the file loaded
+    with the sharding a user would set (stage 0 also turns the parameter-gather overlap off, which Megatron refuses
+    without sharded state); the peak falls as the stage rises, and stage 3 is PyTorch FSDP2."""
+    found = {c.zero: c for c in search_layouts(api.load(L70), tp=[4], zero=[0, 1, 2, 3])}
+    keys = {0: {"plan.sharding.zero_stage": 0, "plan.overlap.param_gather": False},
+            1: {"plan.sharding.zero_stage": 1}, 2: {"plan.sharding.zero_stage": 2},
+            3: {"plan.sharding.zero_stage": 3, "plan.sharding.fsdp": "torch_fsdp2"}}
+    peaks = []
+    for z, over in keys.items():
+        c, sc = found[z], api.load(L70, overrides={"plan.tp": 4, **over})
+        assert c.scenario.plan.sharding == sc.plan.sharding, z
+        assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes, z
+        if c.status == "fits":
+            assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s,
+                                                             rel=1e-12), z
+        peaks.append(c.memory.peak_bytes)
+    assert peaks[0] > peaks[1] > peaks[2] > peaks[3]
+    with pytest.raises(ConfigError, match="zero values must be among 0, 1, 2, 3"):
+        search_layouts(api.load(L70), zero=[4])
+
+
+def test_zero_axis_on_primus_and_torchtitan_uses_their_own_keys() -> None:
+    """Primus: use_distributed_optimizer / use_torch_fsdp2; TorchTitan: FSDP over every data-parallel rank or DDP
+    (data_parallel_replicate_degree); the stages a framework has no way to run are refused with the reason."""
+    primus = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml"
+    if not primus.is_file():
+        pytest.skip(f"{primus} is absent (the shared fixtures are not in a user's clone)")
+    base = api.load(primus)
+    found = {c.zero: c for c in search_layouts(base, zero=[0, 1, 2, 3],
+                                               reload=lambda over: api.load(primus, overrides=over))}
+    for z, flags in ((0, {"use_distributed_optimizer": False, "overlap_param_gather": False}),
+                     (3, {"use_distributed_optimizer": False, "use_torch_fsdp2": True})):
+        sc = api.load(primus, overrides=flags)
+        assert found[z].scenario.plan.sharding == sc.plan.sharding
+        assert found[z].memory.peak_bytes == api.estimate_memory(sc).peak_bytes
+    assert found[2].status == "refused" and "Primus" in found[2].problems[0].message
+    titan = FIXTURES / "torchtitan/llama3_8b.toml"
+    tbase = api.load(titan, hardware="mi300x")
+    tfound = {c.zero: c for c in search_layouts(tbase, zero=[0, 1, 3], reload=lambda over: api.load(
+        titan, hardware="mi300x", overrides=over))}
+    ddp = api.load(titan, hardware="mi300x", overrides={"parallelism.data_parallel_replicate_degree": 8,
+                                                         "parallelism.data_parallel_shard_degree": 1})
+    assert tfound[0].scenario.plan.sharding == ddp.plan.sharding and ddp.plan.sharding.zero_stage == 0
+    assert tfound[0].memory.peak_bytes == api.estimate_memory(ddp).peak_bytes
+    assert tfound[3].scenario.plan.sharding == tbase.plan.sharding
+    assert tfound[1].status == "refused" and "TorchTitan" in tfound[1].problems[0].message
