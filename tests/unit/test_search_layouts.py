@@ -427,3 +427,14 @@ def test_zero_axis_on_primus_and_torchtitan_uses_their_own_keys() -> None:
     assert tfound[0].memory.peak_bytes == api.estimate_memory(ddp).peak_bytes
     assert tfound[3].scenario.plan.sharding == tbase.plan.sharding
     assert tfound[1].status == "refused" and "TorchTitan" in tfound[1].problems[0].message
+
+
+def test_zero_values_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", str(L70), "--zero", "0,4"]) == 2
+    err = capsys.readouterr().err
+    assert "key '--zero'" in err and "stages are 0, 1, 2 and 3" in err and "Traceback" not in err
+    assert main(["plan", "--config", str(L70), "--zero", "one"]) == 2
+    assert "not a non-negative whole number" in capsys.readouterr().err
+    assert main(["plan", "--config", str(L70), "--tp", "4", "--zero", "1,3", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert sorted(r["zero"] for r in rows) == [1, 3] and all(r["status"] == "fits" for r in rows)
