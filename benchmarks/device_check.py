@@ -13,7 +13,9 @@ calibrate host`, `gemm`, `attention` and `memory` on the job's shapes (fp32), me
 into OUT/calibration.json; then WARMUP + STEPS timed steps (device synchronised around each); then the projection with
 that calibration on the `--hardware` device YAML. OUT/device_check.json records measured and projected seconds, the
 error, the device and the library versions, and the achieved pinned host<->device copy rates beside the device YAML's
-host link line rate; keep it in the repo with its provenance when the run is real.
+host link line rate; keep it in the repo with its provenance when the run is real. Then, where megatron-core is
+importable, benchmarks/gpu_megatron_host.py measures Megatron-Core's layer host time on the GPU host into
+OUT/megatron_host_gpu.json (the functional tests' missing number, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -121,7 +123,24 @@ def main() -> int:
               "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
     (out / "device_check.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     print(f"measured {measured:.4f} s (median of {len(steps)}), projected {proj.step_time_s:.4f} s, "
-          f"error {error:+.1%}")
+          f"error {error:+.1%}", flush=True)
+    return megatron_host(out, args.device, args.hardware)
+
+
+def megatron_host(out: Path, device: str, hardware: str) -> int:
+    """benchmarks/gpu_megatron_host.py into OUT/megatron_host_gpu.json where megatron-core is importable (its wheel
+    carried to the device: benchmarks/README.md); a note, not a failure, where it is not."""
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError:
+        print("megatron-core is not importable here: the Megatron host-time check is skipped (carry its wheel)")
+        return 0
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_megatron_host
+
+    result = gpu_megatron_host.measure(device, rounds=5, per_round=10, hardware=hardware)
+    (out / "megatron_host_gpu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(gpu_megatron_host.report(result))
     return 0
 
 
