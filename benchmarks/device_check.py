@@ -135,13 +135,12 @@ def megatron_host(out: Path, device: str, hardware: str) -> int:
     except ImportError:
         print("megatron-core is not importable here: the Megatron host-time check is skipped (carry its wheel)")
         return 0
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_megatron_host
+    import subprocess
 
-    result = gpu_megatron_host.measure(device, rounds=5, per_round=10, hardware=hardware)
-    (out / "megatron_host_gpu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(gpu_megatron_host.report(result))
-    return 0
+    # its own process: it starts a process group and (on the CPU) patches torch.cuda for Megatron-Core
+    script = REPO / "benchmarks" / "gpu_megatron_host.py"
+    return subprocess.run([sys.executable, str(script), "--device", device, "--hardware", hardware,
+                           "--out", str(out / "megatron_host_gpu.json")], check=False).returncode
 
 
 if __name__ == "__main__":

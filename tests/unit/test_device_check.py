@@ -25,3 +25,10 @@ def test_device_check_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert record["projected_s"] > 0 and len(record["measured_steps_s"]) == 2 and record["device"] == "cpu"
     cal = json.loads((tmp_path / "calibration.json").read_text())
     assert all(cal[table] for table in ("host", "gemm", "attention", "memory_bound"))
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError:
+        return
+    host = json.loads((tmp_path / "megatron_host_gpu.json").read_text())  # the Megatron host-time check ran too
+    tiny = host["shapes"]["tiny"]
+    assert tiny["layer_host_forward_s"] > 0 and tiny["layer_host_backward_s"] > 0 and host["device"] == "cpu"
