@@ -32,7 +32,6 @@ from projection.formats.primus_defaults import (
     Layer,
 )
 from projection.formats.primus_env import substitute_env
-from projection.formats.primus_keys import PRIMUS_MEGATRON_KEYS, PRIMUS_MODEL_BASE_KEYS
 from projection.formats.primus_set import split_set, unknown_override_keys, unknown_set_keys
 from projection.formats.torchtitan import job_config_to_raw
 from projection.paths import MODELS_DIR
@@ -253,15 +252,10 @@ def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *
     return assemble(_module_config(exp, at, fw, config, primus_root, env),
                     _model_preset(exp, at, fw, model_name, primus_root, models_dir, env),
                     model_name, exp.origins[(*at, "model")], fw, name, overrides or {}, str(path), sub,
-                    _held_without_checkout(fw, primus_root))
-
-
-def _held_without_checkout(framework: str, primus_root: Path | None) -> frozenset[str] | None:
-    """The keys Primus's own Megatron module configs and model bases hold (primus_keys, @fd1eeab), which the built-in
-    defaults do not carry: empty with a checkout (its files are read whole), None where no list is known."""
-    if primus_root is not None:
-        return frozenset()
-    return PRIMUS_MEGATRON_KEYS | PRIMUS_MODEL_BASE_KEYS if framework == "megatron" else None
+                    # only a checkout's own files say which keys its Primus holds: the built-in defaults carry what
+                    # projection reads, and Primus versions add and rename keys (an override a newer Primus holds
+                    # must not be refused by an older list)
+                    frozenset() if primus_root is not None else None)
 
 
 def assemble(module: Tracked, model: Tracked, model_name: str, name_origin: Origin, framework: str, trainer: str,
@@ -270,7 +264,7 @@ def assemble(module: Tracked, model: Tracked, model_name: str, name_origin: Orig
     """Steps 2-3 of the module docstring: the model preset under the module config, then the experiment's
     `overrides` block and `--set` values. Primus names the model after its preset file when the preset does not.
     An override key that neither the module config, the model preset nor `also_held` holds is refused, as Primus
-    refuses it (None: not checked: the built-in TorchTitan module config holds only the keys projection reads)."""
+    refuses it (None: not checked, e.g. without a Primus checkout, whose files alone list its version's keys)."""
     if "model" not in model.data:
         model.data["model"] = model_name
         model.origins[("model",)] = name_origin

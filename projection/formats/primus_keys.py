@@ -128,7 +128,7 @@ PRIMUS_MEGATRON_KEYS = frozenset({
 
 # The keys of Primus's Megatron model bases (AMD-AGI/Primus @fd1eeab, primus/configs/models/megatron/
 # language_model.yaml and primus_megatron_model.yaml, the root of every model preset's `extends` chain): the model
-# arguments a preset or an experiment's overrides may set (primus_unknown.unknown_file_keys).
+# arguments a preset or an experiment's overrides may set, so `--set` may set them too (primus_set.unknown_set_keys).
 PRIMUS_MODEL_BASE_KEYS = frozenset({
     'add_bias_linear', 'add_position_embedding', 'add_qkv_bias', 'apply_layernorm_1p',
     'apply_query_key_layer_scaling', 'apply_residual_connection_post_layernorm', 'apply_rope_fusion',

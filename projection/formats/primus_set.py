@@ -15,10 +15,11 @@ from typing import Any
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.formats.megatron_args import DESTS, canonical_dest
-from projection.formats.primus_keys import PRIMUS_MEGATRON_KEYS
+from projection.formats.primus_keys import PRIMUS_MEGATRON_KEYS, PRIMUS_MODEL_BASE_KEYS
 from projection.specs.scenario import Origin
 
 CANONICAL_SECTIONS = ("model", "training", "plan", "cluster")
+_PRIMUS_KEYS = PRIMUS_MEGATRON_KEYS | PRIMUS_MODEL_BASE_KEYS  # Primus @fd1eeab's module configs and model bases
 
 
 def split_set(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -47,7 +48,7 @@ def unknown_set_keys(overrides: Mapping[str, Any], trainer: str, file_keys: Call
                                     key=dotted, file=COMMAND_LINE,
                                     fix=f"edit modules.{trainer}.model in the experiment, or --set the architecture's "
                                         "own keys (num_layers, hidden_size, ...)"))
-        elif canonical_dest(key) not in DESTS and key.split(".")[0] not in PRIMUS_MEGATRON_KEYS:
+        elif canonical_dest(key) not in DESTS and key.split(".")[0] not in _PRIMUS_KEYS:
             candidates.append((dotted, key))
     known = file_keys() if candidates else {}
     for dotted, key in candidates:

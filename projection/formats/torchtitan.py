@@ -156,25 +156,27 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
                         f"equal to tensor_parallel_degree {tp} when EP > 1", f"set it to 1 or {tp}")
         elif ep > 1:  # with EP = 1 the experts are TP-sharded like the rest: etp stays None (= tp)
             raw.set("plan.etp", etp, job.origin(f"{p}.expert_tensor_parallel_degree"))
-    # FSDP2 (fully_shard, ZeRO-3) is applied whenever dp_shard * cp > 1 (config-formats.md §3.4).
-    fsdp = shard == -1 or shard * cp > 1
+    # FSDP2 (fully_shard, ZeRO-3) applies wherever dp_shard * cp > 1 (config-formats.md §3.4, ParallelDims
+    # .fsdp_enabled). It is asked for here whatever the degrees, and specs/validate.torchtitan_without_fsdp decides
+    # once -1 is resolved from the world size, an explicit shard degree of 1 the same way: no FSDP then, replicas as
+    # DDP, and no mixed precision under TP or PP.
+    fsdp = shard == -1 or shard * cp > 1  # FSDP may apply (-1: decided with the world size); fp8 all-gather needs it
     policy = job.choice(f"{p}.fsdp_reshard_after_forward", "default", ("default", "always", "never"))
-    if fsdp:
-        origin = job.origin(f"{p}.data_parallel_shard_degree")
-        raw.set("plan.sharding.zero_stage", 3, origin)
-        raw.set("plan.sharding.fsdp", "torch_fsdp2", origin)
-        # "default" reshards after forward unless PP is on (torchtitan parallelize: not pp_enabled).
-        reshard = {"always": True, "never": False}.get(policy, pp == 1)
-        raw.set("plan.sharding.reshard_after_forward", reshard, job.origin(f"{p}.fsdp_reshard_after_forward"))
-        raw.set("plan.overlap.param_gather", True, origin)  # FSDP2 prefetches the next all-gather
-    if rep > 1 and fsdp:  # HSDP; replicas without a shard group are DDP (apply_ddp), over the whole dp group
+    origin = job.origin(f"{p}.data_parallel_shard_degree")
+    raw.set("plan.sharding.zero_stage", 3, origin)
+    raw.set("plan.sharding.fsdp", "torch_fsdp2", origin)
+    # "default" reshards after forward unless PP is on (torchtitan parallelize: not pp_enabled).
+    reshard = {"always": True, "never": False}.get(policy, pp == 1)
+    raw.set("plan.sharding.reshard_after_forward", reshard, job.origin(f"{p}.fsdp_reshard_after_forward"))
+    raw.set("plan.overlap.param_gather", True, origin)  # FSDP2 prefetches the next all-gather
+    if rep > 1:  # HSDP; replicas without a shard group are DDP (apply_ddp), over the whole dp group
         raw.set("plan.sharding.dp_replicate", rep, job.origin(f"{p}.data_parallel_replicate_degree"))
-    elif rep > 1 and (tp > 1 or pp > 1):
+    if rep > 1 and shard != -1 and shard * cp == 1 and (tp > 1 or pp > 1):
         job.problem(f"{p}.data_parallel_replicate_degree", f"data-parallel replicas without a shard group run as "
                     f"DDP, which TorchTitan refuses beside TP or PP (tp {tp}, pp {pp}): 'DDP has not supported > 1D "
                     "parallelism'", "give data_parallel_shard_degree > 1 (HSDP), or drop TP and PP")
-    if fsdp or rep > 1:  # FSDP2 reduce-scatter and DDP all-reduce both run during backward
-        raw.set("plan.overlap.grad_reduce", True, job.origin(f"{p}.data_parallel_shard_degree"))
+    # FSDP2's reduce-scatter and DDP's all-reduce both run during backward
+    raw.set("plan.overlap.grad_reduce", True, origin)
     if job.flag("training.enable_cpu_offload", False):
         raw.set("plan.offload.fsdp_params", True, job.origin("training.enable_cpu_offload"))
     # Async TP needs torch.compile of the model: [compile] enable + "model" component (v0.2), training.compile (v0.1).

@@ -195,10 +195,15 @@ def _held_by_overrides(cand: Scenario, tp: int, pp: int, cp: int, ep: int, vpp: 
     want = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "mbs": mbs, "recompute": granularity, "zero": zero}
     keys = {"mbs": "training.micro_batch_size", "recompute": "plan.recompute.granularity",
             "zero": "plan.sharding.zero_stage"}
-    return [Problem(f"the loaded layout has {axis} {got[axis]}, not {value}: a --set override or a rule of the "
-                    "config holds it", key=f"--{axis}", file=COMMAND_LINE,
-                    fix=f"drop a --set key that fixes {axis} ({keys.get(axis, f'plan.{axis}')}), or leave {axis} "
-                        "out of the search")
+    titan_fsdp = "torchtitan" in cand.framework and zero == 3 and got["zero"] == 0
+    return [Problem(f"the loaded layout has {axis} {got[axis]}, not {value}: "
+                    + ("TorchTitan applies FSDP only where data_parallel_shard_degree x cp > 1, and this layout "
+                       "leaves one rank to shard over" if axis == "zero" and titan_fsdp else
+                       "a --set override or a rule of the config holds it"), key=f"--{axis}", file=COMMAND_LINE,
+                    fix="search zero 0 for this layout, or a layout with more data-parallel ranks"
+                    if axis == "zero" and titan_fsdp else
+                    f"drop a --set key that fixes {axis} ({keys.get(axis, f'plan.{axis}')}), or leave {axis} "
+                    "out of the search")
             for axis, value in want.items() if value is not None and got[axis] != value]
 
 
