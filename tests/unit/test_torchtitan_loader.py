@@ -93,8 +93,10 @@ def test_dp_shard_minus_one_leaves_dp_to_the_world_size() -> None:
     assert raw.get("plan.sharding.zero_stage") == 3 and raw.get("plan.sharding.fsdp") == "torch_fsdp2"
     raw = _raw(_cfg(parallelism={"data_parallel_replicate_degree": 2, "data_parallel_shard_degree": 4}))
     assert raw.get("plan.dp") == 8 and raw.get("plan.sharding.dp_replicate") == 2
+    # replicas with a shard degree of 1: FSDP is asked for and resolves to none (DDP) when the scenario is built
+    # (specs/validate.torchtitan_without_fsdp; test_an_explicit_shard_degree_of_one_is_the_resolved_one)
     ddp = _raw(_cfg(parallelism={"data_parallel_replicate_degree": 8, "data_parallel_shard_degree": 1}))
-    assert ddp.get("plan.sharding.zero_stage") is None and ddp.get("plan.dp") == 8
+    assert ddp.get("plan.dp") == 8 and ddp.get("plan.sharding.dp_replicate") == 8
 
 
 def test_reshard_after_forward_default_depends_on_pp() -> None:
@@ -379,6 +381,31 @@ def test_tp_job_without_a_shard_group_runs_no_fsdp_and_no_mixed_precision(tmp_pa
     assert (sc.plan.sharding.fsdp == "torch_fsdp2") == (zero == 3)
     said = [n for n in project(sc).notes if "TorchTitan applies no FSDP" in n]  # the projection says why
     assert len(said) == (zero == 0) and all("priced in fp32" in n for n in said)
+
+
+def test_an_explicit_shard_degree_of_one_is_the_resolved_one(tmp_path: Path) -> None:
+    """data_parallel_shard_degree = 1 written out is what -1 resolving to 1 is (ParallelDims.fsdp_enabled reads the
+    degree, not how it was given): no FSDP and fp32 under TP. It used to keep the bf16 of FSDP's mixed precision,
+    3.7x too fast in `projection plan --zero 0`."""
+    from projection import api
+    from projection.perf import project
+
+    for sub in ("x", "ddp", "pure"):
+        (tmp_path / sub).mkdir()
+    implicit = api.load(_llama8b_job(tmp_path), nodes=1, hardware="h100-sxm")
+    explicit = api.load(_llama8b_job(tmp_path / "x", parallelism="tensor_parallel_degree = 8\n"
+                                     "        data_parallel_shard_degree = 1"), nodes=1, hardware="h100-sxm")
+    assert (explicit.plan.sharding, explicit.training.params_dtype) == (implicit.plan.sharding, "fp32")
+    assert project(explicit).step_time_s == pytest.approx(project(implicit).step_time_s, rel=1e-12)
+    # replicas with no shard group beside TP are DDP, which TorchTitan refuses
+    with pytest.raises(ConfigError, match="DDP has not supported > 1D parallelism"):
+        api.load(_llama8b_job(tmp_path / "ddp", parallelism="tensor_parallel_degree = 4\n"
+                              "        data_parallel_shard_degree = 1\n        data_parallel_replicate_degree = 2"),
+                 nodes=1, hardware="h100-sxm")
+    # without TP or PP they are plain DDP over 8 ranks, autocast in bf16
+    pure = api.load(_llama8b_job(tmp_path / "pure", parallelism="data_parallel_shard_degree = 1\n"
+                                 "        data_parallel_replicate_degree = 8"), nodes=1, hardware="h100-sxm")
+    assert (pure.plan.sharding.zero_stage, pure.plan.dp_(), pure.training.params_dtype) == (0, 8, "bf16")
 
 
 def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
