@@ -135,6 +135,9 @@ class Dims:
     # gradient (Megatron) or kept the gathered one (TorchTitan's DTensor TP)
     tp_regather: bool = True
     allgather_dispatch: bool = False  # Megatron's allgather MoE token dispatcher (else all-to-all)
+    # Megatron's all-to-all dispatcher, which exchanges routing metadata beside the tokens (ops_mlp._dispatch_metadata);
+    # not TorchTitan's own token exchange nor DeepEP's (flex)
+    alltoall_metadata: bool = False
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
 
 
@@ -158,6 +161,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
                 act_fn=f"{model.activation}_glu" if model.gated_mlp else model.activation,
                 allgather_dispatch=training.kernels.moe_token_dispatcher == "allgather",
+                alltoall_metadata=training.kernels.moe_token_dispatcher == "alltoall"
+                and training.kernels.transformer_impl != "torchtitan",
                 sequential_experts=training.kernels.moe_grouped_gemm is False)
 
 

@@ -153,8 +153,10 @@ def _dispatch_metadata(d: Dims, e: int, routed: int) -> list[Piece]:
     counts, no gradient) over the expert-tensor-and-expert group when ep or etp > 1; `token_dispatch` sends the
     permuted routing probabilities with the tokens (a second all-to-all), and `dispatch_postprocess` gathers them
     over etp like the tokens. The probabilities carry a gradient (they weight the expert activation), so their
-    exchange runs again in backward. Probabilities in the activation dtype, as the allgather dispatcher's."""
-    if d.ep * d.etp == 1:
+    exchange runs again in backward. Probabilities in the activation dtype, the router's default (a
+    `moe_router_dtype` of fp32 would double them; it is not read). Neither TorchTitan's own token exchange nor DeepEP
+    (flex) runs these (Dims.alltoall_metadata)."""
+    if d.ep * d.etp == 1 or not d.alltoall_metadata:
         return []
     counts = Piece("moe", (coll("moe.dispatch.counts", "F", "all_gather", d.ep * d.etp * e * 8, "etp_ep",
                                 tag="moe"),), ())

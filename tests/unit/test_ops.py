@@ -251,6 +251,10 @@ def test_expert_parallel_splits_routed_experts_and_adds_all_to_all() -> None:
     assert [(o.coll, o.group, o.phase, o.coll_bytes) for o in counts] == [("all_gather", "etp_ep", "F",
                                                                            2 * MOE.moe.num_experts * 8)]
     assert not any(".probs" in o.name or ".counts" in o.name for o in layer_ops(MOE, training, ParallelPlan(dp=2), 1))
+    for kernels in ({"transformer_impl": "torchtitan"}, {"moe_token_dispatcher": "flex"}):  # their own exchanges
+        other = training.model_copy(update={"kernels": training.kernels.model_copy(update=kernels)})
+        assert not any(".probs" in o.name or ".counts" in o.name for o in layer_ops(MOE, other, ParallelPlan(dp=2,
+                                                                                                         ep=2), 1))
 
 
 def test_model_flops_reduce_to_f72_for_gpt() -> None:
