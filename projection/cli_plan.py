@@ -32,8 +32,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for axis in AXES[:-1]:
         p.add_argument(f"--{axis}", metavar="N,N,...", help=f"{axis} values to try (default: the config's)")
     p.add_argument("--zero", metavar="Z,Z,...", help="ZeRO stages to try, of 0 (plain data parallelism), 1 (the "
-                   "distributed optimizer), 2 (gradients sharded too), 3 (FSDP: the config's implementation, else "
-                   "PyTorch FSDP2); default: the config's")
+                   "distributed optimizer), 2 (gradients sharded too), 3 (FSDP: the config's implementation, "
+                   "Megatron-FSDP where the job runs it, else PyTorch FSDP2); default: the config's")
     p.add_argument("--recompute", metavar="G,G,...", help="recompute granularities to try, of none, selective "
                    "(the config's modules, else the framework's default: Megatron core_attn, TorchTitan its "
                    "selective_ac_option), full (the config's method, else every layer); default: the config's")

@@ -142,7 +142,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     fields.update(tp=tp, pp=pp, vpp=vpp if vpp > 1 else None, cp=cp, ep=ep, dp=world // (tp * cp * pp) if divides
                   else None,
                   recompute=_recompute(base.recompute, recompute).model_dump(),
-                  sharding=_sharding(base.sharding, zero).model_dump(),
+                  sharding=_sharding(base.sharding, zero, sc.framework).model_dump(),
                   overlap={**base.overlap.model_dump(), **({"param_gather": False} if zero == 0 else {})},
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
                                                "last_stage_layers": None, "stage_layers": None,
@@ -220,13 +220,15 @@ def _recompute(own: RecomputeSpec, granularity: str) -> RecomputeSpec:
     return RecomputeSpec()
 
 
-def _sharding(own: ShardingSpec, zero: int) -> ShardingSpec:
+def _sharding(own: ShardingSpec, zero: int, framework: str) -> ShardingSpec:
     """The file's sharding at its own stage; otherwise the stage asked, the rest kept: 0 plain data parallelism, 1 the
     distributed optimizer, 2 gradients sharded too (Megatron-FSDP's optim_grads in a Megatron job), 3 FSDP with the
-    file's implementation, else PyTorch FSDP2 (Megatron's --use-torch-fsdp2, TorchTitan's only one)."""
+    file's implementation (a Megatron job at stage 2 runs Megatron-FSDP, its only way there), else PyTorch FSDP2
+    (Megatron's --use-torch-fsdp2, TorchTitan's only one)."""
     if zero == own.zero_stage:
         return own
-    fsdp = (own.fsdp if own.fsdp != "none" else "torch_fsdp2") if zero == 3 else "none"
+    megatron_fsdp = own.fsdp == "megatron_fsdp" or (own.zero_stage == 2 and "megatron" in framework)
+    fsdp = ("megatron_fsdp" if megatron_fsdp else "torch_fsdp2") if zero == 3 else "none"
     return own.model_copy(update={"zero_stage": zero, "fsdp": fsdp})
 
 

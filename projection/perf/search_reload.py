@@ -26,8 +26,8 @@ Keys per candidate (`layout_overrides`), each only where the value differs from 
   cleared, as the native search drops a split fixed for another pp); recompute as `recompute_granularity`,
   `recompute_method`, `recompute_num_layers`, with `recompute_activations` and `moe_layer_recompute` off (Megatron's
   defaults where the file has none: perf/search.py `_recompute`); the ZeRO stage as `use_distributed_optimizer` (1),
-  `use_torch_fsdp2` (3) or neither (0, with `overlap_param_gather` off), stage 2 refused (Primus shards with the
-  distributed optimizer or FSDP2).
+  Megatron-FSDP's `optim_grads` (2), the experiment's FSDP (3: Megatron-FSDP's `optim_grads_params` where it runs
+  Megatron-FSDP, else `use_torch_fsdp2`) or none of them (0, with `overlap_param_gather` off).
 
 A user's `--set` of a projection key (`plan.tp=2`) is applied after the framework's keys and would hold an axis the
 search sets: such a candidate is refused (perf/search.py `_held_by_overrides`), never shown under a layout it does
@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from projection.errors import COMMAND_LINE, Problem
-from projection.specs.plan import RecomputeSpec
+from projection.specs.plan import RecomputeSpec, ShardingSpec
 from projection.specs.scenario import Scenario
 
 Reload = Callable[[Mapping[str, Any]], Scenario]
@@ -70,14 +70,9 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
                          if zero == 3 else
                          {f"{p}.data_parallel_shard_degree": 1, f"{p}.data_parallel_replicate_degree": max(dp, 1)})
         return titan
-    if zero == 2:
-        return [Problem("ZeRO stage 2: a Primus experiment shards with the distributed optimizer (stage 1) or FSDP2 "
-                        "(stage 3)", key="--zero", file=COMMAND_LINE, fix="search --zero 0,1,3 on a Primus job")]
     out: dict[str, Any] = {"global_batch_size": gbs}
     if zero is not None:
-        out.update(use_distributed_optimizer=zero == 1, use_torch_fsdp2=zero == 3, use_megatron_fsdp=False)
-        if zero == 0:
-            out["overlap_param_gather"] = False
+        out.update(_primus_sharding(base.sharding, zero))
     for key, value, own in (("tensor_model_parallel_size", tp, base.tp), ("pipeline_model_parallel_size", pp, base.pp),
                             ("context_parallel_size", cp, base.cp), ("expert_model_parallel_size", ep, base.ep),
                             ("micro_batch_size", mbs, sc.training.micro_batch_size)):
@@ -96,6 +91,20 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
                    recompute_num_layers=recompute.num_layers)
         if recompute.granularity == "selective":
             out["recompute_modules"] = list(recompute.modules)
+    return out
+
+
+def _primus_sharding(own: ShardingSpec, zero: int) -> dict[str, Any]:
+    """Primus's (Megatron's) keys for ZeRO stage `zero`: the distributed optimizer for 1, Megatron-FSDP's optim_grads
+    for 2, for 3 the experiment's FSDP (Megatron-FSDP's optim_grads_params where it runs Megatron-FSDP, else
+    use_torch_fsdp2), none for 0 (with the parameter-gather overlap off, which Megatron refuses without them)."""
+    megatron_fsdp = zero == 2 or (zero == 3 and (own.fsdp == "megatron_fsdp" or own.zero_stage == 2))
+    out: dict[str, Any] = {"use_distributed_optimizer": zero == 1, "use_torch_fsdp2": zero == 3 and not megatron_fsdp,
+                           "use_megatron_fsdp": megatron_fsdp}
+    if megatron_fsdp:
+        out["data_parallel_sharding_strategy"] = "optim_grads" if zero == 2 else "optim_grads_params"
+    if zero == 0:
+        out["overlap_param_gather"] = False
     return out
 
 

@@ -403,8 +403,9 @@ def test_zero_axis_is_what_the_loader_gives_for_the_same_keys() -> None:
 
 
 def test_zero_axis_on_primus_and_torchtitan_uses_their_own_keys() -> None:
-    """Primus: use_distributed_optimizer / use_torch_fsdp2; TorchTitan: FSDP over every data-parallel rank or DDP
-    (data_parallel_replicate_degree); the stages a framework has no way to run are refused with the reason."""
+    """Primus: use_distributed_optimizer / Megatron-FSDP's optim_grads / use_torch_fsdp2; TorchTitan: FSDP over every
+    data-parallel rank or DDP (data_parallel_replicate_degree); the stages a framework has no way to run are refused
+    with the reason."""
     primus = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml"
     if not primus.is_file():
         pytest.skip(f"{primus} is absent (the shared fixtures are not in a user's clone)")
@@ -412,11 +413,11 @@ def test_zero_axis_on_primus_and_torchtitan_uses_their_own_keys() -> None:
     found = {c.zero: c for c in search_layouts(base, zero=[0, 1, 2, 3],
                                                reload=lambda over: api.load(primus, overrides=over))}
     for z, flags in ((0, {"use_distributed_optimizer": False, "overlap_param_gather": False}),
+                     (2, {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads"}),
                      (3, {"use_distributed_optimizer": False, "use_torch_fsdp2": True})):
         sc = api.load(primus, overrides=flags)
-        assert found[z].scenario.plan.sharding == sc.plan.sharding
+        assert found[z].scenario.plan.sharding == sc.plan.sharding and sc.plan.sharding.zero_stage == z
         assert found[z].memory.peak_bytes == api.estimate_memory(sc).peak_bytes
-    assert found[2].status == "refused" and "Primus" in found[2].problems[0].message
     titan = FIXTURES / "torchtitan/llama3_8b.toml"
     tbase = api.load(titan, hardware="mi300x")
     tfound = {c.zero: c for c in search_layouts(tbase, zero=[0, 1, 3], reload=lambda over: api.load(
@@ -438,3 +439,17 @@ def test_zero_values_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["plan", "--config", str(L70), "--tp", "4", "--zero", "1,3", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["candidates"]
     assert sorted(r["zero"] for r in rows) == [1, 3] and all(r["status"] == "fits" for r in rows)
+
+
+def test_zero_3_keeps_a_megatron_fsdp_job_on_megatron_fsdp() -> None:
+    """A Megatron-FSDP job (optim_grads, stage 2) searched at stage 3 is Megatron-FSDP's optim_grads_params, not PyTorch
+    FSDP2 (the README's "the config's implementation")."""
+    path = FIXTURES / "megatron/gpt3_7b_tp4_pp1_memory_speed/model_config.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared fixtures are not in a user's clone)")
+    base = api.load(path, overrides={"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads"})
+    (c,) = search_layouts(base, zero=[3])
+    sc = api.load(path, overrides={"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads_params"})
+    assert c.scenario.plan.sharding == sc.plan.sharding and sc.plan.sharding.fsdp == "megatron_fsdp"
+    assert c.memory.peak_bytes == api.estimate_memory(sc).peak_bytes
+    assert c.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
