@@ -5,7 +5,8 @@ often with $VAR-style values set earlier in the script"):
 * flag tokens everywhere: bash arrays `X=( --a 1 --b )` and `X+=(...)`, strings `X="--a 1 --b"` (also inside array
   elements: `"--fp8-format hybrid"`), and command lines (`torchrun ... pretrain_gpt.py --a 1 \\`);
 * variables: `NAME=value` (also after export/local/declare/readonly) in script order, starting from the `env` mapping
-  as bash starts from its environment, and `unset NAME` (a name unset is empty again, and not the job's); `$NAME`,
+  as bash starts from its environment, and `unset NAME` (a name unset is empty again, and not the job's; not
+  followed: that a later assignment is no longer exported, and functions, whose bodies run as if called); `$NAME`,
   `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:=default}`, `${NAME:+alt}`, `${ARR[@]}` and
   `$(( integer arithmetic ))`. Positional parameters (`$1`) are unset; command substitution `$(...)` is never run,
   so it stays unresolved;
@@ -214,9 +215,10 @@ class _Interpreter:
         if words[0].raw == "unset":  # `unset [-v] NAME...` removes variables; `unset -f` names functions
             if not any(w.raw.startswith("-") and "f" in w.raw for w in words[1:]):
                 for w in words[1:]:
+                    name = w.raw.strip("'\"")  # `unset "X"` as `unset X`
                     if not w.raw.startswith("-"):
-                        self.vars.pop(w.raw, None)
-                        self.result.assigned_at.pop(w.raw, None)
+                        self.vars.pop(name, None)
+                        self.result.assigned_at.pop(name, None)
             return
         while words and words[0].raw in _PREFIXES:
             words = [w for w in words[1:] if not w.raw.startswith("-")] if words[0].raw == "declare" else words[1:]

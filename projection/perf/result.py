@@ -93,6 +93,7 @@ class Projection:
             "source": self.scenario.source, "device": self.scenario.cluster.device.name,
             "schedule": self.schedule, "engine": self.engine, "world_size": self.world_size,
             "nodes": self.scenario.cluster.nodes, "n_microbatches": self.n_microbatches,
+            "rounds": self.rounds,
             "step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "hfu": self.hfu,

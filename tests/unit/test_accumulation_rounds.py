@@ -81,7 +81,7 @@ def test_the_trace_draws_every_round_and_one_optimizer_step() -> None:
     from projection.report.trace import chrome_trace
 
     full = project(scenario("torch"))
-    assert full.rounds == 3
+    assert full.rounds == 3 and full.to_dict()["rounds"] == 3 and full.n_microbatches == 12
     tails = [(("optimizer", o), ("param all-gather (exposed)", g))
              for o, g in zip(full.optimizer_s, full.param_gather_exposed_s, strict=True)]
     trace = chrome_trace(full.sim, tails, full.rounds)

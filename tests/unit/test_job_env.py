@@ -176,8 +176,9 @@ def test_a_variable_the_script_unsets_is_not_the_jobs(tmp_path: Path) -> None:
     """`unset NAME` empties a variable: an exported allocator setting unset before the launch is not the job's, and a
     flag's `${TP:-2}` takes its default again (both used to keep the value set before the unset)."""
     on = "expandable_segments:True"
-    assert not _load(tmp_path, f"export PYTORCH_CUDA_ALLOC_CONF={on}\nunset PYTORCH_CUDA_ALLOC_CONF"
-                     ).training.kernels.expandable_segments
+    for unset in ("unset PYTORCH_CUDA_ALLOC_CONF", 'unset "PYTORCH_CUDA_ALLOC_CONF"'):
+        assert not _load(tmp_path, f"export PYTORCH_CUDA_ALLOC_CONF={on}\n{unset}").training.kernels \
+            .expandable_segments, unset
     assert _load(tmp_path, f"export PYTORCH_CUDA_ALLOC_CONF={on}\nunset -f PYTORCH_CUDA_ALLOC_CONF"
                  ).training.kernels.expandable_segments  # -f: a function of that name, not the variable
     script = tmp_path / "tp.sh"
