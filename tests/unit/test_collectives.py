@@ -278,7 +278,7 @@ def test_mi325x_intra_node_tier_reproduces_the_aac11_ring_rows() -> None:
     device = load_device("mi325x")
     fabric = Fabric.from_specs(device, ClusterSpec(device=device, nodes=1))
     place = GroupPlacement(8, 8, 1)
-    for size, measured in ((2**32, 316.88), (2**33, 318.37), (2**34, 319.08)):
+    for size, measured in ((2**32, 316.88), (2**33, 318.37)):  # held out (the 16 GiB row set the efficiency)
         busbw = bus_factor("all_reduce", 8) * size / collective_time_s("all_reduce", size, place, fabric) / 1e9
         assert busbw == pytest.approx(measured, rel=0.01)
     eight = Fabric.from_specs(device, ClusterSpec(device=device, nodes=8))
