@@ -99,10 +99,13 @@ def _primus_sharding(own: ShardingSpec, zero: int) -> dict[str, Any]:
     for 2, for 3 the experiment's FSDP (Megatron-FSDP's optim_grads_params where it runs Megatron-FSDP, else
     use_torch_fsdp2), none for 0 (with the parameter-gather overlap off, which Megatron refuses without them)."""
     megatron_fsdp = zero == 2 or (zero == 3 and (own.fsdp == "megatron_fsdp" or own.zero_stage == 2))
-    out: dict[str, Any] = {"use_distributed_optimizer": zero == 1, "use_torch_fsdp2": zero == 3 and not megatron_fsdp,
-                           "use_megatron_fsdp": megatron_fsdp}
+    # Megatron-FSDP runs with the distributed optimizer and its own checkpoint format (NVIDIA's Megatron-FSDP guide;
+    # Megatron Bridge: "checkpoint format fsdp_dtensor"), so the row is a job Megatron starts
+    out: dict[str, Any] = {"use_distributed_optimizer": zero == 1 or megatron_fsdp,
+                           "use_torch_fsdp2": zero == 3 and not megatron_fsdp, "use_megatron_fsdp": megatron_fsdp}
     if megatron_fsdp:
         out["data_parallel_sharding_strategy"] = "optim_grads" if zero == 2 else "optim_grads_params"
+        out["ckpt_format"] = "fsdp_dtensor"
     if zero == 0:
         out["overlap_param_gather"] = False
     return out

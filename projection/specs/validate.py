@@ -47,7 +47,12 @@ def torchtitan_without_fsdp(framework: str, plan: ParallelPlan, training: Traini
     sh = plan.sharding
     if "torchtitan" not in framework or sh.fsdp != "torch_fsdp2" or sh.zero_stage != 3:
         return plan, training
-    if (plan.dp_() // sh.dp_replicate) * plan.cp > 1:
+    shard = plan.dp_() // sh.dp_replicate
+    if shard == 1 and training.fp8 is not None and training.fp8.param_gather:
+        # torchao's Float8Converter all-gathers in fp8 only where the shard degree exceeds 1 (dp_shard_enabled),
+        # whether FSDP runs over cp or not at all
+        training = training.model_copy(update={"fp8": training.fp8.model_copy(update={"param_gather": False})})
+    if shard * plan.cp > 1:
         return plan, training
     # replicas without a shard group are DDP (apply_ddp): one gradient all-reduce over the whole data-parallel group
     plan = plan.model_copy(update={"sharding": sh.model_copy(update={"zero_stage": 0, "fsdp": "none",

@@ -408,6 +408,27 @@ def test_an_explicit_shard_degree_of_one_is_the_resolved_one(tmp_path: Path) -> 
     assert (pure.plan.sharding.zero_stage, pure.plan.dp_(), pure.training.params_dtype) == (0, 8, "bf16")
 
 
+@pytest.mark.parametrize(("parallelism", "nodes", "gathers"), [
+    ("tensor_parallel_degree = 8", 1, False),  # -1 resolves to 1: no shard group, no fp8 gather
+    ("tensor_parallel_degree = 8\ndata_parallel_shard_degree = 1", 1, False),
+    ("tensor_parallel_degree = 4\ncontext_parallel_degree = 2\ndata_parallel_shard_degree = 1", 1,
+     False),  # FSDP over cp, but the shard degree is 1
+    ("tensor_parallel_degree = 8", 2, True)])
+def test_fp8_all_gather_needs_a_shard_degree_above_one(tmp_path: Path, parallelism: str, nodes: int,
+                                                       gathers: bool) -> None:
+    """torchao's Float8Converter gathers weights in fp8 only where the data-parallel shard degree exceeds 1
+    (`enable_fsdp_float8_all_gather and parallel_dims.dp_shard_enabled`), however the degree was written."""
+    from projection import api
+
+    path = tmp_path / "fp8.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["quantize.linear.float8"]\n'
+                    '[training]\nlocal_batch_size = 1\nseq_len = 1024\n'
+                    f'[parallelism]\n{parallelism}\n'
+                    '[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n', encoding="utf-8")
+    sc = api.load(path, nodes=nodes, hardware="h100-sxm")
+    assert sc.training.fp8 is not None and sc.training.fp8.param_gather is gathers
+
+
 def test_target_nodes_reapplies_the_fsdp_rule(tmp_path: Path) -> None:
     """Extrapolating a TorchTitan job to another node count gives the job that node count would run: FSDP2 in bf16 once
     dp_shard exceeds 1, no FSDP and fp32 under TP when it falls back to 1, whichever size the file was loaded at."""
