@@ -255,26 +255,25 @@ def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *
                     # only a checkout's own files say which keys its Primus holds: the built-in defaults carry what
                     # projection reads, and Primus versions add and rename keys (an override a newer Primus holds
                     # must not be refused by an older list)
-                    frozenset() if primus_root is not None else None)
+                    check_overrides=primus_root is not None)
 
 
 def assemble(module: Tracked, model: Tracked, model_name: str, name_origin: Origin, framework: str, trainer: str,
              overrides: Mapping[str, Any], source: str, block: Tracked | None = None,
-             also_held: frozenset[str] | None = frozenset()) -> PrimusExperiment:
+             check_overrides: bool = False) -> PrimusExperiment:
     """Steps 2-3 of the module docstring: the model preset under the module config, then the experiment's
     `overrides` block and `--set` values. Primus names the model after its preset file when the preset does not.
-    An override key that neither the module config, the model preset nor `also_held` holds is refused, as Primus
-    refuses it (None: not checked, e.g. without a Primus checkout, whose files alone list its version's keys)."""
+    With `check_overrides` (a Primus checkout's files, which alone list its version's keys), an override key that
+    neither the module config nor the model preset holds is refused, as Primus refuses it."""
     if "model" not in model.data:
         model.data["model"] = model_name
         model.origins[("model",)] = name_origin
     merged = combine_module_and_model(module, model)
-    if block is not None and also_held is not None:
-        held = {**dict.fromkeys(also_held), **merged.data}
-        unknown = unknown_override_keys(block.data, block.origins, held, trainer, source)
+    if block is not None:
+        unknown = unknown_override_keys(block.data, block.origins, merged.data, trainer, source) \
+            if check_overrides else []
         if unknown:
             raise ConfigError(unknown)
-    if block is not None:
         merge_into(merged, block, null_to_none=True)
     merge_into(merged, cli_layer(overrides, trainer), null_to_none=True)
     return PrimusExperiment(framework=framework, module=trainer, params=merged.data, source=source,

@@ -131,8 +131,8 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
                                    mbs if given["mbs"] else None, spec.granularity, zero if given["zero"] else None)
         if clash:
             return refused(clash)
-        # the loader derives the stages per rank (TorchTitan) and the micro batch where they were not searched
-        # the loader derives the ZeRO stage where it was not searched (TorchTitan: no FSDP on one data-parallel rank)
+        # the loader derives the stages per rank (TorchTitan), and the micro batch and the ZeRO stage where they were
+        # not searched (TorchTitan: no FSDP on one data-parallel rank)
         return _priced(cand, tp, pp, cand.plan.vpp_, cp, ep, cand.training.micro_batch_size, recompute,
                        cand.plan.sharding.zero_stage, cost_model, engine)
     gbs = sc.training.resolved_global_batch(base.dp_())
@@ -143,7 +143,8 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
                   else None,
                   recompute=_recompute(base.recompute, recompute).model_dump(),
                   sharding=_sharding(base.sharding, zero, sc.framework).model_dump(),
-                  overlap={**base.overlap.model_dump(), **({"param_gather": False} if zero == 0 else {})},
+                  overlap={**base.overlap.model_dump(),
+                           **({"param_gather": False} if zero == 0 != base.sharding.zero_stage else {})},
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
                                                "last_stage_layers": None, "stage_layers": None,
                                                "microbatch_group_size": None}))
