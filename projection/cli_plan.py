@@ -20,7 +20,8 @@ from typing import Any
 from projection.cli_args import add_scenario_args, count_problems, load_scenario, whole_numbers
 from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 
-AXES = ("tp", "pp", "vpp", "cp", "ep", "mbs", "zero")
+NUMERIC = ("tp", "pp", "vpp", "cp", "ep", "mbs")  # positive whole numbers, one --flag each
+AXES = (*NUMERIC, "zero")  # zero: ZeRO stages 0-3, its own help
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -29,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Every layout of the given values on the config's cluster and global batch: memory first (the "
         "layouts that do not fit are not projected), then step time; refused layouts with every reason.")
     add_scenario_args(p)
-    for axis in AXES[:-1]:
+    for axis in NUMERIC:
         p.add_argument(f"--{axis}", metavar="N,N,...", help=f"{axis} values to try (default: the config's)")
     p.add_argument("--zero", metavar="Z,Z,...", help="ZeRO stages to try, of 0 (plain data parallelism), 1 (the "
                    "distributed optimizer), 2 (gradients sharded too), 3 (FSDP: the config's implementation, "

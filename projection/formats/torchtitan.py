@@ -61,8 +61,8 @@ def job_config_to_raw(cfg: Mapping[str, Any], origins: Mapping[str, Origin], *, 
     model = _model(job, raw)
     tp, pp, cp = (job.integer(f"parallelism.{k}_parallel_degree", 1) for k in ("tensor", "pipeline", "context"))
     _training(job, raw, pp)
-    fsdp = _plan(job, raw, tp, pp, cp, model)
-    fp8 = read_fp8(job, fsdp)
+    fp8_gather_ok = _plan(job, raw, tp, pp, cp, model)
+    fp8 = read_fp8(job, fp8_gather_ok)
     if fp8 is not None:
         raw.set("training.fp8", fp8, job.origin("model.converters"))
     _recompute(job, raw)
@@ -128,7 +128,7 @@ def _training(job: JobReader, raw: RawScenario, pp: int) -> None:
 
 
 def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: dict[str, Any] | None) -> bool:
-    """Parallel degrees, sharding, offload and overlap; returns whether FSDP2 is applied."""
+    """Parallel degrees, sharding, offload and overlap; returns whether the shard degree may exceed 1 (fp8 gather)."""
     p = "parallelism"
     raw.set("plan.tp", tp, job.origin(f"{p}.tensor_parallel_degree"))
     raw.set("plan.sp", tp > 1, job.origin(f"{p}.tensor_parallel_degree"))  # TorchTitan TP always shards sequence
@@ -160,7 +160,8 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     # .fsdp_enabled). It is asked for here whatever the degrees, and specs/validate.torchtitan_without_fsdp decides
     # once -1 is resolved from the world size, an explicit shard degree of 1 the same way: no FSDP then, replicas as
     # DDP, and no mixed precision under TP or PP.
-    fsdp = shard == -1 or shard * cp > 1  # FSDP may apply (-1: decided with the world size); fp8 all-gather needs it
+    # torchao's fp8 all-gather needs a shard degree above 1 (dp_shard_enabled); -1 is decided with the world size
+    fp8_gather_ok = shard != 1
     policy = job.choice(f"{p}.fsdp_reshard_after_forward", "default", ("default", "always", "never"))
     origin = job.origin(f"{p}.data_parallel_shard_degree")
     raw.set("plan.sharding.zero_stage", 3, origin)
@@ -184,7 +185,7 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
         or job.flag("training.compile", False)
     if tp > 1 and compiled and job.flag(f"{p}.enable_async_tensor_parallel", False):
         raw.set("plan.overlap.tp_comm", True, job.origin(f"{p}.enable_async_tensor_parallel"))
-    return fsdp
+    return fp8_gather_ok
 
 
 def _recompute(job: JobReader, raw: RawScenario) -> None:

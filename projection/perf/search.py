@@ -28,7 +28,13 @@ from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
 from projection.perf.project import Engine, applicable_schedules, project
 from projection.perf.result import Projection
-from projection.perf.search_reload import Reload, derived_vpp_problem, layout_overrides, needs_reload
+from projection.perf.search_reload import (
+    Reload,
+    derived_vpp_problem,
+    layout_overrides,
+    needs_reload,
+    runs_megatron_fsdp,
+)
 from projection.specs.plan import ParallelPlan, RecomputeSpec, ShardingSpec
 from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
@@ -228,8 +234,7 @@ def _sharding(own: ShardingSpec, zero: int, framework: str) -> ShardingSpec:
     (Megatron's --use-torch-fsdp2, TorchTitan's only one)."""
     if zero == own.zero_stage:
         return own
-    megatron_fsdp = own.fsdp == "megatron_fsdp" or (own.zero_stage == 2 and "megatron" in framework)
-    fsdp = ("megatron_fsdp" if megatron_fsdp else "torch_fsdp2") if zero == 3 else "none"
+    fsdp = ("megatron_fsdp" if runs_megatron_fsdp(own, framework) else "torch_fsdp2") if zero == 3 else "none"
     return own.model_copy(update={"zero_stage": zero, "fsdp": fsdp})
 
 

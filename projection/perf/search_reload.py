@@ -72,7 +72,7 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
         return titan
     out: dict[str, Any] = {"global_batch_size": gbs}
     if zero is not None:
-        out.update(_primus_sharding(base.sharding, zero))
+        out.update(_primus_sharding(base.sharding, zero, sc.framework))
     for key, value, own in (("tensor_model_parallel_size", tp, base.tp), ("pipeline_model_parallel_size", pp, base.pp),
                             ("context_parallel_size", cp, base.cp), ("expert_model_parallel_size", ep, base.ep),
                             ("micro_batch_size", mbs, sc.training.micro_batch_size)):
@@ -94,11 +94,17 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
     return out
 
 
-def _primus_sharding(own: ShardingSpec, zero: int) -> dict[str, Any]:
+def runs_megatron_fsdp(own: ShardingSpec, framework: str) -> bool:
+    """Whether a job's FSDP is Megatron-FSDP: the file runs it at stage 3, or a Megatron job sits at stage 2, which
+    only Megatron-FSDP (`optim_grads`) reaches."""
+    return own.fsdp == "megatron_fsdp" or (own.zero_stage == 2 and "megatron" in framework)
+
+
+def _primus_sharding(own: ShardingSpec, zero: int, framework: str) -> dict[str, Any]:
     """Primus's (Megatron's) keys for ZeRO stage `zero`: the distributed optimizer for 1, Megatron-FSDP's optim_grads
     for 2, for 3 the experiment's FSDP (Megatron-FSDP's optim_grads_params where it runs Megatron-FSDP, else
     use_torch_fsdp2), none for 0 (with the parameter-gather overlap off, which Megatron refuses without them)."""
-    megatron_fsdp = zero == 2 or (zero == 3 and (own.fsdp == "megatron_fsdp" or own.zero_stage == 2))
+    megatron_fsdp = zero == 2 or (zero == 3 and runs_megatron_fsdp(own, framework))
     # Megatron-FSDP runs with the distributed optimizer and its own checkpoint format (NVIDIA's Megatron-FSDP guide;
     # Megatron Bridge: "checkpoint format fsdp_dtensor"), so the row is a job Megatron starts
     out: dict[str, Any] = {"use_distributed_optimizer": zero == 1 or megatron_fsdp,
