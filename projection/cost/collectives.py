@@ -1,4 +1,4 @@
-"""Collective cost model: alpha-beta over hierarchical fabric tiers, with ring, tree and hierarchical algorithms.
+"""Collective cost model: alpha-beta over hierarchical fabric tiers; rings, and tree or hierarchical all-reduce.
 
 Tiers. `intra_node`: the GPU-to-GPU fabric of a node (xGMI mesh: one link per peer, so a group of r ranks on a node
 reaches (r-1)/links of the per-GPU bandwidth; NVLink switch: the full per-GPU bandwidth for any group).
@@ -12,10 +12,15 @@ Algorithms, for S bytes (nccl-tests size convention, see `bus_factor`) over n ra
 * ring: steps(kind, n) x alpha + bus_factor(kind, n) x S / B, B = min(intra bandwidth of r ranks, r x NIC
   bandwidth) -- a flat ring over nodes uses the r NICs of a node in parallel (one channel per NIC);
   all_to_all sends (r-1)/n S over the intra-node links and (n-r)/n S over its own NIC, concurrently.
-* tree (all_reduce, broadcast, reduce): ceil(log2 n) steps each way, twice the bytes of a single pass per rank
-  (a pipelined double binary tree): all_reduce 2 S / B, broadcast and reduce 2 S / B.
-* hierarchical (m > 1 and r > 1): intra-node reduce-scatter, inter-node collective of S / r per rail over m nodes,
-  intra-node all-gather (all_reduce; all_gather, reduce_scatter, broadcast and reduce use the matching halves).
+* tree (all_reduce only): ceil(log2 n) steps each way, twice the bytes of a single pass per rank (a pipelined
+  double binary tree): 2 S / B.
+* hierarchical (all_reduce only, m > 1 and r > 1): intra-node reduce-scatter, inter-node all-reduce of S / r per
+  rail over m nodes, intra-node all-gather -- NCCL's tree seen per NIC (reduce inside the node, all-reduce across
+  nodes, broadcast inside, one head GPU per NIC: NVIDIA/nccl #530) and its NVLS-tree.
+NCCL has no tree or hierarchical algorithm for all_gather, reduce_scatter, broadcast or reduce (NVIDIA/nccl #1473:
+"the Tree algorithm ... doesn't apply to allgather/reducescatter"; #1594: those run Ring, or NVLS / CollNet, which
+need NVLink SHARP or an in-network reduction fabric, or PAT, which has the ring's bandwidth and only one GPU per
+node), and RCCL follows NCCL: those kinds are priced as the flat ring.
 `auto` takes the fastest, as NCCL's tuner does with its own per-algorithm latency and bandwidth model.
 
 Calibration. A `MeasuredCurve` (from `projection.calibrate.fit`) holds piecewise alpha-beta segments fitted to a
@@ -260,11 +265,10 @@ def algorithm_times_s(kind: CollectiveKind, size_bytes: float, group: GroupPlace
         return {"ring": alpha + size_bytes / fabric.pair_bandwidth(same_node=m == 1)}
     out = {"ring": ring_steps(kind, n) * alpha + bus_factor(kind, n) * size_bytes / _flat_bus_bandwidth(kind, group,
                                                                                                         fabric)}
-    if kind in ("all_reduce", "broadcast", "reduce"):
-        passes = 2 if kind == "all_reduce" else 1
-        out["tree"] = passes * math.ceil(math.log2(n)) * alpha + 2.0 * size_bytes / _flat_ring_bandwidth(group, fabric)
-    if m > 1 and r > 1 and kind != "all_to_all":
-        out["hierarchical"] = _hierarchical_s(kind, size_bytes, r, m, fabric)
+    if kind == "all_reduce":  # the only kind NCCL / RCCL run other than as a ring (module docstring)
+        out["tree"] = 2 * math.ceil(math.log2(n)) * alpha + 2.0 * size_bytes / _flat_ring_bandwidth(group, fabric)
+        if m > 1 and r > 1:
+            out["hierarchical"] = _hierarchical_all_reduce_s(size_bytes, r, m, fabric)
     return out
 
 
@@ -311,16 +315,13 @@ def _flat_bus_bandwidth(kind: str, group: GroupPlacement, fabric: Fabric) -> flo
     return bus_factor(kind, n) / max(intra_s, inter_s)
 
 
-def _hierarchical_s(kind: str, size: float, r: int, m: int, fabric: Fabric) -> float:
-    """Intra-node phase(s) over r ranks plus an inter-node phase of size / r per rail over m nodes."""
+def _hierarchical_all_reduce_s(size: float, r: int, m: int, fabric: Fabric) -> float:
+    """Intra-node reduce-scatter and all-gather over r ranks around an inter-node all-reduce of size / r per rail
+    over m nodes."""
     a_i, b_i = fabric.intra.alpha_s, fabric.intra_bandwidth(r)
     a_e, b_e = fabric.inter.alpha_s, fabric.nic_bandwidth(rail_aligned=True)
     intra_half = (r - 1) * a_i + (r - 1) / r * size / b_i  # one reduce-scatter or all-gather inside the node
-    if kind == "all_reduce":
-        return 2 * intra_half + 2 * (m - 1) * a_e + 2 * (m - 1) / m * (size / r) / b_e
-    if kind in ("all_gather", "reduce_scatter"):
-        return intra_half + (m - 1) * a_e + (m - 1) / m * (size / r) / b_e
-    return intra_half + (m - 1) * a_e + (size / r) / b_e  # broadcast / reduce: pipelined across nodes per rail
+    return 2 * intra_half + 2 * (m - 1) * a_e + 2 * (m - 1) / m * (size / r) / b_e
 
 
 def _scaled_curve_time_s(curve: MeasuredCurve, size: float, group: GroupPlacement, fabric: Fabric) -> float:

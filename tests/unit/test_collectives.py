@@ -103,8 +103,20 @@ def test_hierarchical_all_reduce() -> None:
     inter = 2 * (m - 1) * 10e-6 + 2 * (m - 1) / m * (size / r) / (50 * GB)
     t = collective_time_s("all_reduce", size, GroupPlacement(32, 8, 4), fabric, "hierarchical")
     assert t == pytest.approx(2 * intra_half + inter)
-    t = collective_time_s("all_gather", size, GroupPlacement(32, 8, 4), fabric, "hierarchical")
-    assert t == pytest.approx(intra_half + (m - 1) * 10e-6 + (m - 1) / m * (size / r) / (50 * GB))
+
+
+def test_only_all_reduce_has_algorithms_besides_the_ring() -> None:
+    """NCCL runs all-gather, reduce-scatter, broadcast and reduce as rings (its tree and NVLS-tree are all-reduce
+    algorithms, NVIDIA/nccl #1473, #1594): a reduce-scatter over 2 nodes x 2 ranks is the flat ring, bounded by the
+    2 NICs a node gives it, (n-1)/n S / (2 x 50 GB/s), not an intra-node phase plus S/2 across the nodes."""
+    fabric, size = switch_fabric(), 512 * MIB
+    group = GroupPlacement(4, 2, 2)
+    for kind in ("all_gather", "reduce_scatter", "broadcast", "reduce"):
+        assert set(algorithm_times_s(kind, size, group, fabric)) == {"ring"}
+        with pytest.raises(ValueError):
+            collective_time_s(kind, size, group, fabric, "hierarchical")
+    ring = 3 * 10e-6 + 3 / 4 * size / (2 * 50 * GB)
+    assert collective_time_s("reduce_scatter", size, group, fabric) == pytest.approx(ring)
 
 
 def test_tree_has_log_latency_and_auto_takes_the_fastest() -> None:
