@@ -74,6 +74,17 @@ class Fp8Spec(Spec):
             return self.output_layer
         return component in ("attention", "dense_mlp", "shared_experts", "mtp")
 
+    @property
+    def tp_gathers_in_fp8(self) -> bool:
+        """Whether the sequence-parallel all-gathers in front of an fp8 linear move fp8 (1 B): the input of a
+        column-parallel linear (and Megatron's re-gather of it for the weight gradient) and the output gradient of a
+        row-parallel one. Transformer Engine casts before it gathers, every recipe (TE layernorm_linear.py / linear.py:
+        the norm writes fp8 and `gather_along_first_dim` moves it; `grad_output_preprocess` casts dy, then gathers;
+        TE 2.x gathers the quantized tensor through its quantizer); reduce-scatters stay in the activation dtype.
+        TorchTitan v0.2.2 gathers in high precision (tests/unit/test_tp_styles.py: its models take the float8 TP plan
+        only for a converter name v0.2.2 does not register); Primus-Turbo's linears: not known, high precision."""
+        return self.library == "transformer_engine"
+
     def gathers_in_fp8(self, component: str) -> bool:
         """Whether a component's weights are all-gathered (and held unsharded) in fp8 under `param_gather`: the
         weights it converts, except torchao's grouped experts, which FSDP gathers in the params dtype

@@ -133,6 +133,12 @@ def _embedding_pieces(model: ModelSpec, d: Dims, name: str) -> list[Piece]:
     pieces = [lookup]
     if model.position_embedding == "learned":
         pieces.append(pointwise(f"{name}.position", d, 2 * t * h, t * h, "embedding"))
+        if d.sp and d.tp > 1:
+            # Megatron LanguageModelEmbedding: with a learned position table the word embeddings are all-reduced
+            # (reduce_scatter_embeddings is off), the positions added to every token, then split over the sequence
+            # (scatter_to_sequence_parallel_region, whose backward all-gathers the gradient)
+            return [*pieces, Piece("embedding", (coll(f"{name}.ar", "F", "all_reduce", t * h * ab, "tp"),),
+                                   (coll(f"{name}.ag", "I", "all_gather", t * h * ab, "tp"),))]
     return [*pieces, tp_exit(name, d, h, "embedding")]
 
 

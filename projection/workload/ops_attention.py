@@ -103,11 +103,12 @@ def gqa_attention(model: ModelSpec, d: Dims) -> list[Piece]:
 
 def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     """Multi-latent attention (DeepSeek-V2/V3). Megatron (MLASelfAttention): the down projections are replicated on
-    every TP rank and run on this rank's sequence shard (SP) or on all tokens; under SP the latents are gathered over
-    TP (cheaper than gathering the hidden state). Up projections and the output projection are TP-sharded.
+    every TP rank and run on this rank's sequence shard (SP) or on all tokens; under SP the latents, not the hidden
+    state, are gathered over TP. Up projections and the output projection are TP-sharded.
     TorchTitan's DTensor TP (deepseek_v3 parallelize: PrepareModuleInput Shard(1) -> Replicate on the attention input,
     wq / wq_a / wkv_a NoParallel, wq_b / wkv_b ColwiseParallel, wo RowwiseParallel): the hidden state is gathered once,
-    the down projections run on every token, and no latent is gathered."""
+    the down projections run on every token, and no latent is gathered. Under Megatron SP the q and kv latents enter
+    their column-parallel up projections sequence-sharded (gathered there, re-gathered for the weight gradient)."""
     mla = model.mla
     assert mla is not None
     h, t = d.h, d.tokens
@@ -133,17 +134,27 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     if model.qk_norm:
         pieces.append(pointwise("attn.kv_norm", d, tl * mla.kv_lora_rank, tl * mla.kv_lora_rank, "attn", fn=d.norm,
                                 width=mla.kv_lora_rank))
-    if not dtensor:
-        pieces.append(_latent_gather(d, latent))
-    pieces += [linear("attn.kv_up", d, t, heads * (mla.qk_head_dim + dv), mla.kv_lora_rank, tag="mla_up_proj"),
-               pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
+    kv_up_out = heads * (mla.qk_head_dim + dv)
+    if dtensor:
+        pieces.append(linear("attn.kv_up", d, t, kv_up_out, mla.kv_lora_rank, tag="mla_up_proj"))
+    elif d.sp:
+        # Megatron-Core (get_query_key_value_tensors): the sequence-sharded kv latent enters the column-parallel
+        # linear_kv_up_proj, which gathers it (and re-gathers it for its weight gradient); the rope key part is
+        # gathered on its own (gather_from_sequence_parallel_region)
+        pieces += [_latent_gather(d, rope),
+                   column_linear("attn.kv_up", d, t, kv_up_out, mla.kv_lora_rank, tag="mla_up_proj")]
+    else:
+        pieces += [_latent_gather(d, latent),
+                   linear("attn.kv_up", d, t, kv_up_out, mla.kv_lora_rank, tag="mla_up_proj")]
+    pieces += [pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
                core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
     return pieces
 
 
 def _latent_gather(d: Dims, width: int) -> Piece:
-    """KV latent: all-gathered over TP under SP (Megatron gather_from_sequence_parallel_region); without SP every rank
-    already has all tokens and the input gradient of the TP-sharded up projection is all-reduced."""
+    """A `width`-wide part of the kv latent: all-gathered over TP under SP (Megatron
+    gather_from_sequence_parallel_region; its gradient reduce-scattered); without SP every rank already has all
+    tokens and the input gradient of the TP-sharded up projection is all-reduced."""
     if d.tp == 1:
         return Piece("attn", (), ())
     size = d.tokens * width * d.act_bytes

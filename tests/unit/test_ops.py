@@ -264,6 +264,10 @@ def test_model_flops_reduce_to_f72_for_gpt() -> None:
     training = TrainingSpec(seq_length=s, micro_batch_size=1, global_batch_size=gbs)
     f72 = 72 * gbs * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
     assert model_flops_per_step(gpt, training, ParallelPlan(dp=8)) == pytest.approx(f72, rel=1e-12)
+    # Megatron-LM's num_floating_point_operations since 2025 halves the scores and the weighted values ("causal
+    # mask (only half of the mask is non-zero)"): per layer and token 12 h^2 + s h multiply-accumulates, not 2 s h
+    causal = 72 * gbs * s * layers * h**2 * (1 + s / (12 * h) + v / (12 * layers * h))
+    assert model_flops_per_step(gpt, training, ParallelPlan(dp=8), causal=True) == pytest.approx(causal, rel=1e-12)
 
 
 @pytest.mark.parametrize("m", [LLAMA, MOE, ModelSpec(num_layers=1, hidden_size=64, num_attention_heads=4,
@@ -315,7 +319,13 @@ def test_mla_under_sequence_parallel_gathers_the_latents() -> None:
                     mla=MLASpec(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_rope_head_dim=4, v_head_dim=8))
     ops = layer_ops(mla, TrainingSpec(seq_length=S, micro_batch_size=B), ParallelPlan(tp=2, sp=True, dp=1), 0)
     gathers = {o.name: o.coll_bytes for o in ops if o.coll == "all_gather" and o.phase == "F"}
-    assert gathers["attn.kv_latent.ag"] == B * S * (16 + 4) * 2 and gathers["attn.q_up.ag"] == B * S * 24 * 2
+    # Megatron-Core MLASelfAttention.get_query_key_value_tensors: the rope key part is gathered on its own, the kv
+    # latent inside the column-parallel linear_kv_up_proj, which re-gathers it for its weight gradient like q_up
+    assert gathers["attn.kv_latent.ag"] == B * S * 4 * 2 and gathers["attn.kv_up.ag"] == B * S * 16 * 2
+    assert gathers["attn.q_up.ag"] == B * S * 24 * 2
+    regathers = {o.name: o.coll_bytes for o in ops if o.coll == "all_gather" and o.phase == "W"}
+    assert regathers["attn.q_up.ag"] == B * S * 24 * 2 and regathers["attn.kv_up.ag"] == B * S * 16 * 2
+    assert "attn.kv_latent.ag" not in regathers
     down = next(o for o in ops if o.name == "attn.q_down")
     assert (down.m, down.n, down.k) == (24, B * S // 2, 64)  # replicated weights on the sequence shard
 

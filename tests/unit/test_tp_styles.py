@@ -12,7 +12,7 @@ from projection.memory.activations import layer_tensors
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import Fp8Spec, TrainingSpec
-from projection.workload.ops import layer_ops
+from projection.workload.ops import embedding_ops, layer_ops, output_ops
 
 MODEL = ModelSpec(num_layers=2, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000)
 TP, TOKENS = 4, 2 * 2048
@@ -62,3 +62,28 @@ def test_dtensor_mla_gathers_the_hidden_state_not_the_latents() -> None:
     assert any("kv_latent" in o.name for o in ops["megatron"] if o.kind == "collective")
     downs = {o.name: o.n for o in ops["dtensor"] if o.name in ("attn.q_down", "attn.kv_down")}
     assert downs == {"attn.q_down": TOKENS, "attn.kv_down": TOKENS}  # every token, not the rank's shard
+
+
+def test_transformer_engine_fp8_gathers_in_fp8() -> None:
+    """Transformer Engine casts before it gathers: the norm writes the column-parallel input in fp8 and
+    `gather_along_first_dim` moves those bytes (layernorm_linear.py), backward re-gathers the same fp8 tensor for the
+    weight gradient, and the row-parallel backward casts dy before gathering it (`grad_output_preprocess`). The
+    reduce-scatters carry bf16 outputs and gradients, and Megatron's output layer (never an fp8 GEMM) gathers bf16."""
+    size = TOKENS * 1024
+    te = Fp8Spec(library="transformer_engine")
+    assert sorted(_gathers("megatron", te)) == sorted([("F", size)] * 2 + [("W", size)] * 2 + [("I", size)] * 2)
+    ops = layer_ops(MODEL, _training(te), _plan("megatron"), 0)
+    assert {o.coll_bytes for o in ops if o.coll == "reduce_scatter"} == {2 * size}
+    out = [o.coll_bytes for o in output_ops(MODEL, _training(te), _plan("megatron")) if o.coll == "all_gather"]
+    assert out and set(out) == {2 * size}
+
+
+def test_learned_positions_all_reduce_the_embedding() -> None:
+    """Megatron LanguageModelEmbedding turns reduce_scatter_embeddings off with a learned position table: the word
+    embeddings are all-reduced over TP, the positions added, and the sum split over the sequence (a split whose
+    backward all-gathers the gradient). Rotary models reduce-scatter instead."""
+    learned = MODEL.model_copy(update={"position_embedding": "learned"})
+    for model, forward in ((learned, "all_reduce"), (MODEL, "reduce_scatter")):
+        colls = [(o.phase, o.coll, o.coll_bytes) for o in embedding_ops(model, _training(), _plan("megatron"))
+                 if o.kind == "collective"]
+        assert colls == [("F", forward, TOKENS * 1024 * 2), ("I", "all_gather", TOKENS * 1024 * 2)], model
