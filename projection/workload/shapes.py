@@ -121,6 +121,11 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
     rp = per_rank_params(model, plan)[pp_rank]
     experts = rp.by_component.get("experts", 0)
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
+    if model.tie_embeddings and plan.pp > 1 and pp_rank in (0, plan.pp - 1):
+        # the word-embedding gradient of the first and last stage, all-reduced between them once per step (Megatron
+        # finalize_model_grads: _allreduce_word_embedding_grads; priced in perf/dp.py _embedding_grad)
+        emb = model.padded_vocab(plan.tp) * model.hidden_size // plan.tp * grad_b
+        out[("collective", "W", False, "", "", 0, 0, 0, 1, 0, 0, 0, False, "all_reduce", "embedding", emb, "")] += 1
     f8 = training.fp8 if training.fp8 is not None and training.fp8.param_gather else None
     # gathered bytes: 1 B per GEMM weight the FP8 library converts when parameters are gathered in fp8
     wire = {c: n * (1 if f8 is not None and f8.gathers_in_fp8(c) else act) for c, n in rp.by_component.items()}
