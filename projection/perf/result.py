@@ -32,6 +32,7 @@ from projection.perf.dp import DPComm
 from projection.perf.pricing import PricedStages
 from projection.sim.result import SimResult
 from projection.specs.scenario import Scenario
+from projection.workload.model_flops import model_flops_per_step
 
 BREAKDOWN_KEYS = ("compute.gemm", "compute.grouped_gemm", "compute.attention", "compute.memory_bound", "recompute",
                   "comm.tp", "comm.cp", "comm.ep", "comm.pp", "comm.dp", "offload", "bubble", "optimizer", "overhead")
@@ -76,6 +77,15 @@ class Projection:
     rounds: int = 1  # back-to-back runs of `sim` in one step (TorchTitan gradient accumulation under pp: perf/rounds)
 
     @property
+    def model_tflops_per_gpu_causal(self) -> float:
+        """Model TFLOP/s/GPU with the attention scores and weighted values counted over the causal half, as
+        Megatron-LM's num_floating_point_operations does since 2025 (what a current Megatron log prints); the
+        published tables, and `model_tflops_per_gpu`, count the full s x s."""
+        sc = self.scenario
+        flops = model_flops_per_step(sc.model, sc.training, sc.plan, causal=True)
+        return flops / self.step_time_s / self.world_size / 1e12 if self.step_time_s > 0 else 0.0
+
+    @property
     def exposed_comm_s(self) -> float:
         """Exposed communication of the breakdown rank (seconds), all groups."""
         return sum(self.breakdown_s[f"comm.{g}"] for g in COMM_GROUPS)
@@ -96,6 +106,7 @@ class Projection:
             "rounds": self.rounds,
             "step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
+            "model_tflops_per_gpu_causal": self.model_tflops_per_gpu_causal,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "hfu": self.hfu,
             "model_flops_per_step": self.model_flops_per_step, "hardware_flops_per_step": self.hardware_flops_per_step,
             "peak_flop_per_s": self.peak_flop_per_s, "peak_dtype": self.peak_dtype,
@@ -129,6 +140,8 @@ class Projection:
                  f"model TFLOP/s/GPU    {self.model_tflops_per_gpu:.1f}   MFU {100 * self.mfu:.1f}% "
                  f"(vs {self.peak_flop_per_s / 1e12:.1f} TFLOP/s {self.peak_dtype} dense peak; Megatron's "
                  "model-FLOPs formula, attention over the full s x s)",
+                 f"  causal count       {self.model_tflops_per_gpu_causal:.1f}   (attention over the causal half, "
+                 "as Megatron-LM's logs count it since 2025)",
                  f"hardware TFLOP/s/GPU {self.hardware_tflops_per_gpu:.1f}   HFU {100 * self.hfu:.1f}% "
                  "(recompute counted, same convention)",
                  f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%   (mean over pp ranks, Primus pp_vis: "

@@ -43,6 +43,10 @@ def test_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> Non
     tokens = 64 * 8192  # global batch x sequence
     assert doc["tokens_per_s_per_gpu"] == pytest.approx(tokens / doc["step_time_s"] / 8, rel=1e-9)
     assert doc["model_tflops_per_gpu"] == pytest.approx(doc["mfu"] * doc["peak_flop_per_s"] / 1e12, rel=1e-9)
+    # the causal count (Megatron-LM since 2025) drops half of the scores and weighted values: s x a x d = s x h
+    # multiply-accumulates per token and layer, 6 FLOP each over forward and backward (32 layers, h 4096)
+    causal = doc["model_flops_per_step"] - 6 * tokens * 32 * 8192 * 4096
+    assert doc["model_tflops_per_gpu_causal"] == pytest.approx(causal / doc["step_time_s"] / 8 / 1e12, rel=1e-9)
     assert sum(doc["breakdown_s"].values()) == pytest.approx(doc["step_time_s"], rel=1e-6)
     assert all(v >= 0 for v in doc["breakdown_s"].values())
     assert doc["memory"]["verdict"] in ("fits", "at risk", "out of memory")
