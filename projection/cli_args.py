@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.fileio import not_regular_problem
+from projection.specs.base import MAX_INT
 
 if TYPE_CHECKING:
     from projection.specs.scenario import Scenario
@@ -47,13 +48,19 @@ def whole_numbers(text: str, flag: str, what: str = "values", *,
     items = text.replace(" ", "").split(",")
     least = 0 if allow_zero else 1
     wrong = [x for x in items if not (x.isascii() and x.isdecimal() and int(x) >= least)]
+    kind = "non-negative" if allow_zero else "positive"
+    example = "0,1,3" if allow_zero else "1,2,4,8"
     if not wrong:
+        huge = [x for x in items if int(x) > MAX_INT]  # no layout's degree; the specs refuse it as a count
+        if huge:
+            return [], [Problem(f"cannot read {what} {text!r}: {', '.join(huge)} is too large (at most 2**53)",
+                                key=flag, file=COMMAND_LINE, fix=f"give {kind} integers separated by commas, e.g. "
+                                f"{example}")]
         return sorted({int(x) for x in items}), []
     names = ", ".join(repr(x) if x else "an empty item" for x in wrong)
-    kind = "non-negative" if allow_zero else "positive"
     return [], [Problem(f"cannot read {what} {text!r}: {names} {'is' if len(wrong) == 1 else 'are'} not a {kind} "
                         "whole number", key=flag, file=COMMAND_LINE,
-                        fix=f"give {kind} integers separated by commas, e.g. {'0,1,3' if allow_zero else '1,2,4,8'}")]
+                        fix=f"give {kind} integers separated by commas, e.g. {example}")]
 
 
 def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, nodes: int | None = None,

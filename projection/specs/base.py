@@ -42,6 +42,19 @@ class Spec(BaseModel):
             digits = len(str(abs(value)))
             raise PydanticCustomError("int_too_large", "a {digits}-digit number is too large (at most 2**53 = {limit})",
                                       {"digits": digits, "limit": MAX_INT})
+        if isinstance(value, str) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            # YAML reads `1e400` (no dot) as a string, which pydantic would turn into an infinite float
+            if field is not None and _is_number(field.annotation) and not math.isfinite(_as_float(value)):
+                raise PydanticCustomError("not_finite", "expected a finite number, got {value}", {"value": value})
         if isinstance(value, float) and not math.isfinite(value):
             raise PydanticCustomError("not_finite", "expected a finite number, got {value}", {"value": value})
         return value
+
+
+def _as_float(text: str) -> float:
+    """The float a numeric string means (0.0 for one that is not a number: pydantic's own error follows)."""
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0

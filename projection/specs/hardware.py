@@ -172,7 +172,8 @@ class ClusterSpec(Spec):
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(default=0, ge=1)  # if not given: the device's typical node, filled in before validation
     inter_node_topology: Literal["rail_optimized", "fat_tree"] = "rail_optimized"
-    oversubscription: float = Field(default=1.0, ge=1.0)
+    # taper of the upper fabric tiers; real fabrics run 1:1 to about 8:1, so 64 bounds typos, not designs
+    oversubscription: float = Field(default=1.0, ge=1.0, le=64.0)
 
     @model_validator(mode="before")
     @classmethod

@@ -41,6 +41,19 @@ def test_numbers_too_large_for_any_job(tmp_path: Path) -> None:
     assert_user_error(res, "key 'model.num_layers'", "less than or equal to 10000")
 
 
+def test_exponent_numbers_past_float_range(tmp_path: Path) -> None:
+    """YAML reads `1e400` (no dot) as a string, which pydantic turned into an infinite float: a ZeroDivisionError
+    traceback in the fabric model, an OverflowError in the MoE capacity. Refused at the key; a taper past any
+    fabric's too."""
+    config = str(write(tmp_path, GOOD))
+    res = run("performance", "--config", config, "--set", "cluster.oversubscription=1e400")
+    assert_user_error(res, "key '--set cluster.oversubscription'", "expected a finite number, got 1e400")
+    res = run("memory", "--config", config, "--set", "model.rope_theta=-1e999")
+    assert_user_error(res, "model.rope_theta'", "expected a finite number")
+    res = run("performance", "--config", config, "--set", "cluster.oversubscription=1e300")
+    assert_user_error(res, "key '--set cluster.oversubscription'", "less than or equal to 64")
+
+
 def test_device_values_outside_any_hardware(tmp_path: Path) -> None:
     """A host issue time of 1e300 s or an HBM bandwidth of 1e-300 B/s is a slip, refused where it is written (it used
     to end in an overflow to inf inside the simulator)."""
@@ -128,3 +141,10 @@ def test_a_list_value_that_starts_with_a_dash(tmp_path: Path, command: str, opti
     res = run(command, "--config", str(write(tmp_path, GOOD)), option, value)
     assert_user_error(res, f"key '{option}'", needle, "is not a positive whole number")
     assert "usage:" not in res.stderr
+
+
+@pytest.mark.parametrize(("command", "option"), [("plan", "--tp"), ("performance", "--scaling")])
+def test_a_list_value_past_any_count(tmp_path: Path, command: str, option: str) -> None:
+    """`plan --tp 99999999999999999999` printed pydantic's own message in a refused row and exited 0."""
+    res = run(command, "--config", str(write(tmp_path, GOOD)), option, "2," + "9" * 20)
+    assert_user_error(res, f"key '{option}'", "is too large (at most 2**53)")
