@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
+from projection.fileio import not_regular
 from projection.formats.common import KeyPath, load_json, load_yaml
 from projection.formats.hf import apply_canonical_overrides, hf_model_fields, is_hf_config
 from projection.paths import MODELS_DIR
@@ -78,6 +79,11 @@ def _load_model_ref(raw: RawScenario, ref: str, scenario_path: Path, line: int |
     """A model named by preset or by file path (relative to the scenario file)."""
     candidate = (scenario_path.parent / ref)
     preset = models_dir / (ref if ref.endswith(".yaml") else f"{ref}.yaml")
+    kind = not_regular(candidate) if ref else None
+    if kind is not None:  # a directory, /dev/zero, a pipe: not a model file (it used to read "not found")
+        raise ConfigError(Problem(f"model file {ref!r} is {kind}, not a preset YAML or HF config.json", key="model",
+                                  file=str(scenario_path), line=line, fix="point model: at the file itself, or name "
+                                  f"a preset: {', '.join(list_presets(models_dir))}"))
     if candidate.is_file():
         target = candidate
     elif preset.is_file():

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from projection.errors import ConfigError, Problem
-from projection.fileio import require_regular
+from projection.fileio import not_regular, require_regular
 from projection.paths import HARDWARE_DIR
 from projection.specs.base import Spec
 from projection.units import parse_bandwidth, parse_bytes, parse_duration, parse_flop_rate
@@ -243,6 +243,13 @@ def load_device(name_or_path: str | Path, search_dir: Path = HARDWARE_DIR, *, ke
     key / file / line: where the name was given, for an unknown or ambiguous name (e.g. key '--hardware' in file
     '<command line>', or key 'cluster.hardware' at a scenario file's line); default: key 'device' in `search_dir`."""
     path = _resolve(name_or_path, search_dir, key=key, file=file, line=line)
+    if file is not None:  # a path written in a scenario or on the command line: a problem is located there
+        kind = "not found" if not path.exists() else not_regular(path)
+        if kind is not None:
+            raise ConfigError(Problem(f"device file {str(name_or_path)!r} is {kind}" if kind != "not found" else
+                                      f"device file {str(name_or_path)!r} not found", key=key, file=file, line=line,
+                                      fix="give the path of a device YAML file (relative paths are taken from the "
+                                      f"current directory), or a bundled device name: {', '.join(list_devices())}"))
     data, lines = _read_yaml(path)
     try:
         return DeviceSpec.model_validate(data)

@@ -148,3 +148,21 @@ def test_a_list_value_past_any_count(tmp_path: Path, command: str, option: str) 
     """`plan --tp 99999999999999999999` printed pydantic's own message in a refused row and exited 0."""
     res = run(command, "--config", str(write(tmp_path, GOOD)), option, "2," + "9" * 20)
     assert_user_error(res, f"key '{option}'", "is too large (at most 2**53)")
+
+
+def test_a_file_named_inside_the_config_is_blamed_on_the_key_that_names_it(tmp_path: Path) -> None:
+    """`cluster.hardware: /missing.yaml` said only "/missing.yaml: device file not found" (neither the config nor the
+    key); `model:` naming a directory said "not found". Both are reported at the key that names them, saying what
+    the path is."""
+    missing = tmp_path / "nohw.yaml"
+    config = write(tmp_path, GOOD.replace("hardware: mi300x", f"hardware: {missing}"))
+    res = run("memory", "--config", str(config))
+    assert_user_error(res, f"{config}:", "key 'cluster.hardware'", f"device file '{missing}' not found")
+    config = write(tmp_path, GOOD.replace("hardware: mi300x", f"hardware: {tmp_path}"), "dir.yaml")
+    assert_user_error(run("memory", "--config", str(config)), "key 'cluster.hardware'", "is a directory")
+    lines = GOOD.splitlines()
+    model_at = next(i for i, line in enumerate(lines) if line.startswith("model:"))
+    body = [line for line in lines[model_at + 1:]]
+    rest = body[next(i for i, line in enumerate(body) if not line.startswith(" ")):]
+    config = write(tmp_path, "\n".join([*lines[:model_at], f"model: {tmp_path}", *rest]) + "\n", "model.yaml")
+    assert_user_error(run("memory", "--config", str(config)), "key 'model'", "is a directory, not a preset YAML")
