@@ -183,8 +183,13 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     # Async TP needs torch.compile of the model: [compile] enable + "model" component (v0.2), training.compile (v0.1).
     compiled = (job.flag("compile.enable", False) and "model" in job.get("compile.components", ["model", "loss"])) \
         or job.flag("training.compile", False)
-    if tp > 1 and compiled and job.flag(f"{p}.enable_async_tensor_parallel", False):
-        raw.set("plan.overlap.tp_comm", True, job.origin(f"{p}.enable_async_tensor_parallel"))
+    if tp > 1 and job.flag(f"{p}.enable_async_tensor_parallel", False):
+        if compiled:
+            raw.set("plan.overlap.tp_comm", True, job.origin(f"{p}.enable_async_tensor_parallel"))
+        else:  # parallelize_llama: `raise RuntimeError("Async TP requires torch.compile")`
+            job.problem(f"{p}.enable_async_tensor_parallel", "async TP without torch.compile of the model: "
+                        "TorchTitan refuses it at start-up ('Async TP requires torch.compile')",
+                        "turn [compile] enable on with the 'model' component, or enable_async_tensor_parallel off")
     return fp8_gather_ok
 
 

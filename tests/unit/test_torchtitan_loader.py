@@ -258,6 +258,14 @@ def test_v01_layout(tmp_path: Path) -> None:
     assert raw.get("model.ffn_hidden_size") == 14336 and raw.framework == "torchtitan"
 
 
+def test_async_tp_without_compile_is_refused(tmp_path: Path) -> None:
+    """TorchTitan's parallelize raises "Async TP requires torch.compile" when TP is on, async TP asked for and the
+    model not compiled; it used to be accepted with the overlap silently dropped."""
+    with pytest.raises(ConfigError) as err:
+        load_torchtitan(_write(tmp_path, V01.replace("compile = true", "compile = false")))
+    assert "parallelism.enable_async_tensor_parallel" in str(err.value) and "requires torch.compile" in str(err.value)
+
+
 def test_fp8_only_through_converters() -> None:
     section = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
     assert _raw({**_cfg(), **section}).get("training.fp8") is None  # the table alone does nothing
