@@ -183,6 +183,7 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     # Async TP needs torch.compile of the model: [compile] enable + "model" component (v0.2), training.compile (v0.1).
     compiled = (job.flag("compile.enable", False) and "model" in job.get("compile.components", ["model", "loss"])) \
         or job.flag("training.compile", False)
+    _compiled_kernels(job, raw, compiled)
     if tp > 1 and job.flag(f"{p}.enable_async_tensor_parallel", False):
         if compiled:
             raw.set("plan.overlap.tp_comm", True, job.origin(f"{p}.enable_async_tensor_parallel"))
@@ -191,6 +192,27 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
                         "TorchTitan refuses it at start-up ('Async TP requires torch.compile')",
                         "turn [compile] enable on with the 'model' component, or enable_async_tensor_parallel off")
     return fp8_gather_ok
+
+
+def _compiled_kernels(job: JobReader, raw: RawScenario, model_compiled: bool) -> None:
+    """torch.compile of the blocks and of the loss, and Primus-Turbo's attention, where they change what is saved.
+    The loss compiled (v0.2 component "loss"; v0.1 `training.compile` compiles it with the model) keeps the 16-bit
+    logits for backward instead of the fp32 log-softmax, as a fused loss does (measured: 2 B per logit against 4,
+    tests/oracle/test_memory_torchtitan_compile.py). Primus's turbo attention patch replaces Llama 3 and 4 attention
+    with a GQA-native kernel that takes K and V without repeat_kv."""
+    if model_compiled:
+        origin = job.origin("compile.enable" if job.has("compile.enable") else "training.compile")
+        raw.set("training.kernels.compiled", True, origin)
+    loss = (job.flag("compile.enable", False) and "loss" in job.get("compile.components", ["model", "loss"])) \
+        or job.flag("training.compile", False)
+    if loss:
+        raw.set("training.fused_loss", True, job.origin("compile.components" if job.has("compile.components")
+                                                       else "compile.enable" if job.has("compile.enable")
+                                                       else "training.compile"))
+    name = str(job.get("model.name", ""))
+    if job.flag("primus_turbo.enable_primus_turbo", False) and job.flag("primus_turbo.use_turbo_attention", True) \
+            and name in ("llama3", "llama4"):
+        raw.set("training.kernels.gqa_native_attention", True, job.origin("primus_turbo.use_turbo_attention"))
 
 
 def _recompute(job: JobReader, raw: RawScenario) -> None:

@@ -12,7 +12,9 @@ TorchTitan's eager modules (`KernelSpec.transformer_impl == "torchtitan"`, pytor
 moe): `repeat_kv` copies K and V to every query head before SDPA, which saves the copies (unless a rank holds one
 KV head: then the repeat is a stride-0 view of it); the SwiGLU is
 `w2(F.silu(w1(x)) * w3(x))`, whose multiply also saves the SiLU output. Its per-op selective checkpointing ('op',
-torchtitan/distributed/activation_checkpoint.py) keeps a different set altogether: `op_sac_tensors`.
+torchtitan/distributed/activation_checkpoint.py) keeps a different set altogether: `op_sac_tensors`. Compiled
+(KernelSpec.compiled) a dense block saves the same tensors but the SiLU output, which the partitioner recomputes;
+with Primus-Turbo's attention (KernelSpec.gqa_native_attention) K and V are saved with their own heads.
 
 Symbols: b micro batch, s local sequence (seq / cp), T = b·s tokens, h hidden, t tp, r = 1/t with SP else 1,
 e activation bytes (2 for bf16/fp16), a heads, g KV heads, d head dim, f FFN, E experts, k top-k.
@@ -46,6 +48,8 @@ class Dims:
     dropout: bool
     unfused: bool
     eager: bool = False  # TorchTitan's eager modules (module docstring)
+    compiled: bool = False  # ... compiled (KernelSpec.compiled): the SiLU output is recomputed, not saved
+    repeat_kv: bool = True  # ... whose attention needs K and V copied to every query head (KernelSpec)
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -63,7 +67,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 # TorchTitan's TP saves the gathered, full-sequence input of its column-parallel linears
                 r_lin=1.0 if dtensor else 1 / plan.tp if plan.sp_ else 1.0,
                 dropout=training.dropout > 0, unfused=training.attention_backend == "unfused",
-                eager=training.kernels.transformer_impl == "torchtitan")
+                eager=training.kernels.transformer_impl == "torchtitan", compiled=training.kernels.compiled,
+                repeat_kv=not training.kernels.gqa_native_attention)
 
 
 def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
@@ -85,7 +90,7 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
         q_w, k_w, v_w = heads * d, kv * d, kv * d
         if model.qk_norm:
             out["attn.qk_norm_in"] = e * T * (q_w + k_w)  # the Q and K norms' inputs: the projected q and k
-        if D.eager and kv > 1:
+        if D.eager and kv > 1 and D.repeat_kv:
             # repeat_kv: SDPA saves K and V copied to every local query head. With one local KV head its
             # expand + reshape merges a size-1 dim into the stride-0 one: a view of that head, nothing copied
             # (tests/oracle/test_memory_torchtitan_tp.py measures both at tp 2)
@@ -123,8 +128,11 @@ def mlp_tensors(model: ModelSpec, D: Dims, ffn: int, prefix: str = "mlp", tokens
         out[f"{prefix}.linear_in"] = D.e_lin * D.T * D.h * D.r_lin
     branches = 2 if model.gated_mlp else 1
     out[f"{prefix}.act_in"] = D.e * T * branches * ffn / shard
-    if D.eager and model.gated_mlp:
-        out[f"{prefix}.act_out"] = D.e * T * ffn / shard  # silu(w1 x), saved by the multiply with w3 x
+    # silu(w1 x), saved by the multiply with w3 x in eager mode; a compiled dense block recomputes it in backward
+    # (tests/oracle/test_memory_torchtitan_compile.py; a compiled MoE block saved other tensors of about the same
+    # total there, so MoE experts keep the eager inventory)
+    if D.eager and model.gated_mlp and not (D.compiled and prefix == "mlp"):
+        out[f"{prefix}.act_out"] = D.e * T * ffn / shard
     out[f"{prefix}.fc2_in"] = (D.e_exp if prefix == "moe.experts" else D.e_lin) * T * ffn / shard
     if with_norm and D.dropout:
         out[f"{prefix}.dropout_mask"] = 1 * D.T * D.h * D.r

@@ -128,6 +128,14 @@ class KernelSpec(Spec):
     moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
         "alltoall", description="Megatron --moe-token-dispatcher-type (flex: DeepEP / HybridEP); the performance "
         "model prices the all-to-all dispatcher and says so in its notes when another one is configured")
+    compiled: bool = Field(
+        False, description="torch.compile of the decoder blocks (TorchTitan [compile] enable with the 'model' "
+        "component; set by the TorchTitan loaders): the min-cut partitioner recomputes the SwiGLU's SiLU output "
+        "instead of saving it (tests/oracle/test_memory_torchtitan_compile.py); kernels are priced as eager ones")
+    gqa_native_attention: bool = Field(
+        False, description="the attention kernel takes K and V with their own (fewer) heads, so TorchTitan's "
+        "repeat_kv copies are not made: Primus-Turbo's flash attention patched into TorchTitan's Llama models "
+        "(primus_turbo.use_turbo_attention, primus/backends/torchtitan/models/llama3/model/model.py)")
     defer_embedding_wgrad: bool = False
     wgrad_deferral_limit: int = Field(0, ge=0)
     cross_entropy_fusion_impl: Literal["native", "te"] = "native"

@@ -104,7 +104,12 @@ def test_input_that_is_not_a_regular_file(tmp_path: Path, special: str, command:
     (("performance", "--config", CONFIG, "--calibration", ""), "--calibration"),
     (("memory", "--config", ""), "--config"),
     (("calibrate", "fit", CALIBRATION, "--out", ""), "--out"),
-], ids=["trace", "pp-vis", "calibration", "config", "calibrate-out"])
+    (("schedule", "--csv", "", "--fwd-s", "1"), "--csv"),  # ran a built-in schedule, or asked for --schedule
+    (("memory", "--config", CONFIG, "--primus-root", ""), "--primus-root"),  # was the current directory
+    (("performance", "--config", CONFIG, "--primus-root", ""), "--primus-root"),
+    (("calibrate", "memory", "--config", "", "--device", "cpu", "--sizes", "4096", "--out", "o.json"), "--config"),
+], ids=["trace", "pp-vis", "calibration", "config", "calibrate-out", "csv", "primus-root", "performance-primus-root",
+        "calibrate-config"])
 def test_empty_path(args: tuple[str, ...], flag: str) -> None:
     assert_user_error(run(*args), f"key '{flag}'", "the path is empty")
 
@@ -143,7 +148,9 @@ OLD = "the old content\n"
     ((*SCHEDULE, "--trace", "{}"), "trace.json"),
     # config.json (49 bytes) is written, pp_rank_0.json (489) fails: the run puts the old config.json back
     ((*SCHEDULE, "--pp-vis", "{}"), "vis/1f1b/config.json"),
-], ids=["calibrate-import", "calibrate-fit", "trace", "pp-vis"])
+    # the same with the folder given relative to the working directory (it removed the old config.json)
+    ((*SCHEDULE, "--pp-vis", "{relative}"), "vis/1f1b/config.json"),
+], ids=["calibrate-import", "calibrate-fit", "trace", "pp-vis", "pp-vis-relative"])
 def test_failed_write_keeps_the_old_file(tmp_path: Path, command: tuple[str, ...], out: str) -> None:
     """Writes fail past 300 bytes, as on a full disk: the file it was to replace keeps its content, no temporary
     file is left, and the error names the file."""
@@ -151,7 +158,8 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, command: tuple[str, ...
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OLD)
     flag_value = str(tmp_path / out.split("/")[0])
-    res = run(*(a.replace("{}", flag_value) for a in command), cwd=tmp_path, file_bytes=300)
-    assert_user_error(res, "File too large", str(tmp_path))
+    args = (a.replace("{relative}", out.split("/")[0]).replace("{}", flag_value) for a in command)
+    res = run(*args, cwd=tmp_path, file_bytes=300)
+    assert_user_error(res, "File too large", out.split("/")[0] if "{relative}" in command else str(tmp_path))
     assert path.read_text() == OLD
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]

@@ -558,3 +558,31 @@ def test_only_defaults_the_file_could_set_are_located_at_the_file() -> None:
                                                 "training.seq_length=N to change)"))
     p = origin_problem(raw, "training.seq_length", "bad")
     assert p.file.startswith("default (config.json has no training settings")
+
+
+@pytest.mark.parametrize(("sections", "model", "loss"), [
+    ({}, False, False),
+    ({"compile": {"enable": True}}, True, True),  # components default to ["model", "loss"]
+    ({"compile": {"enable": True, "components": ["loss"]}}, False, True),
+    ({"compile": {"enable": True, "components": ["model"]}}, True, False),
+    ({"training": {"compile": True}}, True, True),  # v0.1: the model and the loss
+])
+def test_compile_components(sections: dict[str, Any], model: bool, loss: bool) -> None:
+    """What torch.compile changes in memory (tests/oracle/test_memory_torchtitan_compile.py): the compiled blocks'
+    saved set (kernels.compiled) and the compiled loss's 16-bit logits (fused_loss)."""
+    raw = _raw(_cfg(**sections))
+    assert bool(raw.get("training.kernels.compiled")) is model
+    assert bool(raw.get("training.fused_loss")) is loss
+
+
+def test_primus_turbo_attention_takes_kv_without_repeat() -> None:
+    """Primus's turbo attention patch replaces Llama 3 / 4 attention with a GQA-native kernel (no repeat_kv); on by
+    default once Primus-Turbo is, off without it or for other models."""
+    on = {"primus_turbo": {"enable_primus_turbo": True}}
+    assert _raw(_cfg(**on)).get("training.kernels.gqa_native_attention") is True
+    assert not _raw(_cfg(primus_turbo={"enable_primus_turbo": True, "use_turbo_attention": False})).get(
+        "training.kernels.gqa_native_attention")
+    assert not _raw(_cfg()).get("training.kernels.gqa_native_attention")
+    qwen = _cfg(**on)
+    qwen["model"] = {"name": "qwen3", "flavor": "0.6B"}
+    assert not _raw(qwen).get("training.kernels.gqa_native_attention")
