@@ -9,7 +9,6 @@ TP / PP groups that become inter-node), so nothing is carried over from the orig
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,11 +44,30 @@ def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan
         return [Problem(f"{_n(nodes)} x {cluster.gpus_per_node} GPUs = {world} is not a multiple of tp * cp * pp = "
                         f"{plan.tp} * {plan.cp} * {plan.pp} = {mp}", key="cluster.nodes")], None, new_training
     asked = plan.model_copy(update={"dp": world // mp})
+    if "torchtitan" in scenario.framework:
+        new_training = _torchtitan_local_batch(new_training, plan.pp, gbs, world // mp)
     new_plan, new_training = torchtitan_without_fsdp(scenario.framework, asked, new_training)
     problems = layout_problems(RawScenario(scenario.source, scenario.framework), scenario.model, new_training,
                                new_plan, world)
     ddp = torchtitan_ddp_problem(scenario.framework, asked, new_plan)
     return problems + ([ddp] if ddp is not None else []), new_plan, new_training
+
+
+def _torchtitan_local_batch(training: TrainingSpec, pp: int, gbs: int, dp: int) -> TrainingSpec:
+    """TorchTitan at a fixed global batch on more ranks: each rank's share gbs / dp runs as gbs / (local x dp)
+    accumulation steps of `local_batch_size` sequences; where the share is no longer a multiple of the local batch,
+    the local batch becomes the share (TorchTitan refuses a global batch that is not a multiple of local x dp), one
+    microbatch of it without PP, or its pipeline microbatches of the same size with PP. Unchanged where the share
+    is not a whole number of sequences (the layout check says so)."""
+    local = training.local_batch_size
+    share, rest = divmod(gbs, dp)
+    if local is None or rest or share < 1 or share % local == 0:
+        return training
+    if pp > 1:
+        if share % training.micro_batch_size:
+            return training
+        return training.model_copy(update={"local_batch_size": share})
+    return training.model_copy(update={"local_batch_size": share, "micro_batch_size": share})
 
 
 def nearest_node_counts(scenario: Scenario, nodes: int, window: int = 1024) -> list[int]:
@@ -87,10 +105,11 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
             fix = f"{hint}; or {p.fix} ({key})" if p.fix else hint
             if p.key == "training.global_batch_size" and plan is not None:
                 step = scenario.training.micro_batch_size * plan.dp_()
-                local = scenario.training.local_batch_size
-                if "torchtitan" in scenario.framework and local is not None:
-                    step = math.lcm(step, local * plan.dp_())  # TorchTitan: a multiple of local batch x dp too
                 gbs = scenario.training.resolved_global_batch(scenario.plan.dp_())
+                if "torchtitan" in scenario.framework and plan.pp == 1:
+                    step = plan.dp_()  # the local batch shrinks to the rank's share (_torchtitan_local_batch)
+                    fix = (f"{hint}; or a global batch that is a multiple of dp = {step} (the local batch becomes "
+                           f"each rank's share)")
                 fix += f", e.g. --set training.global_batch_size={-(-gbs // step) * step}"
             out.append(Problem(f"{where}: {p.message} [{key}]", key=flag, file=scenario.source, fix=fix))
     return out

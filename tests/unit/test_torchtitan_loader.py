@@ -512,17 +512,34 @@ def test_extrapolating_hsdp_to_one_shard_beside_tp_is_refused(tmp_path: Path) ->
         extrapolate(hsdp, 1)
 
 
-def test_target_nodes_hint_respects_the_local_batch_rule(tmp_path: Path) -> None:
-    """At 4 nodes dp is 16: the global batch must be a multiple of micro batch x dp (16) and, for TorchTitan, of
-    local batch x dp (64); the suggested value satisfies both."""
+def test_target_nodes_keeps_the_global_batch_by_shrinking_the_local_batch(tmp_path: Path) -> None:
+    """Weak scaling at a fixed global batch: TorchTitan runs gbs / (local x dp) accumulation steps and refuses a
+    global batch that is not a multiple of local x dp, so where a rank's share gbs / dp is no longer a multiple of
+    the local batch, the local batch becomes the share (every file without a global batch used to be refused at
+    twice its node count, with a fix that raised the global batch). Under PP the pipeline microbatch is kept."""
     from projection import api
     from projection.errors import PlanError
     from projection.perf.scaling import extrapolate
 
+    flat = api.load(_llama8b_job(tmp_path, parallelism="tensor_parallel_degree = 1"), nodes=1, hardware="h100-sxm",
+                    overrides={"training.local_batch_size": 4})
+    assert flat.training.resolved_global_batch(flat.plan.dp_()) == 32
+    for nodes, local in ((2, 2), (4, 1)):
+        moved = extrapolate(flat, nodes)
+        assert (moved.training.local_batch_size, moved.training.micro_batch_size) == (local, local)
+        assert moved.training.resolved_global_batch(moved.plan.dp_()) == 32
+        assert moved.training.num_microbatches(moved.plan.dp_()) == 1
+    with pytest.raises(PlanError) as err:  # dp 64: half a sequence per rank
+        extrapolate(flat, 8)
+    assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
+
     path = _llama8b_job(tmp_path, "global_batch_size = 32", "pipeline_parallel_degree = 2")
-    sc = api.load(path, nodes=2, hardware="h100-sxm", overrides={"training.local_batch_size": 4})
-    with pytest.raises(PlanError) as err:
-        extrapolate(sc, 4)
+    piped = api.load(path, nodes=2, hardware="h100-sxm", overrides={"training.local_batch_size": 4})
+    moved = extrapolate(piped, 4)  # dp 16: 2 sequences per rank, 2 pipeline microbatches of 1
+    assert (moved.training.local_batch_size, moved.training.micro_batch_size) == (2, 1)
+    assert moved.training.num_microbatches(moved.plan.dp_()) == 2
+    with pytest.raises(PlanError) as err:  # dp 64
+        extrapolate(piped, 16)
     assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
 
 
