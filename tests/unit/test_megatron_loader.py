@@ -489,3 +489,13 @@ def test_seq_length_beyond_max_position_embeddings_is_refused(tmp_path: Path) ->
     (p,) = err.value.problems
     assert p.key == "seq_length" and "longer than max_position_embeddings 128" in p.message
     assert "--max-position-embeddings" in (p.fix or "")
+
+
+def test_no_position_embedding_beside_a_learned_table_is_refused() -> None:
+    """validate_args raises '--no-position-embedding is deprecated' unless the type is rope; the learned table
+    comes from position_embedding_type alone (it used to be read as 'none', dropping the table's parameters)."""
+    with pytest.raises(ConfigError, match="no-position-embedding is deprecated") as err:
+        raw_of(position_embedding_type="learned_absolute", add_position_embedding=False)
+    assert err.value.problems[0].key == "add_position_embedding"
+    assert model(position_embedding_type="rope", add_position_embedding=False).position_embedding == "rope"
+    assert model(position_embedding_type="learned_absolute").position_embedding == "learned"
