@@ -13,7 +13,8 @@ Documented choices:
 * `--vocab-size` given with another tokenizer type is used as the tokenizer length (models/ presets state it so).
 * No `--tokenizer-type` with `--merge-file`: GPT-2 BPE (the only Megatron tokenizer taking a merge file; the gpt3
   functional tests pass only --vocab-file/--merge-file).
-* Dropout: TrainingSpec has one rate; the larger of --hidden-dropout and --attention-dropout (both default 0.1).
+* Dropout: --hidden-dropout -> training.dropout (residual and embedding masks), --attention-dropout ->
+  training.attention_dropout (the probabilities, saved without flash attention); both default 0.1.
 * Attention backend: `--attention-backend local` and `--transformer-impl local` are Megatron's own unfused attention.
 * Primus's decoder_pipeline_manual_split_list (layers per pipeline stage) becomes plan.stage_layers.
 * A --moe-layer-freq list that a (first_k_dense, layer_freq) rule reproduces, e.g. DeepSeek's ([0]*3+[1]*58), is
@@ -112,9 +113,9 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
     for dest in ("log_params_norm", "log_num_zeros_in_grad",  # per-iteration logging work (perf/optimizer.py)
                  "check_for_nan_in_loss_and_grad"):  # host reads of loss and bucket checks (perf/pricing.py)
         raw.set(f"training.{dest}", a.get(dest), a.origin(dest))
-    hidden, attn = a.get("hidden_dropout"), a.get("attention_dropout")
-    raw.set("training.dropout", max(hidden, attn),
-            a.origin("hidden_dropout" if hidden >= attn else "attention_dropout"))
+    # two rates in Megatron: residual / embedding dropout and the attention probabilities' dropout
+    raw.set("training.dropout", a.get("hidden_dropout"), a.origin("hidden_dropout"))
+    raw.set("training.attention_dropout", a.get("attention_dropout"), a.origin("attention_dropout"))
     raw.set("training.attention_backend", *_attention_backend(a))
     raw.set("training.fused_loss", a.get("cross_entropy_loss_fusion"), a.origin("cross_entropy_loss_fusion"))
     impl = a.get("transformer_impl")

@@ -45,8 +45,9 @@ class Dims:
     e_lin: int  # bytes of a saved linear input (1 with FP8 GEMMs that save fp8 inputs)
     r_lin: float  # share of the sequence a column-parallel linear's saved input holds (r, or 1 with dtensor TP)
     e_exp: int  # bytes of a saved routed-expert GEMM input (e_lin where the experts are FP8 GEMMs, else e)
-    dropout: bool
+    dropout: bool  # hidden dropout: residual and embedding masks
     unfused: bool
+    attn_dropout: bool = False  # dropout of the attention probabilities (saved only without flash attention)
     eager: bool = False  # TorchTitan's eager modules (module docstring)
     compiled: bool = False  # ... compiled (KernelSpec.compiled): the SiLU output is recomputed, not saved
     repeat_kv: bool = True  # ... whose attention needs K and V copied to every query head (KernelSpec)
@@ -67,6 +68,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 # TorchTitan's TP saves the gathered, full-sequence input of its column-parallel linears
                 r_lin=1.0 if dtensor else 1 / plan.tp if plan.sp_ else 1.0,
                 dropout=training.dropout > 0, unfused=training.attention_backend == "unfused",
+                attn_dropout=training.attention_dropout_ > 0,
                 eager=training.kernels.transformer_impl == "torchtitan", compiled=training.kernels.compiled,
                 repeat_kv=not training.kernels.gqa_native_attention)
 
@@ -103,7 +105,7 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
     if D.unfused:
         probs = D.b * heads * D.s * D.seq
         out["attn.softmax"] = e * probs
-        if D.dropout:
+        if D.attn_dropout:
             # Two tensors, kept as two entries: the 1-byte mask (native_dropout's bool mask) and the dropped
             # probabilities (input of the V matmul). Only the latter gets a gradient in backward, of e bytes per
             # element (native_dropout_backward returns the gradient's dtype), so the backward working set, sized

@@ -166,7 +166,10 @@ class TrainingSpec(Spec):
     check_for_nan_in_loss_and_grad: bool = Field(
         False, description="Megatron's NaN/Inf checks (on by default there; the Megatron and Primus loaders set it): "
         "the host reads isnan/isinf of each microbatch's loss and of each gradient bucket's norm before its reduction")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout after attention, the MLP and the embedding "
+                           "(Megatron --hidden-dropout)")
+    attention_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="dropout of the attention "
+                                            "probabilities (Megatron --attention-dropout; None: `dropout`)")
     attention_backend: Literal["flash", "fused", "unfused", "auto"] = "auto"
     fused_loss: bool = False
     kernels: KernelSpec = KernelSpec()
@@ -176,6 +179,10 @@ class TrainingSpec(Spec):
         if self.params_dtype == "fp32" and self.fp8 is not None:
             raise ValueError("fp8 needs bf16 or fp16 params (params_dtype)")
         return self
+
+    @property
+    def attention_dropout_(self) -> float:
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     def resolved_global_batch(self, dp: int) -> int:
         if self.global_batch_size is not None:

@@ -66,8 +66,8 @@ def _unfused(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str)
     softmax_f = mem(f"{name}.softmax", "F", scores * ab, scores * ab, dt, fn="softmax", rows=bh * sq, width=skv)
     softmax_b = mem(f"{name}.softmax.bwd", "I", 2 * scores * ab, scores * ab, dt, fn="softmax", rows=bh * sq,
                     width=skv)
-    dropout_f = (mem(f"{name}.dropout", "F", scores * ab, scores * (ab + 1), dt),) if d.dropout else ()
-    dropout_b = (mem(f"{name}.dropout.bwd", "I", scores * (ab + 1), scores * ab, dt),) if d.dropout else ()
+    dropout_f = (mem(f"{name}.dropout", "F", scores * ab, scores * (ab + 1), dt),) if d.attn_dropout else ()
+    dropout_b = (mem(f"{name}.dropout.bwd", "I", scores * (ab + 1), scores * ab, dt),) if d.attn_dropout else ()
     # BLAS shapes of the row-major products: S = Q K^T, O = P V; dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
     fwd = (gemm(f"{name}.qk", "F", skv, sq, d_qk, dt, ab, layout="TN", batch=bh), softmax_f, *dropout_f,
            gemm(f"{name}.pv", "F", d_v, sq, skv, dt, ab, layout="NN", batch=bh))

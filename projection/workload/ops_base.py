@@ -123,7 +123,7 @@ class Dims:
     main_grad_bytes: int
     fused_wgrad: bool
     flash: bool
-    dropout: bool
+    dropout: bool  # hidden dropout (residual)
     norm: str = "rmsnorm"
     act_fn: str = "silu"
     expert_gemm: str = "bf16"  # dtype of the routed experts' grouped GEMMs
@@ -140,6 +140,7 @@ class Dims:
     # not TorchTitan's own token exchange nor DeepEP's (flex)
     alltoall_metadata: bool = False
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
+    attn_dropout: bool = False  # dropout of the attention probabilities (a kernel of its own without flash)
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -160,7 +161,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 tp_regather=plan.tp_style == "megatron",
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
-                flash=training.attention_backend != "unfused", dropout=training.dropout > 0, norm=model.norm,
+                flash=training.attention_backend != "unfused", dropout=training.dropout > 0,
+                attn_dropout=training.attention_dropout_ > 0, norm=model.norm,
                 act_fn=f"{model.activation}_glu" if model.gated_mlp else model.activation,
                 allgather_dispatch=training.kernels.moe_token_dispatcher == "allgather",
                 alltoall_metadata=training.kernels.moe_token_dispatcher == "alltoall"

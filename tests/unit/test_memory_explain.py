@@ -58,3 +58,29 @@ def test_terms_are_the_addends_of_the_peak(config: str, overrides: list[str]) ->
                   gpus_per_node=8 if config == str(FP16_TP4) else None)
     for r in estimate_memory(sc).ranks:
         assert sum(r.terms.values()) == pytest.approx(r.peak_bytes, abs=len(r.terms))
+
+
+def test_attention_and_hidden_dropout_are_separate() -> None:
+    """Megatron's two rates: --attention-dropout drops the attention probabilities (a 1-byte mask and the dropped
+    copy, saved only without flash attention, Korthikanti et al. 2022's 5 a s^2 b term: 2 + 2 + 1 bytes), and
+    --hidden-dropout the residual and embedding outputs (a 1-byte mask each). Zeroing one keeps the other's tensors
+    (they used to be one rate: the larger of the two)."""
+    from projection.memory.activations import layer_tensors
+    from projection.specs.model import ModelSpec
+    from projection.specs.plan import ParallelPlan
+    from projection.specs.training import TrainingSpec
+
+    gpt = ModelSpec(num_layers=2, hidden_size=512, num_attention_heads=8, ffn_hidden_size=2048, vocab_size=1000,
+                    gated_mlp=False)
+    plan = ParallelPlan(dp=1)
+
+    def names(dropout: float, attention: float) -> set[str]:
+        t = TrainingSpec(seq_length=256, micro_batch_size=2, attention_backend="unfused", dropout=dropout,
+                         attention_dropout=attention)
+        return {k for k, v in layer_tensors(gpt, t, plan, 0).items() if "dropout" in k and v > 0}
+
+    both = {"attn.dropout_mask", "attn.dropout", "attn.out_dropout_mask", "mlp.dropout_mask"}
+    assert names(0.1, 0.1) == both
+    assert names(0.1, 0.0) == {"attn.out_dropout_mask", "mlp.dropout_mask"}
+    assert names(0.0, 0.1) == {"attn.dropout_mask", "attn.dropout"}
+    assert TrainingSpec(seq_length=8, dropout=0.1).attention_dropout_ == 0.1  # one rate given: both
