@@ -6,13 +6,16 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from projection import __version__, api
 from projection.cli_args import add_scenario_args, load_scenario
 from projection.errors import ProjectionError
+from projection.fileio import OutputJournal, output_journal
 
 _common = add_scenario_args
 
@@ -78,30 +81,64 @@ def _extra(name: str) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. A reader that closes the pipe early (`| head`) ends it quietly, as SIGPIPE ends `cat`; any
-    other failure to write standard output (a full disk, /dev/full) is one error line and exit code 2."""
+    other failure to write standard output (a full disk, /dev/full) is one error line and exit code 2; Ctrl-C is one
+    line and exit code 130 (128 + SIGINT, what a shell reports for an interrupted command), without a traceback.
+    The files a command writes are kept only when it succeeds: a failure after them, its report included, removes
+    what it created and puts back what it replaced (fileio.OutputJournal). After a closed pipe they are kept: they
+    are whole, and the reader chose to see less of the report, not to undo the command."""
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)  # tells a stdout failure from one of an output file
+    keep = False
     try:
-        rc = _main(argv)
-        sys.stdout.flush()
-        return rc
-    except BrokenPipeError:
-        _discard_stdout(stdout)
-        return 141  # 128 + SIGPIPE, the status a shell reports for a writer whose reader went away
-    except StdoutError as e:
-        _discard_stdout(stdout)
-        print(f"error: cannot write the output to standard output: {e.strerror or e}", file=sys.stderr)
-        return 2
-    except RecursionError:  # a parser the loaders do not guard (they report the file themselves)
-        given = (a.partition("=")[2] if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv))
-        files = [a for a in given if a and os.path.isfile(a)]
-        which = "one of these files is" if len(files) > 1 else "the file is"
-        print(f"error: {', '.join(files) or '<input>'}: {which} nested too deeply to read (hundreds of levels of lists "
-              "or mappings)\n    fix: flatten the nesting (a config needs a few levels); check that this is the file "
-              "you meant", file=sys.stderr)
-        return 2
+        with output_journal() as journal:
+            try:
+                rc = _main(argv)
+                sys.stdout.flush()
+                keep = rc == 0
+                return rc
+            except BrokenPipeError:
+                _discard_stdout(stdout)
+                keep = True
+                return 141  # 128 + SIGPIPE, the status a shell reports for a writer whose reader went away
+            except StdoutError as e:
+                _discard_stdout(stdout)
+                print(f"error: cannot write the output to standard output: {e.strerror or e}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt:
+                keep = False  # also when it came after the report was printed: the exit code says it failed
+                print("projection: interrupted", file=sys.stderr)
+                return 130
+            except RecursionError:  # a parser the loaders do not guard (they report the file themselves)
+                _print_too_deep(argv)
+                return 2
+            finally:
+                _settle(journal, keep)
     finally:
         sys.stdout = stdout
+
+
+def _settle(journal: OutputJournal, keep: bool) -> None:
+    """Commit or roll back the command's files with Ctrl-C held off, so that a second interrupt cannot leave the
+    undo half done (the default handler is restored after; only the main thread may set handlers)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        if keep:
+            journal.commit()
+        else:
+            journal.rollback()
+    finally:
+        if main_thread and handler is not None:
+            signal.signal(signal.SIGINT, handler)
+
+
+def _print_too_deep(argv: Sequence[str] | None) -> None:
+    given = (a.partition("=")[2] if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv))
+    files = [a for a in given if a and os.path.isfile(a)]
+    which = "one of these files is" if len(files) > 1 else "the file is"
+    print(f"error: {', '.join(files) or '<input>'}: {which} nested too deeply to read (hundreds of levels of lists "
+          "or mappings)\n    fix: flatten the nesting (a config needs a few levels); check that this is the file "
+          "you meant", file=sys.stderr)
 
 
 class StdoutError(OSError):

@@ -76,6 +76,7 @@ def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, no
                                               "\\" in hardware)
     problems += input_problems([("--config", args.config), ("--hardware", hardware if hardware_file else None)],
                                missing_ok=True)
+    problems += primus_root_problems(getattr(args, "primus_root", None))
     if problems:
         raise ConfigError(problems)
     from projection import api
@@ -86,6 +87,13 @@ def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, no
                     gpus_per_node=getattr(args, "gpus_per_node", None), overrides=overrides,
                     primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes,
                     schedule=schedule)
+
+
+def primus_root_problems(primus_root: str | None) -> list[Problem]:
+    """An empty --primus-root: refused like an empty input path (the loader would take it for the current
+    directory, as Path('') is)."""
+    return [Problem("the path is empty", key="--primus-root", file=COMMAND_LINE,
+                    fix="give a Primus checkout after --primus-root, or drop the flag")] if primus_root == "" else []
 
 
 def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json")) -> None:

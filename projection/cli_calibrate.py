@@ -23,8 +23,9 @@ from projection.calibrate.cli_checks import out_problems, raise_all
 from projection.calibrate.errors import CalibrationError
 from projection.calibrate.fit import fit_calibration
 from projection.calibrate.importers import import_files
+from projection.cli_args import input_problems, primus_root_problems
 from projection.errors import Problem, ProjectionError
-from projection.fileio import atomic_write_text
+from projection.fileio import atomic_write_text, protect, same_file_problems
 
 Hook = Callable[[Any], None]  # receives the `calibrate` group's sub-parsers action (argparse._SubParsersAction)
 
@@ -66,10 +67,29 @@ def run(args: argparse.Namespace) -> int:
         print("error: choose a calibrate sub-command (import, fit, ...)", file=sys.stderr)
         return 2
     try:
+        # the benchmarks' scenario flags: an empty --config would benchmark the default shapes without a word
+        raise_all(input_problems([("--config", getattr(args, "config", None))], missing_ok=True)
+                  + primus_root_problems(getattr(args, "primus_root", None)))
+        _check_out(args)
         return runner(args)
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse an --out that is one of the sub-command's input files (`import X.log --out X.log` would replace the
+    log with the calibration made from it), for every calibrate sub-command: import's FILEs, fit's CALIBRATION.json,
+    the benchmarks' --config and --hardware file. Then note --out in the output journal, so that a failure after it
+    is written (the report, Ctrl-C) puts back the file it replaced."""
+    out = getattr(args, "out", None)
+    if not out:
+        return
+    inputs = [("FILE", f) for f in getattr(args, "files", None) or ()]
+    inputs += [(flag, getattr(args, attr, None)) for flag, attr in (("CALIBRATION.json", "calibration"),
+                                                                    ("--config", "config"), ("--hardware", "hardware"))]
+    raise_all(same_file_problems(inputs, [("--out", out)]))
+    protect(out)
 
 
 def _run_import(args: argparse.Namespace) -> int:

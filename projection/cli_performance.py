@@ -36,6 +36,7 @@ from projection.cli_args import (
     write_outputs,
 )
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
+from projection.fileio import protect_jobs, same_file_problems
 
 if TYPE_CHECKING:
     from projection.perf.result import Projection
@@ -217,8 +218,14 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     if args.scaling is not None:
         counts, bad = whole_numbers(args.scaling, "--scaling", "node counts")
         problems += bad
-    problems += output_problems([("--png", args.png if args.scaling else None), ("--trace", args.trace)])
+    outputs = [("--png", args.png if args.scaling else None), ("--trace", args.trace)]
+    problems += output_problems(outputs)
     problems += input_problems([("--calibration", args.calibration)])
+    # a device name is looked up in hardware_specs/, a path is a file (the rule of cli_args.load_scenario)
+    hardware = args.hardware if args.hardware and (args.hardware.endswith((".yaml", ".yml")) or "/" in args.hardware
+                                                   or "\\" in args.hardware) else None
+    problems += same_file_problems([("--config", args.config), ("--hardware", hardware),
+                                    ("--calibration", args.calibration)], outputs)
     if problems:
         raise ConfigError(problems)
     return counts
@@ -272,7 +279,7 @@ def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Proj
                    proj.param_gather_exposed_s[r] if r < len(proj.param_gather_exposed_s) else 0.0))
                  for r in range(len(sim.timeline))]
         jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds))]
-    return write_outputs(jobs)
+    return write_outputs(protect_jobs(jobs))  # kept until the report is printed (fileio.OutputJournal)
 
 
 def _scaling_png(rows: Sequence[Projection], path: str, scenario: Scenario) -> Path:

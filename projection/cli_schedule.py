@@ -21,8 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from projection.cli_args import output_problems, write_outputs
+from projection.cli_args import input_problems, output_problems, write_outputs
 from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
+from projection.fileio import protect_jobs, same_file_problems
 from projection.schedule.action import Schedule
 from projection.schedule.checks import check_schedule
 from projection.schedule.csv import load_csv
@@ -75,12 +76,12 @@ def _seconds(value: str | None, flag: str) -> float | None:
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
-    if args.csv:
-        conflicts = _csv_conflicts(args)
+    if args.csv is not None:  # an empty path too: it would otherwise run a built-in schedule without a word
+        conflicts = input_problems([("--csv", args.csv)], missing_ok=True) + _csv_conflicts(args)
         if conflicts:
             raise ConfigError(conflicts)
         try:
-            sched = load_csv(args.csv, name=args.schedule)
+            sched = load_csv(args.csv)
         except (OSError, ValueError) as e:
             raise ConfigError(Problem(f"cannot load the schedule: {e}", file=args.csv, key="--csv",
                                       fix="one row per rank of actions like 0F0,0I0,0W0")) from e
@@ -122,12 +123,18 @@ def _spelled(text: str | None, flags: dict[str, str]) -> str | None:
 
 
 def _csv_conflicts(args: argparse.Namespace) -> list[Problem]:
-    """Flags that a --csv schedule holds itself (ranks, stages, microbatches): given beside it they would be ignored."""
-    return [Problem("the CSV schedule holds its own ranks, stages and microbatches", key=flag, file=COMMAND_LINE,
+    """Flags that a --csv schedule holds itself (its name, ranks, stages, microbatches): given beside it they would
+    be ignored, or, for --schedule, name the file's schedule after a built-in one it need not be."""
+    named = [Problem(f"--csv runs the schedule in the file, --schedule builds the built-in {args.schedule}: give one "
+                     "of them", key="--schedule", file=COMMAND_LINE,
+                     fix="drop --schedule (the CSV's schedule is named after its file), or drop --csv")
+             ] if args.schedule is not None else []
+    held = [Problem("the CSV schedule holds its own ranks, stages and microbatches", key=flag, file=COMMAND_LINE,
                     fix=f"drop {flag} (or drop --csv and use a built-in --schedule)")
             for flag, v in (("--pp", args.pp), ("--microbatches", args.microbatches),
                             ("--vpp", None if args.vpp == 1 else args.vpp),
                             ("--microbatch-group-size", args.microbatch_group_size)) if v is not None]
+    return named + held
 
 
 def _closed_form(args: argparse.Namespace, sched: Schedule, f: float, b: float, w: float | None,
@@ -174,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         sched = _schedule(args)
         problems = output_problems([("--trace", args.trace), ("--png", args.png)],
                                    [("--pp-vis", args.pp_vis)])
+        problems += same_file_problems([("--csv", args.csv)], _output_files(args, sched))
         if problems:  # before any work, and before anything is written
             raise ConfigError(problems)
         if args.links != "none" and args.engine != "des":
@@ -202,8 +210,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _output_files(args: argparse.Namespace, sched: Schedule) -> list[tuple[str, str | None]]:
+    """(flag, path) of every file the outputs asked for write: --pp-vis writes config.json and a file per rank."""
+    vis = [] if not args.pp_vis else [Path(args.pp_vis) / sched.name / name for name in
+                                      ["config.json", *(f"pp_rank_{r}.json" for r in range(sched.n_ranks))]]
+    return [("--trace", args.trace), ("--png", args.png), *(("--pp-vis", str(f)) for f in vis)]
+
+
 def _write_outputs(args: argparse.Namespace, res: SimResult) -> list[str]:
-    """Every output asked for, or none of them (write_outputs removes what it wrote when a later one fails)."""
+    """Every output asked for, or none of them (write_outputs removes what it wrote when a later one fails; the
+    output journal (fileio.protect) what they wrote when the command fails after them, its report included)."""
     jobs: list[tuple[str, str, Callable[[], object]]] = []
     if args.trace:
         from projection.report.trace import write_chrome_trace
@@ -217,4 +233,4 @@ def _write_outputs(args: argparse.Namespace, res: SimResult) -> list[str]:
         from projection.report.ppvis import write_pp_vis
 
         jobs.append(("--pp-vis", str(Path(args.pp_vis) / res.schedule.name), lambda: write_pp_vis(res, args.pp_vis)))
-    return write_outputs(jobs)
+    return write_outputs(protect_jobs(jobs))

@@ -1,11 +1,19 @@
-"""File I/O the CLI shares: writes that replace a file whole or not at all, and the check that an input file is a
-regular file before it is read.
+"""File I/O the CLI shares: writes that replace a file whole or not at all, the journal that undoes a command's
+writes when the command fails after them, and the checks of input and output paths before anything is read or
+written.
 
 A failed write (a full disk, a file-size limit) must not leave a truncated file, nor destroy the file it was meant
 to replace: `atomic_write_bytes` writes a new file beside the target and renames it over the target (POSIX rename is
 atomic within a file system), removing the new file when anything fails. A device, a named pipe or a socket given
 as an input is refused before it is opened: /dev/zero would be read until memory runs out, and opening a pipe with
 no writer blocks forever.
+
+A command's files are written before its report is printed, so a report that cannot be printed (a full disk under
+standard output) or an interrupt (Ctrl-C) comes after them: the CLI runs each command under an `OutputJournal`
+(`output_journal`), which keeps the old content of every file a command may replace (a hard link beside it, so no
+copy is made) and, when the command fails, removes what it created and puts the old files back. A file that is
+also an input of the command is refused before anything is read (`same_file_problems`): the output would replace
+the input the report was made from.
 """
 
 from __future__ import annotations
@@ -13,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 
 from projection.errors import ConfigError, Problem
@@ -32,7 +42,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     renamed over `path`. On any failure (OSError, KeyboardInterrupt ...) the temporary file is removed and `path`
     keeps its old content (or stays absent). A symlink keeps pointing where it did: its target gets the content.
     An existing file keeps its permission bits; a new one gets those `open()` would give. A target that exists but
-    is not a regular file (/dev/stdout, a named pipe) cannot be replaced, so it is written in place. Returns `path`."""
+    is not a regular file (/dev/stdout, a named pipe) cannot be replaced, so it is written in place. Under an
+    output journal (output_journal) the old file is kept until the command succeeds. Returns `path`."""
+    protect(path)
     try:
         old = os.stat(path)
     except FileNotFoundError:
@@ -106,3 +118,149 @@ def require_regular(path: str | Path, error: Callable[[Problem], Exception] | No
     problem = not_regular_problem(path)
     if problem is not None:
         raise (error or ConfigError)(problem)
+
+
+# ---- the output journal: a failed command leaves the files it wrote as they were before it ran
+
+class OutputJournal:
+    """What a command may have changed on disk, to be undone if the command fails after writing (its report could
+    not be printed, Ctrl-C) or kept when it succeeds. `protect(path)` before a file or a folder is written;
+    `commit()` or `rollback()` once, at the end."""
+
+    def __init__(self) -> None:
+        self._before: dict[Path, set[Path]] = {}  # protected path -> what existed of it, its folders, its content
+        self._kept: list[tuple[Path, Path]] = []  # (old file, the hidden hard link holding its content)
+
+    def protect(self, path: str | Path) -> None:
+        """Note what exists of `path` (a file, or a folder and everything under it) and keep every regular file
+        there under a hidden name beside it. The writers replace a file by renaming a new one over it
+        (atomic_write_bytes; cli_args.write_outputs sets the old one aside for the others), so a hard link keeps
+        the old content without a copy; where hard links are refused (some file systems) the file is copied."""
+        out = Path(os.path.abspath(path))
+        if out in self._before:
+            return
+        self._before[out] = _entries(out)
+        files = [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else [out] if out.is_file() else []
+        for f in files:
+            real = Path(os.path.realpath(f))  # a symlink stays as it is: its target is what a writer replaces
+            if any(real == old for old, _ in self._kept):
+                continue
+            kept = real.with_name(f".{real.name}.{secrets.token_hex(4)}.keep")
+            try:
+                os.link(real, kept)
+            except OSError:
+                shutil.copy2(real, kept)
+            self._kept.append((real, kept))
+
+    def commit(self) -> None:
+        """The command succeeded: drop the kept copies."""
+        for _, kept in self._kept:
+            with contextlib.suppress(OSError):
+                kept.unlink()
+        self._before, self._kept = {}, []
+
+    def rollback(self) -> None:
+        """The command failed: remove what it created under the protected paths (and the folders it made for
+        them), then put every kept file back under its own name."""
+        hidden = {os.path.realpath(kept) for _, kept in self._kept}  # kept names are resolved, entries may not be
+        for out, old in self._before.items():
+            new = [p for p in _entries(out) - old if os.path.realpath(p) not in hidden]
+            _remove(sorted(new, key=lambda p: len(p.parts), reverse=True))
+        for original, kept in reversed(self._kept):
+            with contextlib.suppress(OSError):  # else the old content stays under the hidden name, not lost
+                if original.exists() and os.path.samefile(original, kept):
+                    kept.unlink()  # never replaced; rename() between two links of one file does nothing (POSIX)
+                else:
+                    os.replace(kept, original)
+        self._before, self._kept = {}, []
+
+
+_JOURNAL: ContextVar[OutputJournal | None] = ContextVar("projection_output_journal", default=None)
+
+
+@contextlib.contextmanager
+def output_journal() -> Iterator[OutputJournal]:
+    """Make a new journal the one `protect` records into, for the duration of the block; the caller commits or
+    rolls it back (the CLI's main: commit when the command succeeded and its report was printed)."""
+    journal = OutputJournal()
+    token = _JOURNAL.set(journal)
+    try:
+        yield journal
+    finally:
+        _JOURNAL.reset(token)
+
+
+def protect(path: str | Path) -> None:
+    """Record `path` in the active output journal before it is written (no journal, as when a command's function
+    is called from Python: nothing to do)."""
+    journal = _JOURNAL.get()
+    if journal is not None:
+        journal.protect(path)
+
+
+Job = tuple[str, str, Callable[[], object]]  # (flag, output path, writer), as cli_args.write_outputs takes them
+
+
+def protect_jobs(jobs: Sequence[Job]) -> list[Job]:
+    """The jobs of cli_args.write_outputs with each path resolved (symlinks, relative parts) and protected in the
+    active journal. Resolved, because write_outputs tells its own hidden copies (named from the resolved file) from
+    the files a failed writer created by comparing names: under a relative path it would remove the old content
+    it set aside instead of putting it back."""
+    out = [(flag, os.path.realpath(path), fn) for flag, path, fn in jobs]
+    for _, path, _ in out:
+        protect(path)
+    return out
+
+
+def _entries(path: Path) -> set[Path]:
+    """What exists of `path`, the folders above it and everything under it: where a writer may create things."""
+    seen = {path, *path.parents}
+    if path.is_dir():
+        seen.update(path.rglob("*"))
+    return {p for p in seen if p.exists() or p.is_symlink()}
+
+
+def _remove(paths: Sequence[Path]) -> None:
+    for p in paths:  # deepest first, so folders are empty when their turn comes
+        try:
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()
+            else:
+                p.unlink()
+        except OSError:
+            pass
+
+
+# ---- an output that is also an input
+
+def same_file_problems(inputs: Sequence[tuple[str, str | None]], outputs: Sequence[tuple[str, str | None]]
+                       ) -> list[Problem]:
+    """A problem for each output (flag, path) that is the same file as an input (flag, path) that exists, or as an
+    earlier output: writing it would replace the input the command reads (or the other output). The same file is
+    os.path.samefile where the output exists (hard links, symlinks, `./a` and `a`), else the same resolved path.
+    None and empty paths are skipped (their own checks report them)."""
+    def same(a: str, b: str) -> bool:
+        try:
+            if os.path.exists(b):
+                return os.path.samefile(a, b)
+            return os.path.realpath(a) == os.path.realpath(b)
+        except (OSError, ValueError):  # ValueError: a NUL byte in a path
+            return False
+
+    problems = []
+    existing = [(flag, path) for flag, path in inputs if path and os.path.exists(path)]
+    seen: list[tuple[str, str]] = []
+    for flag, path in outputs:
+        if not path:
+            continue
+        clash = next(((f, p) for f, p in existing if same(p, path)), None)
+        if clash is not None:
+            problems.append(Problem(f"is the input file given as {clash[0]} ({clash[1]}): writing it would replace "
+                                    "the input", key=flag, file=path, fix=f"choose another {flag} path"))
+        else:
+            other = next(((f, p) for f, p in seen if same(p, path)), None)
+            if other is not None:
+                problems.append(Problem(f"is the file {other[0]} writes too ({other[1]})", key=flag, file=path,
+                                        fix=f"choose another {flag} path"))
+        seen.append((flag, path))
+    return problems

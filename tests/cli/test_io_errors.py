@@ -110,8 +110,9 @@ def test_input_that_is_not_a_regular_file(tmp_path: Path, special: str, command:
     (("calibrate", "memory", "--config", "", "--device", "cpu", "--sizes", "4096", "--out", "o.json"), "--config"),
 ], ids=["trace", "pp-vis", "calibration", "config", "calibrate-out", "csv", "primus-root", "performance-primus-root",
         "calibrate-config"])
-def test_empty_path(args: tuple[str, ...], flag: str) -> None:
-    assert_user_error(run(*args), f"key '{flag}'", "the path is empty")
+def test_empty_path(tmp_path: Path, args: tuple[str, ...], flag: str) -> None:
+    assert_user_error(run(*args, cwd=tmp_path), f"key '{flag}'", "the path is empty")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_calibration_that_is_a_directory(tmp_path: Path) -> None:
