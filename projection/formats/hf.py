@@ -77,6 +77,7 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
         take("model.num_kv_heads", "num_key_value_heads", heads)
         if cfg.get("head_dim") is not None:
             take("model.head_dim", "head_dim")
+    _window(cfg, mt, o, out)
     moe = _moe(cfg, mt, layers)
     if moe is not None:
         key = {"mixtral": "num_local_experts", "deepseek_v2": "n_routed_experts",
@@ -85,6 +86,22 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
     if missing:
         raise ConfigError(missing)
     return out
+
+
+def _window(cfg: dict[str, Any], mt: str, o: Any, out: list[tuple[str, Any, Origin]]) -> None:
+    """Sliding-window attention as transformers applies it: Mistral and Mixtral on every layer whenever
+    `sliding_window` is set; Qwen2 / Qwen3 (and their MoE) only with `use_sliding_window`, on the layers from
+    `max_window_layers` on (Qwen2Config: sliding_attention where i >= max_window_layers)."""
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return
+    if mt in ("mistral", "mixtral"):
+        out.append(("model.sliding_window", window, o("sliding_window")))
+    elif mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
+        out.append(("model.sliding_window", window, o("sliding_window")))
+        first = cfg.get("max_window_layers")
+        if isinstance(first, int) and not isinstance(first, bool) and first > 0:
+            out.append(("model.sliding_window_from_layer", first, o("max_window_layers")))
 
 
 def _moe(cfg: dict[str, Any], mt: str, layers: int | None) -> dict[str, Any] | None:

@@ -96,6 +96,11 @@ class ModelSpec(Spec):
     add_qkv_bias: bool = False
     qk_norm: bool = Field(False, description="per-head Q/K norms; with MLA the RMSNorms on the q and kv latents")
     position_embedding: Literal["rope", "learned", "none"] = "rope"
+    sliding_window: int | None = Field(None, gt=0, description="keys a query attends to at most, itself included "
+                                       "(HF sliding_window: Mistral; Qwen2/3 with use_sliding_window); None: all "
+                                       "earlier keys")
+    sliding_window_from_layer: int = Field(0, ge=0, description="first decoder layer (0-based) that uses the window "
+                                           "(HF max_window_layers); earlier layers attend fully")
     max_position_embeddings: int | None = Field(None, gt=0)
     rope_theta: float | None = None
 
@@ -140,6 +145,15 @@ class ModelSpec(Spec):
         megatron/training/tokenizer)."""
         multiple = self.vocab_divisible_by * (tp if self.vocab_pad_with_tp else 1)
         return math.ceil(self.vocab_size / multiple) * multiple
+
+    def keys_per_query(self, i: int, seq: int, causal: bool) -> float:
+        """Keys one query of decoder layer i attends to, averaged over a sequence of `seq`: causal, the lower
+        triangle's s/2 (Megatron's halving), or with a window w the band's (w s - w (w-1)/2) / s; in the non-causal
+        count of the published MFU tables, s, or min(s, w) with a window."""
+        w = self.sliding_window if i >= self.sliding_window_from_layer else None
+        if w is None or w >= seq:
+            return seq / 2 if causal else float(seq)
+        return (w * seq - w * (w - 1) / 2) / seq if causal else float(w)
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether decoder layer i (0-based) has an MoE block instead of a dense MLP."""

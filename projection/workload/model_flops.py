@@ -37,17 +37,17 @@ def model_flops_per_step(model: ModelSpec, training: TrainingSpec, plan: Paralle
 
 def layer_macs_per_token(model: ModelSpec, layer_index: int, seq_length: int, causal: bool = False) -> float:
     """Forward multiply-accumulates per token of decoder layer `layer_index` (attention + MLP or MoE)."""
-    h, s, a = model.hidden_size, seq_length, model.num_attention_heads
-    c = 0.5 if causal else 1.0
+    h, a = model.hidden_size, model.num_attention_heads
+    s = model.keys_per_query(layer_index, seq_length, causal)  # keys per query (a sliding window bounds it)
     mla = model.mla
     if mla is not None:
         dq = mla.qk_head_dim + mla.qk_rope_head_dim
         q = mla.q_lora_rank * (h + a * dq) if mla.q_lora_rank else h * a * dq
         kv = mla.kv_lora_rank * (h + a * (mla.qk_head_dim + mla.v_head_dim)) + h * mla.qk_rope_head_dim
-        attn = q + kv + a * mla.v_head_dim * h + c * s * a * (dq + mla.v_head_dim)
+        attn = q + kv + a * mla.v_head_dim * h + s * a * (dq + mla.v_head_dim)
     else:
         d, g = model.head_dim_, model.kv_heads
-        attn = 2 * h * a * d + 2 * h * g * d + c * 2 * s * a * d
+        attn = 2 * h * a * d + 2 * h * g * d + 2 * s * a * d
     per_branch = 3 if model.gated_mlp else 2
     moe = model.moe
     if moe is not None and model.is_moe_layer(layer_index):

@@ -114,7 +114,7 @@ def stage_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, slot
 
 
 def _layer_pieces(model: ModelSpec, d: Dims, layer_index: int) -> list[Piece]:
-    return [*attention_pieces(model, d), *ffn_pieces(model, d, layer_index)]
+    return [*attention_pieces(model, d, layer_index), *ffn_pieces(model, d, layer_index)]
 
 
 def _assemble(pieces: Sequence[Piece]) -> tuple[Op, ...]:

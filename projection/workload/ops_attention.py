@@ -36,12 +36,16 @@ from projection.workload.ops_base import (
 )
 
 
-def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str = "attn.core") -> Piece:
-    """The attention kernel(s) for one microbatch: q [b, heads, s/cp, d_qk], k/v [b, kv_heads, s, d]."""
+def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str = "attn.core",
+                   keys: float | None = None) -> Piece:
+    """The attention kernel(s) for one microbatch: q [b, heads, s/cp, d_qk], k/v [b, kv_heads, s, d]. `keys`: keys
+    a query attends to on average, causal (ModelSpec.keys_per_query; None: s/2): a flash kernel with a sliding window
+    skips the blocks outside the band, so its FLOPs follow the band (the unfused path computes the whole matrix)."""
     b, sq, skv, ab = d.b, d.tokens // d.b, d.s, d.act_bytes
     if not d.flash:
         return _unfused(d, heads, kv_heads, d_qk, d_v, name)
-    full = 2.0 * b * heads * sq * skv * (d_qk + d_v)
+    # fwd: QK^T and PV over the attended keys, 2 FLOP per multiply-accumulate; bwd twice that (dQ, dK, dV, dP)
+    full = 4.0 * b * heads * sq * (skv / 2 if keys is None else keys) * (d_qk + d_v)
     q, o = b * heads * sq * d_qk * ab, b * heads * sq * d_v * ab
     kv = b * kv_heads * skv * (d_qk + d_v) * ab
     lse = b * heads * sq * 4
@@ -86,7 +90,7 @@ def _cp_ring(d: Dims, kv_heads: int, d_qk: int, d_v: int) -> Piece:
                  (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp", count=d.cp - 1),))
 
 
-def gqa_attention(model: ModelSpec, d: Dims) -> list[Piece]:
+def gqa_attention(model: ModelSpec, d: Dims, keys: float | None = None) -> list[Piece]:
     """MHA / GQA / MQA: fused QKV column-parallel linear, rotary embedding, optional per-head Q/K norms, core,
     row-parallel output projection. KV heads are split over TP, or replicated when fewer than TP (Megatron)."""
     hd, h, t = model.head_dim_, d.h, d.tokens
@@ -97,7 +101,8 @@ def gqa_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     if model.qk_norm:
         pieces.append(pointwise("attn.qk_norm", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn", fn=d.norm,
                                 width=hd))
-    pieces += [core_attention(d, heads, kv, hd, hd), row_linear("attn.proj", d, t, h, heads * hd, tag="attn")]
+    pieces += [core_attention(d, heads, kv, hd, hd, keys=keys),
+               row_linear("attn.proj", d, t, h, heads * hd, tag="attn")]
     return pieces
 
 
@@ -164,8 +169,9 @@ def _latent_gather(d: Dims, width: int) -> Piece:
     return Piece("attn", (), (coll("attn.kv_latent.ar", "I", "all_reduce", size, "tp"),))
 
 
-def attention_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
-    """Input norm, self-attention and the residual add of one decoder layer."""
+def attention_pieces(model: ModelSpec, d: Dims, layer_index: int = 0) -> list[Piece]:
+    """Input norm, self-attention and the residual add of decoder layer `layer_index`."""
     norm = pointwise("attn.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm", fn=d.norm, width=d.h)
-    body = mla_attention(model, d) if model.mla is not None else gqa_attention(model, d)
+    keys = model.keys_per_query(layer_index, d.s, causal=True)
+    body = mla_attention(model, d) if model.mla is not None else gqa_attention(model, d, keys)
     return [norm, *body, residual("attn.residual", d)]

@@ -27,3 +27,43 @@ def test_checkpoint_dtype_sets_training_dtype_only_when_16_bit(tmp_path: Path, t
     assert ("(torch_dtype)" in sc.origins.get("training.params_dtype", "")) == from_file
     assert api.load(path, hardware="h100-sxm", overrides={"training.params_dtype": "fp32"}).training.params_dtype \
         == "fp32"
+
+
+@pytest.mark.parametrize(("extra", "window", "first"), [
+    ({"model_type": "mistral", "sliding_window": 256}, 256, 0),
+    ({"model_type": "mistral", "sliding_window": None}, None, 0),
+    ({"model_type": "qwen2", "sliding_window": 256, "use_sliding_window": False, "max_window_layers": 2}, None, 0),
+    ({"model_type": "qwen2", "sliding_window": 256, "use_sliding_window": True, "max_window_layers": 2}, 256, 2),
+])
+def test_sliding_window_as_transformers_applies_it(tmp_path: Path, extra: dict, window: int | None,
+                                                   first: int) -> None:
+    """Mistral windows every layer when sliding_window is set; Qwen2 only with use_sliding_window, from
+    max_window_layers on (the window used to be ignored: full causal attention at any length)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, **extra}))
+    model = api.load(path, hardware="h100-sxm").model
+    assert (model.sliding_window, model.sliding_window_from_layer) == (window, first)
+
+
+def test_windowed_attention_counts_the_band_it_computes() -> None:
+    """Keys per query of a causal sliding window, against the band's own count: the ones of a lower-triangular mask
+    cut to the last w keys (torch builds it, independently of the formula); a flash kernel skips the blocks outside
+    the band, so the attention op's FLOPs scale with it, and layers before sliding_window_from_layer attend fully."""
+    torch = pytest.importorskip("torch")
+    from projection.specs.model import ModelSpec
+    from projection.specs.plan import ParallelPlan
+    from projection.specs.training import TrainingSpec
+    from projection.workload.ops import layer_ops
+
+    s, w = 512, 96
+    band = torch.ones(s, s).tril().triu(-(w - 1))  # query i sees keys i-w+1 .. i
+    model = ModelSpec(num_layers=2, hidden_size=256, num_attention_heads=4, ffn_hidden_size=512, vocab_size=1000,
+                      sliding_window=w, sliding_window_from_layer=1)
+    assert model.keys_per_query(1, s, causal=True) * s == pytest.approx(float(band.sum()))
+    assert model.keys_per_query(0, s, causal=True) == s / 2 and model.keys_per_query(1, s, causal=False) == w
+    training = TrainingSpec(seq_length=s, micro_batch_size=1, attention_backend="flash")
+
+    def attn_flop(i: int) -> float:
+        return sum(o.total_flop for o in layer_ops(model, training, ParallelPlan(dp=1), i) if o.kind == "attention")
+
+    assert attn_flop(1) / attn_flop(0) == pytest.approx(float(band.sum()) / (s * s / 2))
