@@ -326,10 +326,17 @@ def _scaling_table(rows: Sequence[Projection], scenario: Scenario) -> str:
 
 
 def _chosen(projs: Sequence[Projection]) -> Projection | None:
-    """The schedule `--schedule all` recommends: the fastest that fits in memory (the first listed of equal ones),
-    else the fastest; its row is marked, its trace written and its name is the JSON's `chosen`."""
+    """The schedule `--schedule all` recommends: the fastest that fits in memory, else the fastest; among equally
+    fast ones (within 1e-6) the one that fits rather than is at risk, then the smaller peak, then the first listed.
+    Its row is marked, its trace written and its name is the JSON's `chosen`."""
     fitting = [p for p in projs if p.memory is not None and p.memory.verdict != "out of memory"]
-    return min(fitting or projs, key=lambda p: p.step_time_s, default=None)
+    pool = fitting or list(projs)
+    if not pool:
+        return None
+    fastest = min(p.step_time_s for p in pool)
+    ties = [p for p in pool if p.step_time_s <= fastest * (1 + 1e-6)]
+    return min(ties, key=lambda p: (p.memory is None or p.memory.verdict != "fits",
+                                    p.memory.peak_bytes if p.memory is not None else 0))
 
 
 def _schedules_table(projs: Sequence[Projection], scenario: Scenario) -> str:

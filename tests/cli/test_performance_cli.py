@@ -262,6 +262,26 @@ def test_schedules_table_marks_only_a_schedule_whose_memory_fits() -> None:
     assert not marked.startswith("dualpipe") and "not modelled" not in marked
 
 
+def test_equally_fast_schedules_prefer_the_one_that_fits() -> None:
+    """Two schedules with the same step time (gpipe and interleaved 1F1B at one microbatch per chunk come out equal):
+    the one whose memory fits is chosen over one at risk, whichever is listed first."""
+    from dataclasses import replace
+
+    from projection import api
+    from projection.cli_performance import _chosen
+    from projection.perf import compare_schedules
+
+    projs = compare_schedules(api.load(LLAMA))
+    base = projs[0]
+    assert base.memory is not None
+    risky = replace(base, schedule="a", memory=replace(base.memory, verdict="at risk"))
+    fits = replace(base, schedule="b", memory=replace(base.memory, verdict="fits"),
+                   step_time_s=base.step_time_s * (1 + 1e-9))
+    assert _chosen([risky, fits]) is fits and _chosen([fits, risky]) is fits
+    slower = replace(fits, step_time_s=base.step_time_s * 1.01)
+    assert _chosen([risky, slower]) is risky  # a real speed difference still wins
+
+
 def test_scaling_rows_say_which_peak_their_mfu_is_against(capsys: pytest.CaptureFixture[str],
                                                           tmp_path: Path) -> None:
     """TorchTitan at dp_shard 1 (one node, tp 8) has no FSDP, and under TP no mixed precision: that row runs and is
