@@ -60,6 +60,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         shell = parse_shell(text, env)
         hits = shell.flags
         cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
+        cluster.update(_cluster_from_launcher(hits, file))
         exported = exported_names(text)
         job_vars = {k: (v.text(), Origin(file, shell.assigned_at.get(k), k)) for k, v in shell.variables.items()
                     if k in READ and k in shell.assigned_at and k in exported}
@@ -204,6 +205,20 @@ def _cluster_from_vars(variables: Mapping[str, Var], lines: Mapping[str, int], f
         var = variables.get(name)
         if name in lines and var is not None and isinstance(var.value, str) and var.value.strip().isdigit():
             out[key] = (int(var.value), Origin(file, lines[name], name))
+    return out
+
+
+def _cluster_from_launcher(hits: list[FlagHit], file: str) -> dict[str, tuple[int, Origin]]:
+    """torchrun's `--nproc_per_node N` / `--nproc-per-node N` and `--nnodes N` (a whole number; an elastic range
+    `1:4` or an unset variable is left to the script's variables or --nodes) -> the cluster; the launcher's flags
+    are what the job runs with, so they win over GPUS_PER_NODE / NNODES assignments."""
+    out: dict[str, tuple[int, Origin]] = {}
+    for h in hits:
+        key = {"nproc_per_node": "cluster.gpus_per_node", "nnodes": "cluster.nodes"}.get(h.dest)
+        # the words after the flag up to the next flag: its value, then the script torchrun runs
+        value = h.value[0] if isinstance(h.value, list) and h.value else h.value
+        if key and not h.unresolved and isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+            out[key] = (int(value), Origin(file, h.line, h.flag))
     return out
 
 

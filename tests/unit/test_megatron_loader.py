@@ -499,3 +499,21 @@ def test_no_position_embedding_beside_a_learned_table_is_refused() -> None:
     assert err.value.problems[0].key == "add_position_embedding"
     assert model(position_embedding_type="rope", add_position_embedding=False).position_embedding == "rope"
     assert model(position_embedding_type="learned_absolute").position_embedding == "learned"
+
+
+def test_torchrun_flags_give_the_cluster(tmp_path: Path) -> None:
+    """`torchrun --nproc_per_node 4 --nnodes 2 pretrain_gpt.py ...`: the launcher's counts are the job's cluster
+    (they were ignored: 8 GPUs per node, 1 node); they win over GPUS_PER_NODE, --nodes / --gpus-per-node over them,
+    and an elastic range or an unset variable is left alone."""
+    from projection import api
+
+    flags = ("pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+             "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 32000\n")
+    script = write(tmp_path, "GPUS_PER_NODE=8\ntorchrun --nproc_per_node 4 --nnodes 2 " + flags)
+    sc = api.load(script, hardware="h100-sxm")
+    assert (sc.cluster.nodes, sc.cluster.gpus_per_node) == (2, 4)
+    assert "--nproc_per_node" in sc.origins["cluster.gpus_per_node"]
+    assert api.load(script, hardware="h100-sxm", nodes=1, gpus_per_node=8).world_size == 8
+    elastic = write(tmp_path, "torchrun --nproc-per-node $GPUS --nnodes 1:4 " + flags, "elastic.sh")
+    sc = api.load(elastic, hardware="h100-sxm")
+    assert (sc.cluster.nodes, sc.cluster.gpus_per_node) == (1, 8)
