@@ -66,6 +66,7 @@ class PrimusExperiment:
     params: dict[str, Any]
     origins: dict[str, Origin]
     source: str
+    deferred: tuple[Problem, ...] = ()  # unknown override keys of a Megatron module: reported with the layout's
 
 
 def is_primus_experiment(data: Any) -> bool:
@@ -272,12 +273,16 @@ def assemble(module: Tracked, model: Tracked, model_name: str, name_origin: Orig
     if block is not None:
         unknown = unknown_override_keys(block.data, block.origins, merged.data, trainer, source) \
             if check_overrides else []
-        if unknown:
+        if unknown and framework != "megatron":  # TorchTitan's own schema check would name them again
             raise ConfigError(unknown)
         merge_into(merged, block, null_to_none=True)
+    else:
+        unknown = []
     merge_into(merged, cli_layer(overrides, trainer), null_to_none=True)
+    # a Megatron module's unknown keys are argparse dests nothing reads: the layout is still checked, and they are
+    # reported with its problems (RawScenario.deferred)
     return PrimusExperiment(framework=framework, module=trainer, params=merged.data, source=source,
-                            origins={".".join(p): o for p, o in merged.origins.items()})
+                            origins={".".join(p): o for p, o in merged.origins.items()}, deferred=tuple(unknown))
 
 
 def load_primus(path: Path, overrides: Mapping[str, Any] | None = None, *, primus_root: Path | None = None,
@@ -292,7 +297,11 @@ def load_primus(path: Path, overrides: Mapping[str, Any] | None = None, *, primu
     if exp.framework == "megatron":
         unknown_set_keys(primus_keys, exp.module, lambda: resolve_experiment(
             path, {}, primus_root=primus_root, models_dir=models_dir, env=env).params, primus_root is not None)
-        raw = args_to_raw(exp.params, exp.origins, source=exp.source, framework="primus-megatron")
+        try:
+            raw = args_to_raw(exp.params, exp.origins, source=exp.source, framework="primus-megatron")
+        except ConfigError as err:
+            raise ConfigError([*exp.deferred, *err.problems]) from None
+        raw.deferred += exp.deferred
         for key, value in canonical.items():
             raw.set(key, value, Origin("--set", None, key))
         return raw

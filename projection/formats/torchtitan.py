@@ -57,6 +57,7 @@ def job_config_to_raw(cfg: Mapping[str, Any], origins: Mapping[str, Origin], *, 
     unknown model/flavor, bad value, unsupported feature."""
     job = JobReader(cfg, origins, source)
     check_schema(job)
+    unknown = len(job.problems)  # unknown sections and keys: nothing below reads them
     raw = RawScenario(source=source, framework=framework)
     model = _model(job, raw)
     tp, pp, cp = (job.integer(f"parallelism.{k}_parallel_degree", 1) for k in ("tensor", "pipeline", "context"))
@@ -68,8 +69,9 @@ def job_config_to_raw(cfg: Mapping[str, Any], origins: Mapping[str, Origin], *, 
     _recompute(job, raw)
     if pp > 1 and model is not None:
         _pipeline(job, raw, pp, model)
-    if job.problems:
+    if len(job.problems) > unknown:
         raise ConfigError(job.problems)
+    raw.deferred += job.problems  # only unknown keys: reported with the layout's problems (build_scenario)
     return raw
 
 

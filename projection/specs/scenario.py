@@ -56,6 +56,9 @@ class RawScenario:
     # the training job's environment variables the file sets (name -> value, where), resolved by api.load together
     # with `--set env.NAME` (projection.formats.job_env)
     job_env: dict[str, tuple[str, Origin]] = field(default_factory=dict)
+    # problems a loader found that leave the scenario whole (unknown keys it dropped): reported by build_scenario
+    # together with the layout's own, so a misspelt key does not hide them
+    deferred: list[Problem] = field(default_factory=list)
 
     def set(self, dotted: str, value: Any, origin: Origin) -> None:
         """Set canonical key `dotted` (e.g. 'plan.sharding.zero_stage') to value, remembering where it came from."""
@@ -198,7 +201,7 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
     problem found at once: where the only schema problems are unknown keys, the layout is still checked without
     them, so a misspelt key does not hide the layout's own problems."""
-    problems: list[Problem] = []
+    problems: list[Problem] = list(raw.deferred)
     specs: dict[str, Any] = {}
     for name, cls in (("model", ModelSpec), ("training", TrainingSpec), ("plan", ParallelPlan)):
         data = raw.data.get(name, {})

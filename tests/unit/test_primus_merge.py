@@ -21,7 +21,8 @@ from projection.formats.primus import (
     resolve_experiment,
     substitute_env,
 )
-from projection.specs.scenario import Origin
+from projection.specs.hardware import load_device
+from projection.specs.scenario import Origin, build_scenario
 
 
 def write(path: Path, text: str) -> Path:
@@ -318,13 +319,23 @@ def test_override_keys_the_module_and_model_do_not_hold_are_refused(tmp_path: Pa
     """Primus refuses an `overrides:` key that the module config and the model preset do not hold (yaml_utils
     override_namespace), nested keys too; projection used to drop a misspelt key and project the default instead."""
     exp = experiment(tmp_path, "      micro_batch_sise: 4\n      lr: 1.0e-4\n      my_block:\n        enabel: true\n")
-    with pytest.raises(ConfigError) as err:
-        resolve_experiment(exp, primus_root=root, env={})
-    got = [(p.key, p.line, p.fix) for p in err.value.problems]
+    deferred = resolve_experiment(exp, primus_root=root, env={}).deferred
+    got = [(p.key, p.line, p.fix) for p in deferred]
     assert got == [("modules.pre_trainer.overrides.micro_batch_sise", 8,
                     "did you mean micro_batch_size, global_batch_size?"),
                    ("modules.pre_trainer.overrides.my_block.enabel", 11, "did you mean enable?")]
-    assert all(p.file == str(exp) and "Primus refuses it" in p.message for p in err.value.problems)
+    assert all(p.file == str(exp) and "Primus refuses it" in p.message for p in deferred)
+    # reported together with the layout's own problems: micro batch 3 does not divide the global batch of 16
+    write(root / "primus/configs/models/megatron/full.yaml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+          "ffn_hidden_size: 256\nvocab_size: 1000\nmax_position_embeddings: 1024\n")
+    raw = load_primus(experiment(tmp_path / "layout", "      micro_batch_sise: 4\n      micro_batch_size: 3\n",
+                                 model="full.yaml"), primus_root=root, env={})
+    raw.set("cluster.nodes", 1, Origin("--nodes"))
+    with pytest.raises(ConfigError) as err:
+        build_scenario(raw, load_device("h100-sxm"))
+    problems = err.value.problems
+    assert [p.key for p in problems] == ["modules.pre_trainer.overrides.micro_batch_sise", "global_batch_size"]
+    assert "not divisible by micro batch * dp = 3 * 8" in problems[1].message
     # a model-preset key may be overridden, and the TorchTitan module's sections are checked key by key
     assert resolve_experiment(experiment(tmp_path, "      swiglu: false\n"), primus_root=root,
                               env={}).params["swiglu"] is False
