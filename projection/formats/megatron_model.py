@@ -151,14 +151,14 @@ def _positions(a: MegatronArgs, raw: RawScenario) -> None:
     kind, src = a.get("position_embedding_type"), "position_embedding_type"
     if a.get("use_rotary_position_embeddings"):  # deprecated spelling of rope (§1.2)
         kind, src = "rope", "use_rotary_position_embeddings"
-    if kind == "learned_absolute" and not a.get("add_position_embedding"):
+    if kind != "rope" and not a.get("add_position_embedding"):
         # megatron/training/arguments.py validate_args: `if not args.add_position_embedding and
         # args.position_embedding_type != 'rope': raise RuntimeError('--no-position-embedding is deprecated, ...')`
         # (Megatron-Core's GPTModel builds its table from position_embedding_type alone)
         a.problem("add_position_embedding", "--no-position-embedding (add_position_embedding false) with position "
-                  "embedding type 'learned_absolute': Megatron refuses it ('--no-position-embedding is deprecated, "
-                  "use --position-embedding-type')", "choose position_embedding_type rope or none, or leave "
-                  "add_position_embedding on for a learned table")
+                  f"embedding type {kind!r}: Megatron refuses it unless the type is rope ('--no-position-embedding "
+                  "is deprecated, use --position-embedding-type')", "choose position_embedding_type (rope, or none "
+                  "for no position embedding) and leave add_position_embedding on")
         return
     kinds = {"learned_absolute": "learned", "rope": "rope", "yarn": "rope", "mrope": "rope", "none": "none"}
     if kind not in kinds:

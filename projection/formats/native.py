@@ -79,7 +79,7 @@ def _load_model_ref(raw: RawScenario, ref: str, scenario_path: Path, line: int |
     """A model named by preset or by file path (relative to the scenario file)."""
     candidate = (scenario_path.parent / ref)
     preset = models_dir / (ref if ref.endswith(".yaml") else f"{ref}.yaml")
-    kind = not_regular(candidate) if ref else None
+    kind = not_regular(candidate) if ref and not preset.is_file() else None
     if kind is not None:  # a directory, /dev/zero, a pipe: not a model file (it used to read "not found")
         raise ConfigError(Problem(f"model file {ref!r} is {kind}, not a preset YAML or HF config.json", key="model",
                                   file=str(scenario_path), line=line, fix="point model: at the file itself, or name "

@@ -80,10 +80,15 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
     heads = model.num_attention_heads // t
     if model.mla is not None:
         m = model.mla
+        # the latents' norm inputs and the up projections' inputs (the normed latents): under Megatron's sequence
+        # parallelism the down projections run on the rank's sequence shard and the column-parallel up projections
+        # save their sharded input, gathering it again in backward (MLASelfAttention: q_compressed and
+        # kv_compressed are [s/TP, b, .]); TorchTitan's DTensor plan and no SP keep every token (D.r_lin). The rope
+        # key part is gathered over TP before its rotation (full sequence).
+        rows = T * D.r_lin
         if m.q_lora_rank:
-            # q latent: its norm input and the up-projection input (the normed latent); replicated across TP
-            out["attn.q_latent"] = e * T * m.q_lora_rank + D.e_lin * T * m.q_lora_rank
-        out["attn.kv_latent"] = e * T * (m.kv_lora_rank + m.qk_rope_head_dim) + D.e_lin * T * m.kv_lora_rank
+            out["attn.q_latent"] = e * rows * m.q_lora_rank + D.e_lin * rows * m.q_lora_rank
+        out["attn.kv_latent"] = e * rows * m.kv_lora_rank + e * T * m.qk_rope_head_dim + D.e_lin * rows * m.kv_lora_rank
         q_w, k_w, v_w = heads * (m.qk_head_dim + m.qk_rope_head_dim), heads * (m.qk_head_dim + m.qk_rope_head_dim), \
             heads * m.v_head_dim
     else:

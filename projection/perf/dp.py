@@ -47,6 +47,7 @@ from projection.sim.costs import CommTask
 from projection.sim.result import SimResult
 from projection.specs.scenario import Scenario
 from projection.specs.training import DTYPE_BYTES
+from projection.workload.stages import tied_embedding_ranks
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                     tasks.append(CommTask(r, last, tail, f"dp grad s{s}", _crosses(places)))
             else:
                 end_tasks.append(sum(b.seconds for b in mine))
-        emb = _embedding_grad(scenario, cost_model, schedule, priced, r)
+        emb = _embedding_grad(scenario, cost_model, r)
         if emb is not None:
             grads.append(emb)
             grad_s[r] += emb.seconds
@@ -236,17 +237,16 @@ def _tail_s(buckets: list[Bucket], action_s: float) -> float:
     return max(0.0, end - action_s)
 
 
-def _embedding_grad(scenario: Scenario, cost_model: CostModel, schedule: Schedule, priced: PricedStages,
-                    rank: int) -> Bucket | None:
+def _embedding_grad(scenario: Scenario, cost_model: CostModel, rank: int) -> Bucket | None:
     """Tied embeddings with pp > 1: the word-embedding gradients of the first and last stage are all-reduced
     (Megatron finalize_model_grads: _allreduce_word_embedding_grads)."""
     model, plan = scenario.model, scenario.plan
-    first, last = priced.stages[0].pp_rank, priced.stages[-1].pp_rank
-    if not model.tie_embeddings or first == last or rank not in (first, last):
+    ranks = tied_embedding_ranks(model, plan)
+    if rank not in ranks:
         return None
     elems = model.padded_vocab(plan.tp) * model.hidden_size // plan.tp
     nbytes = elems * DTYPE_BYTES[scenario.training.optimizer.main_grads_dtype]
-    place = boundary_placement(scenario.cluster, plan, first, last)
+    place = boundary_placement(scenario.cluster, plan, *ranks)
     return Bucket(rank, -1, "all_reduce", "embedding", elems, nbytes,
                   cost_model.collective_seconds("all_reduce", nbytes, place), 0)
 

@@ -40,6 +40,7 @@ from projection.perf.placement import boundary_placement, expert_shard_placement
 from projection.perf.stage_params import StageParams, gather_bytes, stage_params
 from projection.schedule.action import Schedule
 from projection.sim.costs import CommTask, StageCosts
+from projection.specs.model import keys_per_query
 from projection.specs.scenario import Scenario
 from projection.specs.training import DTYPE_BYTES, TrainingSpec
 from projection.workload.ops import Op, embedding_ops, layer_ops, mtp_ops, output_ops
@@ -129,16 +130,21 @@ class PricedStages:
         return StageCosts(tuple(f), tuple(i), tuple(w), fwd, bwd, tuple(comm_tasks))
 
 
-def layer_signature(scenario: Scenario, layer: int) -> tuple[bool, int]:
-    """Decoder layers with equal signatures have equal op lists: they differ only in being MoE or dense and, for
-    recompute choices that name layers (layer ids, block, every N-th layer), in the layer index itself."""
+LayerSignature = tuple[bool, int, int]
+
+
+def layer_signature(scenario: Scenario, layer: int) -> LayerSignature:
+    """Decoder layers with equal signatures have equal op lists: they differ only in being MoE or dense, in their
+    sliding window and, for recompute choices that name layers (layer ids, block, every N-th layer), in the layer
+    index itself."""
     r = scenario.plan.recompute
     varies = (r.granularity == "full" and (r.layer_ids is not None or r.method == "block")) or \
         any(m.startswith("layer:") for m in r.modules)
-    return scenario.model.is_moe_layer(layer), layer if varies else -1
+    model = scenario.model
+    return model.is_moe_layer(layer), model.window_of(layer) or 0, layer if varies else -1
 
 
-def stage_components(scenario: Scenario, slot: StageSlot, cache: dict[tuple[bool, int], tuple[Op, ...]] | None = None
+def stage_components(scenario: Scenario, slot: StageSlot, cache: dict[LayerSignature, tuple[Op, ...]] | None = None
                      ) -> list[tuple[str, tuple[Op, ...]]]:
     """The op tuples of one stage's components in forward order: embedding, layers, MTP depths, output. `cache`
     reuses the op list of an equal layer (layer_signature)."""
@@ -186,7 +192,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
     once_ag = plan.pipelined_fsdp and not plan.sharding.reshard_after_forward
     prov: dict[str, float] = {}
     out = []
-    layers: dict[tuple[bool, int], tuple[Op, ...]] = {}
+    layers: dict[LayerSignature, tuple[Op, ...]] = {}
     offload_memo: dict[tuple[object, ...], tuple[float, float]] = {}  # per-layer offload bytes, across stages
     priced: dict[tuple[object, ...], tuple[StagePrice, dict[str, float]]] = {}
     for slot in split_stages(model, plan):
@@ -229,7 +235,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W"), scatter_s=frs, replicate_s=far))
             b_units.append(Unit(rec_e + bwd, gather_s=bag, scatter_s=frs, reload_s=copy, replicate_s=far))
             mflop += sum(o.total_flop for o in ops if not o.recompute)
-            rflop += sum(o.total_flop * (2.0 if o.kind == "attention" and o.causal else 1.0) for o in rec)
+            rflop += sum(o.total_flop * _noncausal_factor(o) for o in rec)
             for o in ops:
                 label = _label(cost_model, o)
                 mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
@@ -380,3 +386,12 @@ def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice]
         places.append(place)
         secs.append(cost_model.collective_seconds("send_recv", size, place) if place.n_ranks > 1 else 0.0)
     return size, tuple(secs), tuple(places)
+
+
+def _noncausal_factor(op: Op) -> float:
+    """Hardware FLOPs count recomputed attention as the model-FLOPs formula does, over the full s x s (or min(s, w)
+    keys per query with a sliding window), where the causal op list holds the lower triangle (or the band)."""
+    if op.kind != "attention" or not op.causal:
+        return 1.0
+    window = op.window or None
+    return keys_per_query(op.n, window, causal=False) / keys_per_query(op.n, window, causal=True)

@@ -54,20 +54,23 @@ def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan
 
 
 def _torchtitan_local_batch(training: TrainingSpec, pp: int, gbs: int, dp: int) -> TrainingSpec:
-    """TorchTitan at a fixed global batch on more ranks: each rank's share gbs / dp runs as gbs / (local x dp)
-    accumulation steps of `local_batch_size` sequences; where the share is no longer a multiple of the local batch,
-    the local batch becomes the share (TorchTitan refuses a global batch that is not a multiple of local x dp), one
-    microbatch of it without PP, or its pipeline microbatches of the same size with PP. Unchanged where the share
-    is not a whole number of sequences (the layout check says so)."""
+    """TorchTitan at a fixed global batch on more (or fewer) ranks: each rank's share gbs / dp runs as
+    gbs / (local x dp) accumulation steps of `local_batch_size` sequences, and TorchTitan refuses a global batch that
+    is not a multiple of local x dp. Where the share is no longer a multiple of the local batch, the local batch
+    becomes the largest divisor of the share not above it (a multiple of the pipeline microbatch under PP; without
+    PP the microbatch is the local batch), so no rank holds more at once than the file asked for. Unchanged where
+    the share is not a whole number of sequences (the layout check says so)."""
     local = training.local_batch_size
     share, rest = divmod(gbs, dp)
     if local is None or rest or share < 1 or share % local == 0:
         return training
+    step = training.micro_batch_size if pp > 1 else 1
+    fits = [n for n in range(min(local, share), 0, -1) if share % n == 0 and n % step == 0]
+    if not fits:
+        return training
     if pp > 1:
-        if share % training.micro_batch_size:
-            return training
-        return training.model_copy(update={"local_batch_size": share})
-    return training.model_copy(update={"local_batch_size": share, "micro_batch_size": share})
+        return training.model_copy(update={"local_batch_size": fits[0]})
+    return training.model_copy(update={"local_batch_size": fits[0], "micro_batch_size": fits[0]})
 
 
 def nearest_node_counts(scenario: Scenario, nodes: int, window: int = 1024) -> list[int]:

@@ -9,6 +9,7 @@ the tags of /work/shared/reference/hardware.md §0).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,8 @@ def _number(parse: Callable[[str], float] | None = None, *, integer: bool = Fals
             raise ValueError(f"expected a number, got the boolean {value!r}")
         if isinstance(value, str) and parse is not None:
             number = parse(value)  # unit arithmetic leaves float noise ("5.3GB"); bytes are whole
+            if not math.isfinite(number):  # "1e400GiB": a typo, and int(inf) would raise OverflowError
+                raise ValueError("expected a finite number")
             return int(round(number)) if integer else number
         return value
 

@@ -70,6 +70,15 @@ class MoESpec(Spec):
         return self
 
 
+def keys_per_query(seq: int, window: int | None, causal: bool) -> float:
+    """Keys a query attends to, averaged over a sequence of `seq`: causal, the lower triangle's s/2 (Megatron's
+    halving), or with a window w the band's (w s - w (w-1)/2) / s; in the non-causal count of the published MFU
+    tables, s, or min(s, w) with a window."""
+    if window is None or window >= seq:
+        return seq / 2 if causal else float(seq)
+    return (window * seq - window * (window - 1) / 2) / seq if causal else float(window)
+
+
 class ModelSpec(Spec):
     """A decoder-only transformer LM. Only architecture: no batch, precision or parallelism."""
 
@@ -146,14 +155,13 @@ class ModelSpec(Spec):
         multiple = self.vocab_divisible_by * (tp if self.vocab_pad_with_tp else 1)
         return math.ceil(self.vocab_size / multiple) * multiple
 
+    def window_of(self, i: int) -> int | None:
+        """The sliding window of decoder layer i (None: it attends to every earlier key)."""
+        return self.sliding_window if i >= self.sliding_window_from_layer else None
+
     def keys_per_query(self, i: int, seq: int, causal: bool) -> float:
-        """Keys one query of decoder layer i attends to, averaged over a sequence of `seq`: causal, the lower
-        triangle's s/2 (Megatron's halving), or with a window w the band's (w s - w (w-1)/2) / s; in the non-causal
-        count of the published MFU tables, s, or min(s, w) with a window."""
-        w = self.sliding_window if i >= self.sliding_window_from_layer else None
-        if w is None or w >= seq:
-            return seq / 2 if causal else float(seq)
-        return (w * seq - w * (w - 1) / 2) / seq if causal else float(w)
+        """Keys one query of decoder layer i attends to, averaged over a sequence of `seq` (keys_per_query)."""
+        return keys_per_query(seq, self.window_of(i), causal)
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether decoder layer i (0-based) has an MoE block instead of a dense MLP."""

@@ -82,8 +82,17 @@ class Fp8Spec(Spec):
         the norm writes fp8 and `gather_along_first_dim` moves it; `grad_output_preprocess` casts dy, then gathers;
         TE 2.x gathers the quantized tensor through its quantizer); reduce-scatters stay in the activation dtype.
         TorchTitan v0.2.2 gathers in high precision (tests/unit/test_tp_styles.py: its models take the float8 TP plan
-        only for a converter name v0.2.2 does not register); Primus-Turbo's linears: not known, high precision."""
+        only for a converter name v0.2.2 does not register); Primus-Turbo's linears: not known, high precision.
+        Backward: see tp_backward_gathers_in_fp8."""
         return self.library == "transformer_engine"
+
+    @property
+    def tp_backward_gathers_in_fp8(self) -> bool:
+        """Whether the backward's TP all-gathers (the input re-gathered for the weight gradient, the row-parallel
+        output gradient) move fp8: as the forward's, except under TE's blockwise recipe, whose backward gathers run
+        in high precision (Float8BlockQuantizer: the callers pass no quantizer so that the gathers stay
+        asynchronous, TransformerEngine PR #1559)."""
+        return self.tp_gathers_in_fp8 and self.recipe != "blockwise"
 
     def gathers_in_fp8(self, component: str) -> bool:
         """Whether a component's weights are all-gathered (and held unsharded) in fp8 under `param_gather`: the

@@ -17,7 +17,7 @@ of the causal total; the cp - 1 ring steps each pass a K/V chunk (forward) and K
 
 from __future__ import annotations
 
-from projection.specs.model import ModelSpec
+from projection.specs.model import ModelSpec, keys_per_query
 from projection.workload.ops_base import (
     Dims,
     Op,
@@ -37,21 +37,22 @@ from projection.workload.ops_base import (
 
 
 def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str = "attn.core",
-                   keys: float | None = None) -> Piece:
-    """The attention kernel(s) for one microbatch: q [b, heads, s/cp, d_qk], k/v [b, kv_heads, s, d]. `keys`: keys
-    a query attends to on average, causal (ModelSpec.keys_per_query; None: s/2): a flash kernel with a sliding window
-    skips the blocks outside the band, so its FLOPs follow the band (the unfused path computes the whole matrix)."""
+                   window: int | None = None) -> Piece:
+    """The attention kernel(s) for one microbatch: q [b, heads, s/cp, d_qk], k/v [b, kv_heads, s, d]. A flash
+    kernel with a sliding `window` skips the blocks outside the band, so its FLOPs follow the band's keys per query
+    (specs.model.keys_per_query); the unfused path computes the whole matrix."""
     b, sq, skv, ab = d.b, d.tokens // d.b, d.s, d.act_bytes
     if not d.flash:
         return _unfused(d, heads, kv_heads, d_qk, d_v, name)
     # fwd: QK^T and PV over the attended keys, 2 FLOP per multiply-accumulate; bwd twice that (dQ, dK, dV, dP)
-    full = 4.0 * b * heads * sq * (skv / 2 if keys is None else keys) * (d_qk + d_v)
+    full = 4.0 * b * heads * sq * keys_per_query(skv, window, causal=True) * (d_qk + d_v)
     q, o = b * heads * sq * d_qk * ab, b * heads * sq * d_v * ab
     kv = b * kv_heads * skv * (d_qk + d_v) * ab
     lse = b * heads * sq * 4
     def op(name_: str, phase: Phase, flop: float, read: float, written: float) -> Op:
         return Op(name_, "attention", phase, dtype=d.act, flop=flop, bytes_read=read, bytes_written=written, m=sq,
-                  n=skv, k=d_qk, batch=b, heads=heads, kv_heads=kv_heads, head_dim_v=d_v, causal=True, tag="core_attn")
+                  n=skv, k=d_qk, batch=b, heads=heads, kv_heads=kv_heads, head_dim_v=d_v, causal=True,
+                  window=window or 0, tag="core_attn")
 
     fwd = op(name, "F", full / 2, q + kv, o + lse)
     bwd = op(f"{name}.bwd", "I", full, q + kv + 2 * o + lse, q + kv)
@@ -90,7 +91,7 @@ def _cp_ring(d: Dims, kv_heads: int, d_qk: int, d_v: int) -> Piece:
                  (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp", count=d.cp - 1),))
 
 
-def gqa_attention(model: ModelSpec, d: Dims, keys: float | None = None) -> list[Piece]:
+def gqa_attention(model: ModelSpec, d: Dims, window: int | None = None) -> list[Piece]:
     """MHA / GQA / MQA: fused QKV column-parallel linear, rotary embedding, optional per-head Q/K norms, core,
     row-parallel output projection. KV heads are split over TP, or replicated when fewer than TP (Megatron)."""
     hd, h, t = model.head_dim_, d.h, d.tokens
@@ -101,7 +102,7 @@ def gqa_attention(model: ModelSpec, d: Dims, keys: float | None = None) -> list[
     if model.qk_norm:
         pieces.append(pointwise("attn.qk_norm", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn", fn=d.norm,
                                 width=hd))
-    pieces += [core_attention(d, heads, kv, hd, hd, keys=keys),
+    pieces += [core_attention(d, heads, kv, hd, hd, window=window),
                row_linear("attn.proj", d, t, h, heads * hd, tag="attn")]
     return pieces
 
@@ -172,6 +173,5 @@ def _latent_gather(d: Dims, width: int) -> Piece:
 def attention_pieces(model: ModelSpec, d: Dims, layer_index: int = 0) -> list[Piece]:
     """Input norm, self-attention and the residual add of decoder layer `layer_index`."""
     norm = pointwise("attn.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm", fn=d.norm, width=d.h)
-    keys = model.keys_per_query(layer_index, d.s, causal=True)
-    body = mla_attention(model, d) if model.mla is not None else gqa_attention(model, d, keys)
+    body = mla_attention(model, d) if model.mla is not None else gqa_attention(model, d, model.window_of(layer_index))
     return [norm, *body, residual("attn.residual", d)]

@@ -70,6 +70,7 @@ class Op:
     kv_heads: int = 0
     head_dim_v: int = 0
     causal: bool = False
+    window: int = 0  # attention: the sliding window (keys per query at most; 0 = none)
     coll: CollKind | None = None
     coll_bytes: int = 0
     group: GroupAxis | None = None
@@ -132,6 +133,7 @@ class Dims:
     fp8_weight_gathered: bool = False
     fp8_weight_transposed: bool = True  # TE holds each fp8 weight's transpose (else made again in every backward)
     fp8_tp_gather: bool = False  # an fp8 linear's TP all-gathers move 1 B per element (Fp8Spec.tp_gathers_in_fp8)
+    fp8_tp_gather_bwd: bool = False  # ... and its backward's (Fp8Spec.tp_backward_gathers_in_fp8)
     # Sequence-parallel TP entry (ParallelPlan.tp_style): whether backward re-gathers the sharded input for the weight
     # gradient (Megatron) or kept the gathered one (TorchTitan's DTensor TP)
     tp_regather: bool = True
@@ -158,6 +160,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 fp8_weight_gathered=fp8 is not None and fp8.gathers_in_fp8("attention"),
                 fp8_weight_transposed=fp8 is None or fp8.weight_transpose_cache,
                 fp8_tp_gather=fp8 is not None and fp8.tp_gathers_in_fp8,
+                fp8_tp_gather_bwd=fp8 is not None and fp8.tp_backward_gathers_in_fp8,
                 tp_regather=plan.tp_style == "megatron",
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,
@@ -244,7 +247,8 @@ def column_linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dty
     gradient (launched before the wgrad, which hides it), wgrad. TorchTitan's DTensor TP (no re-gather) computes
     dgrad and wgrad in the linear's one autograd node, and the input gradient's reduce-scatter (Partial -> Shard at
     PrepareModuleInput) follows both, waited for by the norm's backward."""
-    enter = tp_enter(name, d, k_in, tag, gather_bytes=_gather_bytes(d, dtype))
+    enter = tp_enter(name, d, k_in, tag, gather_bytes=_gather_bytes(d, dtype),
+                     regather_bytes=_gather_bytes(d, dtype, backward=True))
     lin = linear(name, d, tokens, n_out, k_in, dtype=dtype, tag=tag)
     gathers = tuple(o for o in enter.bwd if o.phase == "W")
     reduces = tuple(o for o in enter.bwd if o.phase != "W")
@@ -257,13 +261,14 @@ def row_linear(name: str, d: Dims, tokens: int, n_out: int, k_in: int, *, dtype:
                tag: str = "") -> Piece:
     """A row-parallel linear followed by its TP exit (reduce-scatter with SP, all-reduce without)."""
     return join(tag, linear(name, d, tokens, n_out, k_in, dtype=dtype, tag=tag),
-                tp_exit(name, d, n_out, tag, gather_bytes=_gather_bytes(d, dtype)))
+                tp_exit(name, d, n_out, tag, gather_bytes=_gather_bytes(d, dtype, backward=True)))
 
 
-def _gather_bytes(d: Dims, dtype: str | None) -> int:
+def _gather_bytes(d: Dims, dtype: str | None, backward: bool = False) -> int:
     """Bytes per element of the TP all-gathers around a linear of `dtype`: 1 where it runs in fp8 and the library
-    casts before gathering (Fp8Spec.tp_gathers_in_fp8), else the activation dtype's."""
-    return 1 if (dtype or d.gemm) == "fp8" and d.fp8_tp_gather else d.act_bytes
+    casts before gathering (Fp8Spec.tp_gathers_in_fp8, tp_backward_gathers_in_fp8), else the activation dtype's."""
+    fp8 = d.fp8_tp_gather_bwd if backward else d.fp8_tp_gather
+    return 1 if (dtype or d.gemm) == "fp8" and fp8 else d.act_bytes
 
 
 def pointwise(name: str, d: Dims, elems_in: float, elems_out: float, tag: str = "", extra_in: float = 0.0, *,
@@ -279,19 +284,21 @@ def pointwise(name: str, d: Dims, elems_in: float, elems_out: float, tag: str = 
     return Piece(tag, (fwd,), (bwd,))
 
 
-def tp_enter(name: str, d: Dims, width: int, tag: str = "", *, gather_bytes: int | None = None) -> Piece:
+def tp_enter(name: str, d: Dims, width: int, tag: str = "", *, gather_bytes: int | None = None,
+             regather_bytes: int | None = None) -> Piece:
     """Before a column-parallel linear (Megatron's `f` / sequence-parallel all-gather): with SP an all-gather of the
     [tokens, width] input in F, and in backward a reduce-scatter of its gradient (I) plus, in Megatron's style, the
     re-gather of the input for the weight gradient (W; Megatron keeps only the sharded input, Korthikanti et al. 2022
     §4.2.2; TorchTitan's DTensor TP keeps the gathered one); without SP nothing in F and an all-reduce of the input
-    gradient in I. The gathers move `gather_bytes` per element (1 for an fp8 linear that casts before gathering),
-    the gradient's reduction the activation dtype."""
+    gradient in I. The gathers move `gather_bytes` (the re-gather `regather_bytes`) per element (1 for an fp8 linear
+    that casts before gathering), the gradient's reduction the activation dtype."""
     if d.tp == 1:
         return Piece(tag, (), ())
     size = d.tokens * width * d.act_bytes
     if d.sp:
         gathered = d.tokens * width * (gather_bytes or d.act_bytes)
-        regather = (coll(f"{name}.ag", "W", "all_gather", gathered, "tp", tag=tag),) if d.tp_regather else ()
+        again = d.tokens * width * (regather_bytes or gather_bytes or d.act_bytes)
+        regather = (coll(f"{name}.ag", "W", "all_gather", again, "tp", tag=tag),) if d.tp_regather else ()
         return Piece(tag, (coll(f"{name}.ag", "F", "all_gather", gathered, "tp", tag=tag),),
                      (*regather, coll(f"{name}.rs", "I", "reduce_scatter", size, "tp", tag=tag)))
     return Piece(tag, (), (coll(f"{name}.ar", "I", "all_reduce", size, "tp", tag=tag),))

@@ -22,7 +22,7 @@ from projection.specs.scenario import Scenario
 from projection.specs.training import DTYPE_BYTES
 from projection.workload.ops import Op, stage_ops
 from projection.workload.params import per_rank_params
-from projection.workload.stages import split_stages
+from projection.workload.stages import split_stages, tied_embedding_ranks
 
 SHAPE_KINDS = ("gemm", "grouped_gemm", "attention", "memory_bound", "collective")
 COLUMNS = ("rank_type", "kind", "phase", "recompute", "dtype", "layout", "m", "n", "k", "batch", "heads", "kv_heads",
@@ -121,7 +121,7 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
     rp = per_rank_params(model, plan)[pp_rank]
     experts = rp.by_component.get("experts", 0)
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
-    if model.tie_embeddings and plan.pp > 1 and pp_rank in (0, plan.pp - 1):
+    if pp_rank in tied_embedding_ranks(model, plan):
         # the word-embedding gradient of the first and last stage, all-reduced between them once per step (Megatron
         # finalize_model_grads: _allreduce_word_embedding_grads; priced in perf/dp.py _embedding_grad)
         emb = model.padded_vocab(plan.tp) * model.hidden_size // plan.tp * grad_b

@@ -130,3 +130,15 @@ def split_stages(model: ModelSpec, plan: ParallelPlan) -> tuple[StageSlot, ...]:
         out.append(StageSlot(s, rank, chunk, tuple(range(start, start + c)), emb, loss, mtp))
         start += c
     return tuple(out)
+
+
+def tied_embedding_ranks(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
+    """The pipeline ranks that all-reduce the tied word-embedding gradient once per step (Megatron
+    finalize_model_grads: _allreduce_word_embedding_grads): the embedding's rank and the output layer's, when they
+    differ (a V-shaped schedule puts both on rank 0: nothing to reduce); () without tied embeddings."""
+    if not model.tie_embeddings or plan.pp == 1:
+        return ()
+    slots = split_stages(model, plan)
+    first = next(s.pp_rank for s in slots if s.embedding)
+    last = next(s.pp_rank for s in slots if s.loss)
+    return () if first == last else (first, last)

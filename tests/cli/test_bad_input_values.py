@@ -52,6 +52,11 @@ def test_exponent_numbers_past_float_range(tmp_path: Path) -> None:
     assert_user_error(res, "model.rope_theta'", "expected a finite number")
     res = run("performance", "--config", config, "--set", "cluster.oversubscription=1e300")
     assert_user_error(res, "key '--set cluster.oversubscription'", "less than or equal to 64")
+    spec = (Path(__file__).resolve().parents[2] / "hardware_specs" / "mi300x.yaml").read_text()
+    lines = ["hbm_bytes: 1e400GiB" if line.startswith("hbm_bytes:") else line for line in spec.splitlines()]
+    device = write(tmp_path, "\n".join(lines) + "\n", "inf_hbm.yaml")  # a unit string: int(inf) raised
+    assert_user_error(run("memory", "--config", config, "--hardware", str(device)), "key 'hbm_bytes'",
+                      "expected a finite number")
 
 
 def test_device_values_outside_any_hardware(tmp_path: Path) -> None:
@@ -166,3 +171,6 @@ def test_a_file_named_inside_the_config_is_blamed_on_the_key_that_names_it(tmp_p
     rest = body[next(i for i, line in enumerate(body) if not line.startswith(" ")):]
     config = write(tmp_path, "\n".join([*lines[:model_at], f"model: {tmp_path}", *rest]) + "\n", "model.yaml")
     assert_user_error(run("memory", "--config", str(config)), "key 'model'", "is a directory, not a preset YAML")
+    (tmp_path / "llama3_8B").mkdir()  # a folder named like a preset (an HF snapshot) does not hide the preset
+    config = write(tmp_path, "\n".join([*lines[:model_at], "model: llama3_8B", *rest]) + "\n", "preset.yaml")
+    assert run("memory", "--config", str(config)).returncode == 0

@@ -67,3 +67,18 @@ def test_windowed_attention_counts_the_band_it_computes() -> None:
         return sum(o.total_flop for o in layer_ops(model, training, ParallelPlan(dp=1), i) if o.kind == "attention")
 
     assert attn_flop(1) / attn_flop(0) == pytest.approx(float(band.sum()) / (s * s / 2))
+
+    # hardware FLOPs count the recomputed forward in the formula's convention (min(s, w) keys per query), not the
+    # band's: under full recompute the extra is 2 x tokens x the layers' forward multiply-accumulates
+    from projection.perf import project
+    from projection.specs.hardware import ClusterSpec, load_device
+    from projection.specs.plan import RecomputeSpec
+    from projection.specs.scenario import Scenario
+    from projection.workload.model_flops import layer_macs_per_token
+
+    plan = ParallelPlan(dp=1, recompute=RecomputeSpec(granularity="full", method="uniform", num_layers=1))
+    sc = Scenario(model=model, training=training.model_copy(update={"global_batch_size": 1}), plan=plan,
+                  cluster=ClusterSpec(device=load_device("h100-sxm"), nodes=1, gpus_per_node=1))
+    proj = project(sc)
+    extra = 2 * s * sum(layer_macs_per_token(model, i, s) for i in range(model.num_layers))
+    assert proj.hardware_flops_per_step - proj.model_flops_per_step == pytest.approx(extra, rel=1e-9)

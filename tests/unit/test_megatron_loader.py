@@ -497,6 +497,8 @@ def test_no_position_embedding_beside_a_learned_table_is_refused() -> None:
     with pytest.raises(ConfigError, match="no-position-embedding is deprecated") as err:
         raw_of(position_embedding_type="learned_absolute", add_position_embedding=False)
     assert err.value.problems[0].key == "add_position_embedding"
+    with pytest.raises(ConfigError, match="unless the type is rope"):
+        raw_of(position_embedding_type="none", add_position_embedding=False)
     assert model(position_embedding_type="rope", add_position_embedding=False).position_embedding == "rope"
     assert model(position_embedding_type="learned_absolute").position_embedding == "learned"
 

@@ -203,17 +203,3 @@ def test_hsdp_replicas_must_split_the_expert_group() -> None:
         problems = layout_problems(RawScenario("t.toml", "torchtitan"), moe, training, plan, 8)
         assert any(p.key == "plan.ep" and "HSDP" in p.message for p in problems) == refused
 
-
-def test_shapes_list_the_tied_embedding_gradient_reduction_that_is_priced() -> None:
-    """Tied embeddings over pipeline stages: the first and last pp rank all-reduce the word-embedding gradient once
-    per step (Megatron _allreduce_word_embedding_grads). `projection shapes` lists it with the bytes the
-    data-parallel pricing (perf/dp.py) charges, on those two ranks only."""
-    model = MODEL.model_copy(update={"tie_embeddings": True})
-    training = TrainingSpec(seq_length=1024, micro_batch_size=1, global_batch_size=8)
-    sc = Scenario(model=model, training=training, plan=ParallelPlan(tp=2, pp=4, dp=1),
-                  cluster=ClusterSpec(device=load_device("h100-sxm"), nodes=1, gpus_per_node=8))
-    priced = {(b.pp_rank, b.size_bytes) for b in project(sc).dp.grad_buckets if b.group == "embedding"}
-    listed = [(r.rank_type, r.size_bytes, r.count_per_step) for r in step_shapes(sc) if r.group == "embedding"]
-    size = model.padded_vocab(2) * 1024 // 2 * 4  # vocab shard x hidden, fp32 main gradients
-    assert priced == {(0, size), (3, size)}
-    assert [(n, c) for _, n, c in listed] == [(size, 1), (size, 1)] and len({t for t, _, _ in listed}) == 2, listed

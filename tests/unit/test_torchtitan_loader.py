@@ -258,14 +258,6 @@ def test_v01_layout(tmp_path: Path) -> None:
     assert raw.get("model.ffn_hidden_size") == 14336 and raw.framework == "torchtitan"
 
 
-def test_async_tp_without_compile_is_refused(tmp_path: Path) -> None:
-    """TorchTitan's parallelize raises "Async TP requires torch.compile" when TP is on, async TP asked for and the
-    model not compiled; it used to be accepted with the overlap silently dropped."""
-    with pytest.raises(ConfigError) as err:
-        load_torchtitan(_write(tmp_path, V01.replace("compile = true", "compile = false")))
-    assert "parallelism.enable_async_tensor_parallel" in str(err.value) and "requires torch.compile" in str(err.value)
-
-
 def test_fp8_only_through_converters() -> None:
     section = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
     assert _raw({**_cfg(), **section}).get("training.fp8") is None  # the table alone does nothing
@@ -517,37 +509,6 @@ def test_extrapolating_hsdp_to_one_shard_beside_tp_is_refused(tmp_path: Path) ->
         extrapolate(hsdp, 1)
 
 
-def test_target_nodes_keeps_the_global_batch_by_shrinking_the_local_batch(tmp_path: Path) -> None:
-    """Weak scaling at a fixed global batch: TorchTitan runs gbs / (local x dp) accumulation steps and refuses a
-    global batch that is not a multiple of local x dp, so where a rank's share gbs / dp is no longer a multiple of
-    the local batch, the local batch becomes the share (every file without a global batch used to be refused at
-    twice its node count, with a fix that raised the global batch). Under PP the pipeline microbatch is kept."""
-    from projection import api
-    from projection.errors import PlanError
-    from projection.perf.scaling import extrapolate
-
-    flat = api.load(_llama8b_job(tmp_path, parallelism="tensor_parallel_degree = 1"), nodes=1, hardware="h100-sxm",
-                    overrides={"training.local_batch_size": 4})
-    assert flat.training.resolved_global_batch(flat.plan.dp_()) == 32
-    for nodes, local in ((2, 2), (4, 1)):
-        moved = extrapolate(flat, nodes)
-        assert (moved.training.local_batch_size, moved.training.micro_batch_size) == (local, local)
-        assert moved.training.resolved_global_batch(moved.plan.dp_()) == 32
-        assert moved.training.num_microbatches(moved.plan.dp_()) == 1
-    with pytest.raises(PlanError) as err:  # dp 64: half a sequence per rank
-        extrapolate(flat, 8)
-    assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
-
-    path = _llama8b_job(tmp_path, "global_batch_size = 32", "pipeline_parallel_degree = 2")
-    piped = api.load(path, nodes=2, hardware="h100-sxm", overrides={"training.local_batch_size": 4})
-    moved = extrapolate(piped, 4)  # dp 16: 2 sequences per rank, 2 pipeline microbatches of 1
-    assert (moved.training.local_batch_size, moved.training.micro_batch_size) == (2, 1)
-    assert moved.training.num_microbatches(moved.plan.dp_()) == 2
-    with pytest.raises(PlanError) as err:  # dp 64
-        extrapolate(piped, 16)
-    assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
-
-
 def test_defaults_are_labelled_as_torchtitans_not_the_files(tmp_path: Path) -> None:
     """A key the TOML does not hold takes TorchTitan's JobConfig default, and says so (as Megatron's argparse
     defaults do); a problem about such a key is still located at the file, by the key to add."""
@@ -580,31 +541,3 @@ def test_only_defaults_the_file_could_set_are_located_at_the_file() -> None:
                                                 "training.seq_length=N to change)"))
     p = origin_problem(raw, "training.seq_length", "bad")
     assert p.file.startswith("default (config.json has no training settings")
-
-
-@pytest.mark.parametrize(("sections", "model", "loss"), [
-    ({}, False, False),
-    ({"compile": {"enable": True}}, True, True),  # components default to ["model", "loss"]
-    ({"compile": {"enable": True, "components": ["loss"]}}, False, True),
-    ({"compile": {"enable": True, "components": ["model"]}}, True, False),
-    ({"training": {"compile": True}}, True, True),  # v0.1: the model and the loss
-])
-def test_compile_components(sections: dict[str, Any], model: bool, loss: bool) -> None:
-    """What torch.compile changes in memory (tests/oracle/test_memory_torchtitan_compile.py): the compiled blocks'
-    saved set (kernels.compiled) and the compiled loss's 16-bit logits (fused_loss)."""
-    raw = _raw(_cfg(**sections))
-    assert bool(raw.get("training.kernels.compiled")) is model
-    assert bool(raw.get("training.fused_loss")) is loss
-
-
-def test_primus_turbo_attention_takes_kv_without_repeat() -> None:
-    """Primus's turbo attention patch replaces Llama 3 / 4 attention with a GQA-native kernel (no repeat_kv); on by
-    default once Primus-Turbo is, off without it or for other models."""
-    on = {"primus_turbo": {"enable_primus_turbo": True}}
-    assert _raw(_cfg(**on)).get("training.kernels.gqa_native_attention") is True
-    assert not _raw(_cfg(primus_turbo={"enable_primus_turbo": True, "use_turbo_attention": False})).get(
-        "training.kernels.gqa_native_attention")
-    assert not _raw(_cfg()).get("training.kernels.gqa_native_attention")
-    qwen = _cfg(**on)
-    qwen["model"] = {"name": "qwen3", "flavor": "0.6B"}
-    assert not _raw(qwen).get("training.kernels.gqa_native_attention")

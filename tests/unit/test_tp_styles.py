@@ -76,6 +76,10 @@ def test_transformer_engine_fp8_gathers_in_fp8() -> None:
     assert {o.coll_bytes for o in ops if o.coll == "reduce_scatter"} == {2 * size}
     out = [o.coll_bytes for o in output_ops(MODEL, _training(te), _plan("megatron")) if o.coll == "all_gather"]
     assert out and set(out) == {2 * size}
+    # the blockwise recipe gathers only forward inputs in fp8: its backward gathers run in high precision
+    block = Fp8Spec(library="transformer_engine", recipe="blockwise")
+    assert sorted(_gathers("megatron", block)) == sorted([("F", size)] * 2 + [("W", 2 * size)] * 2 +
+                                                         [("I", 2 * size)] * 2)
 
 
 def test_learned_positions_all_reduce_the_embedding() -> None:
@@ -87,3 +91,17 @@ def test_learned_positions_all_reduce_the_embedding() -> None:
         colls = [(o.phase, o.coll, o.coll_bytes) for o in embedding_ops(model, _training(), _plan("megatron"))
                  if o.kind == "collective"]
         assert colls == [("F", forward, TOKENS * 1024 * 2), ("I", "all_gather", TOKENS * 1024 * 2)], model
+
+
+def test_mla_latents_are_saved_on_the_sequence_shard_under_megatron_sp() -> None:
+    """Megatron's MLASelfAttention under SP runs its down projections on the rank's sequence shard (q_compressed and
+    kv_compressed are [s/TP, b, .]) and the column-parallel up projections save that sharded input; TorchTitan's
+    plan gathers the hidden state first, so its latents cover every token. The rope key part is gathered either way."""
+    mla = ModelSpec(num_layers=2, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab_size=32000,
+                    mla={"q_lora_rank": 512, "kv_lora_rank": 256, "qk_head_dim": 64, "qk_rope_head_dim": 32,
+                         "v_head_dim": 64})
+    mega = layer_tensors(mla, _training(), _plan("megatron"), 0)
+    titan = layer_tensors(mla, _training(), _plan("dtensor"), 0)
+    assert mega["attn.q_latent"] == 2 * 2 * TOKENS * 512 / TP and titan["attn.q_latent"] == 2 * 2 * TOKENS * 512
+    assert mega["attn.kv_latent"] == 2 * (2 * TOKENS * 256 / TP + TOKENS * 32)
+    assert titan["attn.kv_latent"] == 2 * (2 * TOKENS * 256 + TOKENS * 32)

@@ -1,0 +1,85 @@
+"""TorchTitan settings that change how a job runs rather than what it is: torch.compile and Primus-Turbo's attention
+(what is saved for backward), async TP's need for compile, and weak scaling at a fixed global batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projection.errors import ConfigError
+from projection.formats.torchtitan import load_torchtitan
+from tests.unit.test_torchtitan_loader import V01, _cfg, _llama8b_job, _raw, _write
+
+
+def test_async_tp_without_compile_is_refused(tmp_path: Path) -> None:
+    """TorchTitan's parallelize raises "Async TP requires torch.compile" when TP is on, async TP asked for and the
+    model not compiled; it used to be accepted with the overlap silently dropped."""
+    with pytest.raises(ConfigError) as err:
+        load_torchtitan(_write(tmp_path, V01.replace("compile = true", "compile = false")))
+    assert "parallelism.enable_async_tensor_parallel" in str(err.value) and "requires torch.compile" in str(err.value)
+
+
+def test_target_nodes_keeps_the_global_batch_by_shrinking_the_local_batch(tmp_path: Path) -> None:
+    """Weak scaling at a fixed global batch: TorchTitan runs gbs / (local x dp) accumulation steps and refuses a
+    global batch that is not a multiple of local x dp, so where a rank's share gbs / dp is no longer a multiple of
+    the local batch, the local batch becomes the share (every file without a global batch used to be refused at
+    twice its node count, with a fix that raised the global batch). Under PP the pipeline microbatch is kept."""
+    from projection import api
+    from projection.errors import PlanError
+    from projection.perf.scaling import extrapolate
+
+    flat = api.load(_llama8b_job(tmp_path, parallelism="tensor_parallel_degree = 1"), nodes=1, hardware="h100-sxm",
+                    overrides={"training.local_batch_size": 4})
+    assert flat.training.resolved_global_batch(flat.plan.dp_()) == 32
+    for nodes, local in ((2, 2), (4, 1)):
+        moved = extrapolate(flat, nodes)
+        assert (moved.training.local_batch_size, moved.training.micro_batch_size) == (local, local)
+        assert moved.training.resolved_global_batch(moved.plan.dp_()) == 32
+        assert moved.training.num_microbatches(moved.plan.dp_()) == 1
+    # a share that is not a multiple of the local batch: its largest divisor not above it, never a larger batch
+    wide = api.load(_llama8b_job(tmp_path, "global_batch_size = 96", "tensor_parallel_degree = 1"), nodes=1,
+                    hardware="h100-sxm", overrides={"training.local_batch_size": 4})
+    moved = extrapolate(wide, 2)  # dp 16: 6 sequences per rank as 2 steps of 3
+    assert (moved.training.local_batch_size, moved.training.num_microbatches(16)) == (3, 2)
+    with pytest.raises(PlanError) as err:  # dp 64: half a sequence per rank
+        extrapolate(flat, 8)
+    assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
+
+    path = _llama8b_job(tmp_path, "global_batch_size = 32", "pipeline_parallel_degree = 2")
+    piped = api.load(path, nodes=2, hardware="h100-sxm", overrides={"training.local_batch_size": 4})
+    moved = extrapolate(piped, 4)  # dp 16: 2 sequences per rank, 2 pipeline microbatches of 1
+    assert (moved.training.local_batch_size, moved.training.micro_batch_size) == (2, 1)
+    assert moved.training.num_microbatches(moved.plan.dp_()) == 2
+    with pytest.raises(PlanError) as err:  # dp 64
+        extrapolate(piped, 16)
+    assert any("--set training.global_batch_size=64" in (p.fix or "") for p in err.value.problems)
+
+
+@pytest.mark.parametrize(("sections", "model", "loss"), [
+    ({}, False, False),
+    ({"compile": {"enable": True}}, True, True),  # components default to ["model", "loss"]
+    ({"compile": {"enable": True, "components": ["loss"]}}, False, True),
+    ({"compile": {"enable": True, "components": ["model"]}}, True, False),
+    ({"training": {"compile": True}}, True, True),  # v0.1: the model and the loss
+])
+def test_compile_components(sections: dict[str, Any], model: bool, loss: bool) -> None:
+    """What torch.compile changes in memory (tests/oracle/test_memory_torchtitan_compile.py): the compiled blocks'
+    saved set (kernels.compiled) and the compiled loss's 16-bit logits (fused_loss)."""
+    raw = _raw(_cfg(**sections))
+    assert bool(raw.get("training.kernels.compiled")) is model
+    assert bool(raw.get("training.fused_loss")) is loss
+
+
+def test_primus_turbo_attention_takes_kv_without_repeat() -> None:
+    """Primus's turbo attention patch replaces Llama 3 / 4 attention with a GQA-native kernel (no repeat_kv); on by
+    default once Primus-Turbo is, off without it or for other models."""
+    on = {"primus_turbo": {"enable_primus_turbo": True}}
+    assert _raw(_cfg(**on)).get("training.kernels.gqa_native_attention") is True
+    assert not _raw(_cfg(primus_turbo={"enable_primus_turbo": True, "use_turbo_attention": False})).get(
+        "training.kernels.gqa_native_attention")
+    assert not _raw(_cfg()).get("training.kernels.gqa_native_attention")
+    qwen = _cfg(**on)
+    qwen["model"] = {"name": "qwen3", "flavor": "0.6B"}
+    assert not _raw(qwen).get("training.kernels.gqa_native_attention")
