@@ -17,12 +17,12 @@ Algorithms, for S bytes (nccl-tests size convention, see `bus_factor`) over n ra
 * hierarchical (all_reduce only, m > 1 and r > 1): intra-node reduce-scatter, inter-node all-reduce of S / r per
   rail over m nodes, intra-node all-gather -- NCCL's tree seen per NIC (reduce inside the node, all-reduce across
   nodes, broadcast inside, one head GPU per NIC: NVIDIA/nccl #530) and its NVLS-tree.
-* pat (all_gather, reduce_scatter over one GPU per node, m > 1): NCCL 2.23's PAT, a Bruck-like schedule with
-  ceil(log2 n) steps and the ring's bandwidth (NVIDIA/nccl #1473: "only support one GPU per node").
 NCCL has no tree or hierarchical algorithm for all_gather, reduce_scatter, broadcast or reduce (NVIDIA/nccl #1473:
 "the Tree algorithm ... doesn't apply to allgather/reducescatter"; #1594: those run Ring, or NVLS / CollNet, which
-need NVLink SHARP or an in-network reduction fabric, or PAT above), and RCCL follows NCCL: otherwise those kinds are
-priced as the flat ring.
+need NVLink SHARP or an in-network reduction fabric), and RCCL follows NCCL: those kinds are priced as the flat ring.
+Not priced: PAT (NCCL >= 2.23; RCCL opt-in with NCCL_PAT_ENABLE, ROCm/rccl #1756), a log2 n-step schedule for one
+GPU per node that the tuners take for small messages only (RCCL: up to 0.5-32 MB by node count, ROCm/rocm-systems
+#3756; "not yet as low-latency as the Tree allreduce", #1473): a data-parallel bucket of tens of MB is a ring.
 `auto` takes the fastest, as NCCL's tuner does with its own per-algorithm latency and bandwidth model.
 
 Calibration. A `MeasuredCurve` (from `projection.calibrate.fit`) holds piecewise alpha-beta segments fitted to a
@@ -45,7 +45,7 @@ from projection.specs.hardware import ClusterSpec, DeviceSpec
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "reduce"]
 COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                                 "send_recv", "broadcast", "reduce")
-Algorithm = Literal["auto", "ring", "tree", "hierarchical", "pat"]
+Algorithm = Literal["auto", "ring", "tree", "hierarchical"]
 Tier = Literal["intra_node", "inter_node"]
 TIERS: tuple[Tier, ...] = ("intra_node", "inter_node")
 AXES = ("tp", "cp", "ep", "dp", "pp")  # Megatron's default rank order, innermost (fastest-varying) first
@@ -271,9 +271,6 @@ def algorithm_times_s(kind: CollectiveKind, size_bytes: float, group: GroupPlace
         out["tree"] = 2 * math.ceil(math.log2(n)) * alpha + 2.0 * size_bytes / _flat_ring_bandwidth(group, fabric)
         if m > 1 and r > 1:
             out["hierarchical"] = _hierarchical_all_reduce_s(size_bytes, r, m, fabric)
-    if kind in ("all_gather", "reduce_scatter") and r == 1 and m > 1:
-        out["pat"] = math.ceil(math.log2(n)) * alpha + bus_factor(kind, n) * size_bytes / _flat_ring_bandwidth(group,
-                                                                                                            fabric)
     return out
 
 
