@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
-from projection.fileio import not_regular_problem
+from projection.fileio import existing_entries, not_regular_problem, remove_paths
 from projection.specs.base import MAX_INT
 
 if TYPE_CHECKING:
@@ -176,14 +176,6 @@ def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence
     return out
 
 
-def _entries(path: Path) -> set[Path]:
-    """What exists of `path`, the folders above it and everything under it: where a writer may create things."""
-    seen = {path, *path.parents}
-    if path.is_dir():
-        seen.update(path.rglob("*"))
-    return {p for p in seen if p.exists() or p.is_symlink()}
-
-
 def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list[str]:
     """Run each (flag, path, writer) in order; returns the written paths. If one fails, everything the earlier ones
     and the failing one created is removed, the files they overwrote get their old content back, and ConfigError
@@ -193,7 +185,7 @@ def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list
     written = []
     try:
         for flag, path, fn in jobs:
-            before.setdefault(Path(path), _entries(Path(path)))
+            before.setdefault(Path(path), existing_entries(Path(path)))
             try:
                 _set_aside(Path(path), aside)
                 written.append(str(fn()))
@@ -207,7 +199,7 @@ def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list
     except BaseException:  # a user error, or anything else: the run wrote nothing
         hidden = {h for _, h in aside}
         for out, old in before.items():
-            _remove(sorted(_entries(out) - old - hidden, key=lambda p: len(p.parts), reverse=True))
+            remove_paths(sorted(existing_entries(out) - old - hidden, key=lambda p: len(p.parts), reverse=True))
         for original, kept in reversed(aside):
             _put_back(original, kept)
         raise
@@ -239,14 +231,3 @@ def _set_aside(out: Path, aside: list[tuple[Path, Path]]) -> None:
 def _put_back(original: Path, kept: Path) -> None:
     with contextlib.suppress(OSError):  # else the old content stays under the hidden name: better than removing it
         os.replace(kept, original)
-
-
-def _remove(paths: Sequence[Path]) -> None:
-    for p in paths:  # deepest first, so folders are empty when their turn comes
-        try:
-            if p.is_dir() and not p.is_symlink():
-                p.rmdir()
-            else:
-                p.unlink()
-        except OSError:
-            pass

@@ -19,13 +19,16 @@ the input the report was made from.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import secrets
 import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 from projection.errors import ConfigError, Problem
 
@@ -139,7 +142,7 @@ class OutputJournal:
         out = Path(os.path.abspath(path))
         if out in self._before:
             return
-        self._before[out] = _entries(out)
+        self._before[out] = existing_entries(out)
         files = [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else [out] if out.is_file() else []
         for f in files:
             real = Path(os.path.realpath(f))  # a symlink stays as it is: its target is what a writer replaces
@@ -164,8 +167,8 @@ class OutputJournal:
         them), then put every kept file back under its own name."""
         hidden = {os.path.realpath(kept) for _, kept in self._kept}  # kept names are resolved, entries may not be
         for out, old in self._before.items():
-            new = [p for p in _entries(out) - old if os.path.realpath(p) not in hidden]
-            _remove(sorted(new, key=lambda p: len(p.parts), reverse=True))
+            new = [p for p in existing_entries(out) - old if os.path.realpath(p) not in hidden]
+            remove_paths(sorted(new, key=lambda p: len(p.parts), reverse=True))
         for original, kept in reversed(self._kept):
             with contextlib.suppress(OSError):  # else the old content stays under the hidden name, not lost
                 if original.exists() and os.path.samefile(original, kept):
@@ -212,7 +215,7 @@ def protect_jobs(jobs: Sequence[Job]) -> list[Job]:
     return out
 
 
-def _entries(path: Path) -> set[Path]:
+def existing_entries(path: Path) -> set[Path]:
     """What exists of `path`, the folders above it and everything under it: where a writer may create things."""
     seen = {path, *path.parents}
     if path.is_dir():
@@ -220,7 +223,7 @@ def _entries(path: Path) -> set[Path]:
     return {p for p in seen if p.exists() or p.is_symlink()}
 
 
-def _remove(paths: Sequence[Path]) -> None:
+def remove_paths(paths: Sequence[Path]) -> None:
     for p in paths:  # deepest first, so folders are empty when their turn comes
         try:
             if p.is_dir() and not p.is_symlink():
@@ -264,3 +267,29 @@ def same_file_problems(inputs: Sequence[tuple[str, str | None]], outputs: Sequen
                                         fix=f"choose another {flag} path"))
         seen.append((flag, path))
     return problems
+
+
+# ---- JSON with each key once per object
+
+class DuplicateJsonKey(ValueError):
+    """A JSON object names a key twice (json.loads keeps the last value, silently); `line`: the second one's."""
+
+    def __init__(self, key: str, line: int | None) -> None:
+        super().__init__(f"key {key!r} appears twice in one JSON object")
+        self.key, self.line = key, line
+
+
+def loads_json_unique(text: str) -> Any:
+    """json.loads, refusing an object that names a key twice (as the YAML loaders refuse a duplicate key): a config
+    edited by hand may hold both an old and a new value, and the reader would take one without a word."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                hits = [m.start() for m in re.finditer(re.escape(json.dumps(key)) + r"\s*:", text)]
+                raise DuplicateJsonKey(key, text.count("\n", 0, hits[1]) + 1 if len(hits) > 1 else None)
+            seen.add(key)
+        return dict(items)
+
+    return json.loads(text, object_pairs_hook=pairs)

@@ -34,12 +34,8 @@ from projection.specs.model import ModelSpec  # noqa: E402
 from projection.specs.plan import ParallelPlan  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
 from tests.oracle import torchtitan_layers as tl  # noqa: E402
+from tests.oracle.test_memory_torchtitan_layers import LLAMA, MICRO_BATCH, QWEN3, SEQ  # noqa: E402
 
-SEQ, MICRO_BATCH = 256, 2
-LLAMA = ModelSpec(name="tt-llama-gqa", num_layers=1, hidden_size=256, num_attention_heads=8, num_kv_heads=2,
-                  ffn_hidden_size=704, vocab_size=1000)
-QWEN3 = ModelSpec(name="tt-qwen3", num_layers=1, hidden_size=256, num_attention_heads=8, num_kv_heads=4, head_dim=64,
-                  qk_norm=True, ffn_hidden_size=768, vocab_size=1000)
 TOLERANCE = 0.005  # the norms' fp32 statistics (module docstring)
 
 
