@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError, model_validator
 from projection.calibrate.errors import CalibrationError
 from projection.cost.collectives import COLLECTIVE_KINDS, CollectiveKind, bus_factor
 from projection.errors import Problem
-from projection.fileio import atomic_write_text, require_regular
+from projection.fileio import DuplicateJsonKey, atomic_write_text, loads_json_unique, require_regular
 from projection.specs.base import Spec
 
 Layout = Literal["NN", "NT", "TN", "TT"]
@@ -259,10 +259,13 @@ def load_calibration(path: str | Path) -> Calibration:
 def calibration_from_json(text: str, file: str = "<calibration>") -> Calibration:
     """Parse and validate calibration JSON text (`file` names it in errors)."""
     try:
-        data = json.loads(text)
+        data = loads_json_unique(text)
     except json.JSONDecodeError as err:
         raise CalibrationError(Problem(f"invalid JSON: {err.msg} (column {err.colno})", file=file, line=err.lineno,
                                        fix="give the JSON written by `projection calibrate import`")) from None
+    except DuplicateJsonKey as err:
+        raise CalibrationError(Problem(str(err), key=err.key, file=file, line=err.line,
+                                       fix="keep one of them (a JSON reader would silently take the last)")) from None
     except RecursionError:
         raise CalibrationError(Problem("the JSON is nested too deeply to read (hundreds of levels)", file=file,
                                        fix="give the JSON written by `projection calibrate import`")) from None

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
-from projection.fileio import require_regular
+from projection.fileio import DuplicateJsonKey, loads_json_unique, require_regular
 
 KeyPath = tuple[str, ...]
 
@@ -109,10 +109,13 @@ def load_json(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, i
     """Parse JSON; line numbers of top-level keys found by a light scan."""
     text = read_text(path) if text is None else text
     try:
-        data = json.loads(text)
+        data = loads_json_unique(text)
     except json.JSONDecodeError as e:
         raise ConfigError(Problem(f"JSON syntax error: {e.msg}", file=str(path), line=e.lineno,
                                   fix="fix the JSON syntax at that line")) from None
+    except DuplicateJsonKey as e:
+        raise ConfigError(Problem(str(e), key=e.key, file=str(path), line=e.line,
+                                  fix="keep one of them (a JSON reader would silently take the last)")) from None
     except RecursionError:
         raise too_deep(path, "the JSON") from None
     lines: dict[KeyPath, int] = {}

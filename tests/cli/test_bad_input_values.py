@@ -174,3 +174,15 @@ def test_a_file_named_inside_the_config_is_blamed_on_the_key_that_names_it(tmp_p
     (tmp_path / "llama3_8B").mkdir()  # a folder named like a preset (an HF snapshot) does not hide the preset
     config = write(tmp_path, "\n".join([*lines[:model_at], "model: llama3_8B", *rest]) + "\n", "preset.yaml")
     assert run("memory", "--config", str(config)).returncode == 0
+
+
+def test_a_json_key_given_twice(tmp_path: Path) -> None:
+    """JSON readers keep the last of two equal keys without a word (the YAML loaders refuse them): an HF config.json
+    and a calibration file name the key and the line of its second appearance."""
+    hf = write(tmp_path, '{"model_type": "llama", "hidden_size": 512, "intermediate_size": 1408,\n'
+               ' "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4,\n'
+               ' "vocab_size": 32000, "hidden_size": 1024}\n', "config.json")
+    assert_user_error(run("inspect", "--config", str(hf)), f"{hf}:3: key 'hidden_size'", "appears twice")
+    cal = write(tmp_path, '{"schema_version": 1,\n "gemm": [],\n "gemm": []}\n', "cal.json")
+    assert_user_error(run("performance", "--config", str(write(tmp_path, GOOD)), "--calibration", str(cal)),
+                      f"{cal}:3", "'gemm' appears twice")
