@@ -51,7 +51,7 @@ from projection.cost.collectives import Fabric, GroupPlacement, TierParams  # no
 from projection.specs.model import ModelSpec  # noqa: E402
 from projection.workload.ops import Op, embedding_ops, layer_ops, output_ops  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # times this machine: run alone (README)
 
 STEP_TOLERANCE = 0.15  # issue 5: projected forward + backward compute time of a CPU training step
 COLLECTIVE_TOLERANCE = 0.25  # issue 5: gloo all-reduce of a size outside the calibrated set

@@ -57,7 +57,7 @@ from projection.calibrate.calibration import Calibration, load_calibration  # no
 from tests.oracle.gpt_job import GPT, Job, config_text, contiguous_grads  # noqa: E402
 from tests.oracle.spawn import free_port, run_spawned  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # times this machine: run alone (README)
 T = TypeVar("T")
 
 H, HEADS, LAYERS, VOCAB, SEQ, MBS = 512, 8, 2, 4096, 512, 2

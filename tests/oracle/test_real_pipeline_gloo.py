@@ -38,7 +38,7 @@ HIDDEN, ROWS, LAYERS, N_MB, STEPS, WARMUP = 512, 8, 8, 8, 4, 1
 DEVICE_FWD_S, DEVICE_BWD_S = 0.010, 0.020  # per layer: the accelerator's share of each pass (see _DeviceTime)
 TORCH_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zbv": "ScheduleZBVZeroBubble"}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # times this machine: run alone (README)
 
 
 def _stage_ids(name: str, rank: int, world: int) -> list[int]:
