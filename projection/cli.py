@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from projection import __version__, api
 from projection.cli_args import add_scenario_args, load_scenario
@@ -20,9 +20,17 @@ from projection.fileio import OutputJournal, output_journal
 _common = add_scenario_args
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error format: the flag and the value on one line and where to look for the fix
+    (exit 2), not the usage text; sub-command parsers inherit it (add_subparsers uses the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: <command line>: {message}\n    fix: see `{self.prog} --help` for its options\n")
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="projection", description="Per-rank memory and step-time projection for "
-                                     "large-model training.")
+    parser = _Parser(prog="projection", description="Per-rank memory and step-time projection for "
+                     "large-model training.")
     parser.add_argument("--version", action="version", version=f"projection {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="resolved config with provenance, and parameter counts per rank")

@@ -238,3 +238,22 @@ def test_schedule_marks_a_closed_form_that_is_only_a_lower_bound(capsys: pytest.
                  "--format", "json"]) == 0
     doc = __import__("json").loads(capsys.readouterr().out)
     assert doc["closed_form_exact"] is True and doc["closed_form_step_time_s"] == doc["step_time_s"]
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["plan", "--config", "examples/llama3.1_70B-mi300x.yaml", "--top", "abc"], "argument --top: invalid int value"),
+    (["performance", "--config", "examples/llama3.1_70B-mi300x.yaml", "--engine", "foo"],
+     "argument --engine: invalid choice: 'foo'"),
+    (["memory", "--config", "examples/llama3.1_70B-mi300x.yaml", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_argparse_errors_use_the_projects_format(argv: list[str], needle: str) -> None:
+    """A value argparse itself refuses (a type, a choice, an unknown flag) is one error line naming the flag, and a
+    fix line, exit 2: not argparse's usage text."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "projection", *argv], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith(f"error: <command line>: {needle}") and "usage:" not in res.stderr
+    assert "fix: see `projection" in res.stderr and "Traceback" not in res.stderr
