@@ -18,7 +18,7 @@ from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
 from projection.formats.job_env import READ, job_environment, merged
 from projection.memory.report import MemoryReport
-from projection.paths import HARDWARE_DIR, MODELS_DIR
+from projection.paths import HARDWARE_DIR, MODELS_DIR, is_device_path
 from projection.report.inspect import InspectReport, build_inspect_report
 from projection.specs.hardware import load_device
 from projection.specs.scenario import Origin, Scenario, build_scenario
@@ -96,6 +96,9 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         scenario = build_scenario(raw, device)
     except ProjectionError as err:  # the job environment's problems with the file's, all at once
         raise _with(problems, err) from None
+    hardware = str(raw.get("cluster.hardware"))
+    if is_device_path(hardware):  # a device YAML named by path is read too (Scenario.input_files)
+        scenario = scenario.model_copy(update={"input_files": (*scenario.input_files, hardware)})
     if problems:
         raise ConfigError(problems)
     return scenario

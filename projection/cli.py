@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from projection import __version__, api
+from projection import __version__
 from projection.cli_args import add_scenario_args, load_scenario
 from projection.errors import ProjectionError
 from projection.fileio import OutputJournal, output_journal
@@ -97,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)  # tells a stdout failure from one of an output file
     keep = False
+    handlers = _on_termination()
     try:
         with output_journal() as journal:
             try:
@@ -116,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keep = False  # also when it came after the report was printed: the exit code says it failed
                 print("projection: interrupted", file=sys.stderr)
                 return 130
+            except _Terminated as e:  # kill, a closed terminal: undone like Ctrl-C
+                keep = False
+                print(f"projection: terminated ({signal.Signals(e.signum).name})", file=sys.stderr)
+                return 128 + e.signum
             except RecursionError:  # a parser the loaders do not guard (they report the file themselves)
                 _print_too_deep(argv)
                 return 2
@@ -123,21 +128,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _settle(journal, keep)
     finally:
         sys.stdout = stdout
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_termination() -> dict[int, Any]:
+    """SIGTERM and SIGHUP raise _Terminated in the main thread, so a command killed that way rolls its output
+    files back as Ctrl-C does (SIGKILL cannot be caught: a hidden copy may then stay beside an output). Returns the
+    handlers replaced (none off the main thread, where Python cannot set them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def raise_terminated(signum: int, _frame: object) -> None:
+        raise _Terminated(signum)
+
+    return {signum: signal.signal(signum, raise_terminated) for signum in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def _settle(journal: OutputJournal, keep: bool) -> None:
-    """Commit or roll back the command's files with Ctrl-C held off, so that a second interrupt cannot leave the
-    undo half done (the default handler is restored after; only the main thread may set handlers)."""
+    """Commit or roll back the command's files with Ctrl-C (and termination) held off, so that a second interrupt
+    cannot leave the undo half done (the handlers are restored after; only the main thread may set them)."""
     main_thread = threading.current_thread() is threading.main_thread()
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # _on_termination's too
+    handlers = {signum: signal.signal(signum, signal.SIG_IGN) for signum in held} if main_thread else {}
     try:
         if keep:
             journal.commit()
         else:
             journal.rollback()
     finally:
-        if main_thread and handler is not None:
-            signal.signal(signal.SIGINT, handler)
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 def _print_too_deep(argv: Sequence[str] | None) -> None:
@@ -214,6 +242,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {e.render()}", file=sys.stderr)
             return 2
     try:
+        from projection import api  # here, not at start-up: Ctrl-C while it loads is already main()'s
+
         scenario = load_scenario(args, dict(os.environ))
         if args.command == "inspect":
             report = api.inspect(scenario)

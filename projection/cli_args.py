@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.fileio import existing_entries, not_regular_problem, remove_paths
-from projection.specs.base import MAX_INT
+from projection.paths import is_device_path
 
 if TYPE_CHECKING:
     from projection.specs.scenario import Scenario
@@ -51,7 +51,8 @@ def whole_numbers(text: str, flag: str, what: str = "values", *,
     kind = "non-negative" if allow_zero else "positive"
     example = "0,1,3" if allow_zero else "1,2,4,8"
     if not wrong:
-        huge = [x for x in items if int(x) > MAX_INT]  # no layout's degree; the specs refuse it as a count
+        huge = [x for x in items if int(x) > 2**53]  # no layout's degree (specs.base.MAX_INT, not imported:
+        # the CLI's start-up stays light)
         if huge:
             return [], [Problem(f"cannot read {what} {text!r}: {', '.join(huge)} is too large (at most 2**53)",
                                 key=flag, file=COMMAND_LINE, fix=f"give {kind} integers separated by commas, e.g. "
@@ -72,8 +73,7 @@ def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, no
     problems = count_problems(args, ("nodes", "gpus_per_node"))
     hardware = args.hardware
     # a device name is looked up in hardware_specs/; a path (the rule of specs/hardware.py) is a file to read
-    hardware_file = hardware is not None and (hardware.endswith((".yaml", ".yml")) or "/" in hardware or
-                                              "\\" in hardware)
+    hardware_file = hardware is not None and is_device_path(hardware)
     problems += input_problems([("--config", args.config), ("--hardware", hardware if hardware_file else None)],
                                missing_ok=True)
     problems += primus_root_problems(getattr(args, "primus_root", None))

@@ -25,7 +25,8 @@ from projection.calibrate.fit import fit_calibration
 from projection.calibrate.importers import import_files
 from projection.cli_args import input_problems, primus_root_problems
 from projection.errors import Problem, ProjectionError
-from projection.fileio import atomic_write_text, protect, same_file_problems
+from projection.fileio import atomic_write_text, same_file_problems
+from projection.paths import is_device_path
 
 Hook = Callable[[Any], None]  # receives the `calibrate` group's sub-parsers action (argparse._SubParsersAction)
 
@@ -80,16 +81,19 @@ def run(args: argparse.Namespace) -> int:
 def _check_out(args: argparse.Namespace) -> None:
     """Refuse an --out that is one of the sub-command's input files (`import X.log --out X.log` would replace the
     log with the calibration made from it), for every calibrate sub-command: import's FILEs, fit's CALIBRATION.json,
-    the benchmarks' --config and --hardware file. Then note --out in the output journal, so that a failure after it
-    is written (the report, Ctrl-C) puts back the file it replaced."""
+    the benchmarks' --config and --hardware file. (atomic_write_text notes --out in the output journal when it
+    writes it, so that a failure after that, the report or Ctrl-C, puts back the file it replaced; noting it here
+    would hold a hidden copy through the whole benchmark, left behind if the process is killed.)"""
     out = getattr(args, "out", None)
     if not out:
         return
     inputs = [("FILE", f) for f in getattr(args, "files", None) or ()]
     inputs += [(flag, getattr(args, attr, None)) for flag, attr in (("CALIBRATION.json", "calibration"),
-                                                                    ("--config", "config"), ("--hardware", "hardware"))]
+                                                                    ("--config", "config"))]
+    hardware = getattr(args, "hardware", None)
+    if hardware and is_device_path(hardware):  # a bundled device's name is no file of the user's
+        inputs.append(("--hardware", hardware))
     raise_all(same_file_problems(inputs, [("--out", out)]))
-    protect(out)
 
 
 def _run_import(args: argparse.Namespace) -> int:

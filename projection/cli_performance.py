@@ -37,6 +37,7 @@ from projection.cli_args import (
 )
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 from projection.fileio import protect_jobs, same_file_problems
+from projection.paths import is_device_path
 
 if TYPE_CHECKING:
     from projection.perf.result import Projection
@@ -114,6 +115,11 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
             from projection.perf.project import with_schedule
 
             scenario = extrapolate(with_schedule(scenario, "gpipe"), args.target_nodes, flag="--target-nodes")
+    # the files the config itself names (a device YAML, a model file, what it extends) are inputs too
+    clash = same_file_problems([("a file --config reads", f) for f in scenario.input_files],
+                               [("--png", args.png if args.scaling else None), ("--trace", args.trace)])
+    if clash:
+        raise ConfigError(clash)
     calibration = Path(args.calibration) if args.calibration else None  # checked by _check_args
     schedule = None if args.schedule == "all" else args.schedule
     if counts:  # every count and the schedule at every count checked before anything is projected
@@ -221,9 +227,7 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     outputs = [("--png", args.png if args.scaling else None), ("--trace", args.trace)]
     problems += output_problems(outputs)
     problems += input_problems([("--calibration", args.calibration)])
-    # a device name is looked up in hardware_specs/, a path is a file (the rule of cli_args.load_scenario)
-    hardware = args.hardware if args.hardware and (args.hardware.endswith((".yaml", ".yml")) or "/" in args.hardware
-                                                   or "\\" in args.hardware) else None
+    hardware = args.hardware if args.hardware and is_device_path(args.hardware) else None  # else a bundled name
     problems += same_file_problems([("--config", args.config), ("--hardware", hardware),
                                     ("--calibration", args.calibration)], outputs)
     if problems:

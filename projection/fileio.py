@@ -139,21 +139,35 @@ class OutputJournal:
         there under a hidden name beside it. The writers replace a file by renaming a new one over it
         (atomic_write_bytes; cli_args.write_outputs sets the old one aside for the others), so a hard link keeps
         the old content without a copy; where hard links are refused (some file systems) the file is copied."""
-        out = Path(os.path.abspath(path))
-        if out in self._before:
-            return
-        self._before[out] = existing_entries(out)
+        # the path as given and where it leads: a writer creates a dangling symlink's target, not the link
+        for out in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
+            if out not in self._before:
+                self._before[out] = existing_entries(out)
+                self._keep(out)
+
+    def _keep(self, out: Path) -> None:
         files = [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else [out] if out.is_file() else []
         for f in files:
             real = Path(os.path.realpath(f))  # a symlink stays as it is: its target is what a writer replaces
             if any(real == old for old, _ in self._kept):
                 continue
             kept = real.with_name(f".{real.name}.{secrets.token_hex(4)}.keep")
+            self._kept.append((real, kept))  # first, so an interrupt after the link still finds it to undo
             try:
-                os.link(real, kept)
-            except OSError:
-                shutil.copy2(real, kept)
-            self._kept.append((real, kept))
+                try:
+                    os.link(real, kept)
+                except OSError:
+                    shutil.copy2(real, kept)
+            except BaseException as err:
+                self._kept.pop()
+                with contextlib.suppress(OSError):
+                    kept.unlink()  # a partial copy (a full disk)
+                if isinstance(err, OSError):
+                    raise ConfigError(Problem(f"cannot keep a copy of {real} before replacing it: "
+                                              f"{err.strerror or err}", file=str(real),
+                                              fix="free space beside the output, or choose another output "
+                                                  "path")) from None
+                raise
 
     def commit(self) -> None:
         """The command succeeded: drop the kept copies."""
@@ -287,8 +301,9 @@ def loads_json_unique(text: str) -> Any:
         seen: set[str] = set()
         for key, _ in items:
             if key in seen:
-                hits = [m.start() for m in re.finditer(re.escape(json.dumps(key)) + r"\s*:", text)]
-                raise DuplicateJsonKey(key, text.count("\n", 0, hits[1]) + 1 if len(hits) > 1 else None)
+                # the line only where the key is written exactly twice in the text (else which object is unclear)
+                hits = [m.start() for m in re.finditer(re.escape(f'"{key}"') + r"\s*:", text)]
+                raise DuplicateJsonKey(key, text.count("\n", 0, hits[1]) + 1 if len(hits) == 2 else None)
             seen.add(key)
         return dict(items)
 

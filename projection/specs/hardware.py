@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_v
 
 from projection.errors import ConfigError, Problem
 from projection.fileio import not_regular, require_regular
-from projection.paths import HARDWARE_DIR
+from projection.paths import HARDWARE_DIR, is_device_path
 from projection.specs.base import Spec
 from projection.units import parse_bandwidth, parse_bytes, parse_duration, parse_flop_rate
 
@@ -267,7 +267,7 @@ def _norm(name: str) -> str:
 def _resolve(name_or_path: str | Path, search_dir: Path, *, key: str = "device", file: str | None = None,
              line: int | None = None) -> Path:
     text = str(name_or_path)
-    if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text:
+    if isinstance(name_or_path, Path) or is_device_path(text):
         return Path(text).expanduser()
     want = _norm(text)
     stems = list_devices(search_dir)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import re
 import typing
 from collections.abc import Mapping
@@ -97,6 +98,9 @@ class Scenario(Spec):
     framework: str = "native"
     source: str = "<memory>"
     origins: dict[str, str] = {}
+    input_files: tuple[str, ...] = Field((), exclude=True, repr=False)
+    """Every file the scenario was read from (the config, what it extends or names, a device YAML given as a path):
+    an output must not replace one of them (the CLI checks before it writes)."""
     as_loaded: tuple[ParallelPlan, TrainingSpec] | None = Field(None, exclude=True, repr=False)
     """The plan and training the file asked for, where a framework rule that depends on the world size changed
     them (TorchTitan at dp_shard x cp = 1: no FSDP, no mixed precision); `--target-nodes` re-applies the rule."""
@@ -230,8 +234,10 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     if problems:
         raise PlanError(problems)
     origins = {k: o.render() for k, o in raw.origins.items()}
+    files = tuple(f for f in dict.fromkeys([raw.source, *(o.file for o in raw.origins.values())]) if os.path.isfile(f))
     return Scenario(model=specs["model"], training=training, plan=plan, cluster=cluster,
-                    framework=raw.framework, source=raw.source, origins=origins, as_loaded=as_loaded)
+                    framework=raw.framework, source=raw.source, origins=origins, as_loaded=as_loaded,
+                    input_files=files)
 
 
 def _without_unknown_keys(data: Any, err: ValidationError) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
 """An output file never destroys an input, and never outlives a command that failed: a path given as an output that
-is one of the command's inputs (or another output) is refused before anything is read; a command whose report
+is one of the command's inputs (or another output) is refused before anything is written; a command whose report
 cannot be printed (/dev/full) or that is interrupted (Ctrl-C: exit 130, one line, no traceback) leaves every file
 as it was before it ran. Also the flags that name a schedule twice (--csv with --schedule) or name no path at all."""
 
