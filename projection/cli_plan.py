@@ -12,13 +12,14 @@ A list not given keeps the config's own value. Wiring (cli.py): `add_parser(subp
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from projection.cli_args import add_scenario_args, count_problems, load_scenario, whole_numbers
-from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
+from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 
 NUMERIC = ("tp", "pp", "vpp", "cp", "ep", "mbs")  # positive whole numbers, one --flag each
 AXES = (*NUMERIC, "zero")  # zero: ZeRO stages 0-3, its own help
@@ -76,6 +77,27 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, list[Any] | None], list
     return out, problems
 
 
+_CANONICAL = {"tp": "plan.tp", "pp": "plan.pp", "vpp": "plan.vpp", "cp": "plan.cp", "ep": "plan.ep",
+              "mbs": "training.micro_batch_size"}
+
+
+def _searched_base(args: argparse.Namespace, env: Mapping[str, str] | None,
+                   values: Mapping[str, list[Any] | None]) -> Any:
+    """The scenario with the searched axes set to the first of their combinations under which the file loads (its
+    own layout, e.g. tp 3 on 8 GPUs, fails on this cluster, but every value it holds for a searched axis is
+    replaced by the search anyway); None when none loads, or the format takes no canonical plan keys (TorchTitan:
+    its own keys only), or no layout axis is searched. At most 64 combinations are tried."""
+    axes = [a for a in _CANONICAL if values.get(a)]
+    if not axes:
+        return None
+    for combo in itertools.islice(itertools.product(*(values[a] or () for a in axes)), 64):
+        try:
+            return load_scenario(args, env, extra={_CANONICAL[a]: v for a, v in zip(axes, combo, strict=True)})
+        except ProjectionError:
+            continue
+    return None
+
+
 def _base_layout_note(args: argparse.Namespace, problems: list[Problem]) -> list[Problem]:
     """Why a layout the search would replace stops it: the search starts from the file's own scenario (its model,
     batch and framework rules), so that must hold on the cluster first."""
@@ -98,6 +120,11 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             raise ConfigError(problems)
         try:
             scenario = load_scenario(args, env)
+        except PlanError as err:  # the file's own layout fails here: start from a searched one that holds
+            base = _searched_base(args, env, values)
+            if base is None:
+                raise ConfigError([*err.problems, *_base_layout_note(args, err.problems)]) from None
+            scenario = base
         except ProjectionError as err:
             raise ConfigError([*err.problems, *_base_layout_note(args, err.problems)]) from None
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
