@@ -29,9 +29,9 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from projection.memory.activations import layer_tensors, loss_tensors  # noqa: E402
+from projection.memory.activations import layer_tensors, loss_tensors, saved_layer_bytes  # noqa: E402
 from projection.specs.model import ModelSpec  # noqa: E402
-from projection.specs.plan import ParallelPlan  # noqa: E402
+from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
 from tests.oracle import torchtitan_layers as tl  # noqa: E402
 from tests.oracle.test_memory_torchtitan_layers import LLAMA, MICRO_BATCH, QWEN3, SEQ  # noqa: E402
@@ -139,3 +139,24 @@ def test_compiled_loss_keeps_the_16_bit_logits() -> None:
         want = loss_tensors(model, training, ParallelPlan(dp=1))["loss.softmax"]
         print(f"\n{name} loss: projected {want:.0f} B, measured {measured[name]} B")
         assert want == pytest.approx(measured[name], rel=0.02)  # + labels and per-row statistics: 0.8 %
+
+
+def test_compiled_op_sac_keeps_only_what_backward_reads() -> None:
+    """TorchTitan's per-op selective checkpointing under torch.compile (checkpoint_wrapper, then compile): the policy's
+    saved mm outputs that backward never reads are dropped by the partitioner. In a Llama block that is w2's output
+    (the 7th mm, saved by the policy in eager mode), which only feeds the residual add."""
+    torch.manual_seed(0)
+    block = tl.OpSacBlock(LLAMA, 0, SEQ)
+    for module in list(block.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, tl.RMSNorm):
+                setattr(module, name, _Norm(child.weight.shape[0]))
+    skip = {t.untyped_storage().data_ptr() for t in (*block.parameters(), *block.buffers())}
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="aot_eager_decomp_partition")
+    measured = _saved_bytes(compiled, torch.randn(MICRO_BATCH, SEQ, LLAMA.hidden_size, requires_grad=True), skip=skip)
+    plan = ParallelPlan(dp=1, recompute=RecomputeSpec(granularity="selective", modules=("op",)))
+    got = saved_layer_bytes(LLAMA, _training(True), plan, 0, False)
+    eager = saved_layer_bytes(LLAMA, _training(False), plan, 0, False)
+    print(f"\nop SAC compiled: projected {got:.0f} B (eager {eager:.0f}), measured {measured} B")
+    assert got == pytest.approx(measured, rel=1e-4) and eager > measured * 1.1
