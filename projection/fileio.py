@@ -1,6 +1,6 @@
 """File I/O the CLI shares: writes that replace a file whole or not at all, the journal that undoes a command's
-writes when the command fails after them, and the checks of input and output paths before anything is read or
-written.
+writes when the command fails after them, the checks of input and output paths before anything is written, and
+JSON read with each key once per object.
 
 A failed write (a full disk, a file-size limit) must not leave a truncated file, nor destroy the file it was meant
 to replace: `atomic_write_bytes` writes a new file beside the target and renames it over the target (POSIX rename is
@@ -11,9 +11,10 @@ no writer blocks forever.
 A command's files are written before its report is printed, so a report that cannot be printed (a full disk under
 standard output) or an interrupt (Ctrl-C) comes after them: the CLI runs each command under an `OutputJournal`
 (`output_journal`), which keeps the old content of every file a command may replace (a hard link beside it, so no
-copy is made) and, when the command fails, removes what it created and puts the old files back. A file that is
-also an input of the command is refused before anything is read (`same_file_problems`): the output would replace
-the input the report was made from.
+copy is made) and, when the command fails, removes what it created and puts the old files back. (Writers that
+truncate in place, such as savefig, get their old file renamed aside by cli_args.write_outputs instead: a hard link
+would share the truncated content.) A file that is also an input of the command is refused before anything is
+written (`same_file_problems`): the output would replace the input the report was made from.
 """
 
 from __future__ import annotations
