@@ -48,7 +48,8 @@ def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, sourc
     """Megatron args (dest -> value, only the keys given) -> RawScenario. Absent dests take Megatron's argparse
     defaults; every canonical value carries the Origin of the dest it came from (derived values: the origin of what
     they were derived from; defaults: Origin('default (Megatron-LM argparse)', key=<flag>)). Raises ConfigError
-    listing every problem (bad value types, missing model shape, unknown vocabulary, impossible pipeline split)."""
+    listing every problem (bad value types, missing model shape, impossible pipeline split); an unknown vocabulary
+    is stood in for and its problem kept in `raw.placeholders` (build_scenario reports it with the layout's)."""
     a = MegatronArgs(args, origins, source=source, flags=framework == "megatron")
     for dest in args:  # a misspelt flag would be inert (Megatron's argparse rejects it; Primus passes it on)
         meant = [d for d in DESTS if one_slip(dest, d)]
@@ -60,7 +61,8 @@ def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, sourc
     _training(a, raw)
     _plan(a, raw)
     if a.problems:
-        raise ConfigError(a.problems)
+        raise ConfigError([*a.problems, *a.unknown.values()])
+    raw.placeholders.update(a.unknown)
     name = args.get("model")  # Primus keeps the model preset's name under `model`
     if isinstance(name, str) and name:
         raw.set("model.name", name.removesuffix(".yaml"), origins.get("model", Origin(source, None, "model")))

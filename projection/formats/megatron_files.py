@@ -139,7 +139,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         problems += [p for p in e.problems if p.key not in bad]
         raise ConfigError(problems) from None
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError([*problems, *raw.placeholders.values()])
     for key, (value, origin) in cluster.items():
         raw.set(key, value, origin)
     raw.job_env.update(job_vars)

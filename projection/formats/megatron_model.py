@@ -25,6 +25,9 @@ class MegatronArgs:
         self.source = source
         self.flags = flags  # name keys as flags (--num-layers) rather than dests (num_layers) in messages
         self.problems: list[Problem] = []
+        # canonical key -> the problem of a value stood in for (an unknown vocabulary): the rest is still checked
+        # and the problem reported with the layout's own (RawScenario.placeholders)
+        self.unknown: dict[str, Problem] = {}
         self._cache: dict[str, tuple[bool, Any]] = {}
 
     def _lookup(self, dest: str) -> tuple[bool, Any]:
@@ -66,10 +69,15 @@ class MegatronArgs:
             return self.origins.get(dest) or Origin(self.source, None, self.key(dest))
         return Origin(DEFAULT_FILE, None, self.key(dest))
 
-    def problem(self, dest: str, message: str, fix: str) -> None:
+    def problem(self, dest: str, message: str, fix: str, *, stands_in_for: str = "") -> None:
+        """Record a problem with `dest`; `stands_in_for` names the canonical key the loader set a placeholder for."""
         o = self.origins.get(dest) if dest in self.args else None
-        self.problems.append(Problem(message, key=o.key if o and o.key else self.key(dest),
-                                     file=o.file if o else self.source, line=o.line if o else None, fix=fix))
+        p = Problem(message, key=o.key if o and o.key else self.key(dest), file=o.file if o else self.source,
+                    line=o.line if o else None, fix=fix)
+        if stands_in_for:
+            self.unknown[stands_in_for] = p
+        else:
+            self.problems.append(p)
 
 
 def model_section(a: MegatronArgs, raw: RawScenario, *, null_tokenizer_adds_eod: bool) -> None:
@@ -233,7 +241,9 @@ def _vocab(a: MegatronArgs, raw: RawScenario, null_tokenizer_adds_eod: bool) -> 
         raw.set("model.vocab_size", size, a.origin("vocab_size"))
         return
     if ttype == "NullTokenizer":
-        a.problem("tokenizer_type", "NullTokenizer needs --vocab-size", "add --vocab-size N (or --set vocab_size=N)")
+        a.problem("tokenizer_type", "NullTokenizer needs --vocab-size", "add --vocab-size N (or --set vocab_size=N)",
+                  stands_in_for="model.vocab_size")
+        _placeholder_vocab(a, raw)
         return
     for dest in ("tokenizer_model", "vocab_file", "tokenizer_type"):
         name = a.get(dest)
@@ -248,7 +258,15 @@ def _vocab(a: MegatronArgs, raw: RawScenario, null_tokenizer_adds_eod: bool) -> 
     what = f"tokenizer {a.get(named)!r} is not in the table of known tokenizers" if named != "vocab_size" else \
         "neither --vocab-size nor a tokenizer is given"
     a.problem(named, f"cannot tell the vocabulary size: {what}",
-              "--set vocab_size=N with N = len(tokenizer) before padding (Megatron pads it itself)")
+              "--set vocab_size=N with N = len(tokenizer) before padding (Megatron pads it itself)",
+              stands_in_for="model.vocab_size")
+    _placeholder_vocab(a, raw)
+
+
+def _placeholder_vocab(a: MegatronArgs, raw: RawScenario) -> None:
+    """A stand-in vocabulary (one padding unit) so that the layout is still checked while the real one is unknown:
+    the scenario is refused anyway, with the vocabulary's problem first (a.unknown, RawScenario.placeholders)."""
+    raw.set("model.vocab_size", a.get("make_vocab_size_divisible_by"), a.origin("make_vocab_size_divisible_by"))
 
 
 def _strip_vars(text: str) -> str:

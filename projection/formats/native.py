@@ -100,12 +100,15 @@ def _load_model_ref(raw: RawScenario, ref: str, scenario_path: Path, line: int |
         for key, value, origin in hf_model_fields(data, str(target), lines):
             raw.set(key, value, origin)
         return
-    for key, value, origin in preset_model_fields(target):
+    fields, unknown = preset_model_fields(target)
+    for key, value, origin in fields:
         raw.set(key, value, origin)
+    raw.placeholders.update(unknown)  # what the preset leaves unknown (its vocabulary): the scenario may still set it
 
 
-def preset_model_fields(path: Path) -> list[tuple[str, Any, Origin]]:
-    """Canonical model fields of a preset (Megatron-dest-key YAML, see models/README.md)."""
+def preset_model_fields(path: Path) -> tuple[list[tuple[str, Any, Origin]], dict[str, Problem]]:
+    """Canonical model fields of a preset (Megatron-dest-key YAML, see models/README.md), and the problems of the
+    fields it stood in for (RawScenario.placeholders)."""
     from projection.formats.megatron import args_to_raw
 
     data, lines = load_yaml(path)
@@ -118,4 +121,4 @@ def preset_model_fields(path: Path) -> list[tuple[str, Any, Origin]]:
     for key, origin in sorted(sub.origins.items(), key=lambda kv: kv[0].count(".")):
         if key.startswith("model."):
             out.append((key, sub.get(key), origin))
-    return out
+    return out, dict(sub.placeholders)

@@ -60,6 +60,9 @@ class RawScenario:
     # problems a loader found that leave the scenario whole (unknown keys it dropped): reported by build_scenario
     # together with the layout's own, so a misspelt key does not hide them
     deferred: list[Problem] = field(default_factory=list)
+    # values a loader stood in for one it could not tell (an unknown vocabulary), so the rest is still checked: the
+    # problem holds until something else sets that key (`--set`), and build_scenario reports it with the layout's
+    placeholders: dict[str, Problem] = field(default_factory=dict)
 
     def set(self, dotted: str, value: Any, origin: Origin) -> None:
         """Set canonical key `dotted` (e.g. 'plan.sharding.zero_stage') to value, remembering where it came from."""
@@ -78,6 +81,7 @@ class RawScenario:
         for key in [k for k in self.origins if k.startswith(below)]:
             del self.origins[key]
         self.origins[dotted] = origin
+        self.placeholders.pop(dotted, None)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.data
@@ -205,7 +209,7 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
     problem found at once: where the only schema problems are unknown keys, the layout is still checked without
     them, so a misspelt key does not hide the layout's own problems."""
-    problems: list[Problem] = list(raw.deferred)
+    problems: list[Problem] = [*raw.deferred, *raw.placeholders.values()]
     specs: dict[str, Any] = {}
     for name, cls in (("model", ModelSpec), ("training", TrainingSpec), ("plan", ParallelPlan)):
         data = raw.data.get(name, {})

@@ -165,6 +165,39 @@ def test_misspelt_megatron_flag(tmp_path: Path) -> None:
                       "did you mean --pipeline-model-parallel-size?")
 
 
+NO_VOCAB_SCRIPT = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+                   "--num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 "
+                   "--global-batch-size 7 --bf16 --tensor-model-parallel-size 3\n")
+
+
+def test_an_unknown_vocabulary_does_not_hide_the_layout(tmp_path: Path) -> None:
+    """Neither --vocab-size nor a tokenizer: the vocabulary's problem is listed with every layout violation."""
+    p = write(tmp_path, NO_VOCAB_SCRIPT, name="train.sh")
+    res = run("memory", "--config", str(p))
+    assert_user_error(res, "key '--vocab-size'", "cannot tell the vocabulary size", "world size 8 is not divisible",
+                      "tp = 3 does not divide num_attention_heads", "tp = 3 does not divide ffn_hidden_size")
+    assert res.stderr.index("cannot tell the vocabulary") < res.stderr.index("world size")
+    # a layout problem found with a stand-in vocabulary stays once the real one is given, and only it
+    res = run("memory", "--config", str(p), "--set", "model.vocab_size=50000", "--set", "plan.tp=2")
+    assert_user_error(res, "global batch 7 is not divisible by micro batch * dp = 1 * 4 = 4")
+    assert "cannot tell the vocabulary size" not in res.stderr
+    res = run("memory", "--config", str(p), "--set", "vocab_size=50000", "--set", "plan.tp=2",
+              "--set", "global_batch_size=8")
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_preset_without_a_vocabulary_is_still_refused(tmp_path: Path) -> None:
+    """The stand-in vocabulary never reaches a report: a model preset without one is refused, layout too."""
+    preset = write(tmp_path, "num_layers: 4\nhidden_size: 256\nnum_attention_heads: 8\nseq_length: 128\n"
+                   "max_position_embeddings: 128\n", name="tiny.yaml")
+    text = ("model: tiny.yaml\ntraining: {seq_length: 128, micro_batch_size: 1, global_batch_size: 8}\n"
+            "plan: {tp: 3}\ncluster: {hardware: h100-sxm, nodes: 1}\n")
+    res = run("inspect", "--config", str(write(tmp_path, text)))
+    assert_user_error(res, str(preset), "cannot tell the vocabulary size", "tp = 3 does not divide")
+    ok = text.replace("plan: {tp: 3}", "plan: {tp: 2}")
+    assert run("inspect", "--config", str(write(tmp_path, ok)), "--set", "model.vocab_size=1000").returncode == 0
+
+
 @pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures absent (user clone)")
 def test_misspelt_primus_override(tmp_path: Path) -> None:
     cfg = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3_8B-BF16-pretrain.yaml"
