@@ -40,7 +40,7 @@ def _converters(job: JobReader) -> list[str] | None:
     return converters
 
 
-def _torchao_float8(job: JobReader, fsdp: bool) -> dict[str, Any] | None:
+def _torchao_float8(job: JobReader, fsdp: bool, dense: bool) -> dict[str, Any] | None:
     sec = "quantize.linear.float8" if job.has("quantize.linear.float8") or not job.has("float8") else "float8"
     named = job.get(f"{sec}.recipe_name", None)
     recipe = "tensorwise" if named is None else named
@@ -55,11 +55,16 @@ def _torchao_float8(job: JobReader, fsdp: bool) -> dict[str, Any] | None:
                     f"({named!r}): TorchTitan refuses the pair", "drop recipe_name (tensorwise is the default and the "
                     "one fp8 all-gather works with) or turn enable_fsdp_float8_all_gather off")
         return None
+    # TorchTitan's models take the float8 TP plan for a tensorwise recipe when the legacy converter name "float8" is
+    # listed (v0.1 parallelize_llama: `enable_float8_tensorwise_tp = "float8" in job_config.model.converters and not
+    # rowwise`); v0.2.2 registers only "quantize.linear.float8". Dense attention and MLP blocks only: MoE blocks take
+    # their own plan (apply_moe_ep_tp) and DeepSeek's MLA passes the float8 plan off
+    tp_float8 = dense and recipe == "tensorwise" and "float8" in (_converters(job) or [])
     # tensorwise = e4m3 forward / e5m2 gradients (hybrid); rowwise recipes cast everything to e4m3
     return {"format": "hybrid" if recipe == "tensorwise" else "e4m3",
             "recipe": "tensorwise" if recipe == "tensorwise" else "rowwise",
             "param_gather": recipe == "tensorwise" and fsdp and want_gather, "library": "torchao",
-            "output_layer": "output" not in (job.get(f"{sec}.filter_fqns", []) or [])}
+            "output_layer": "output" not in (job.get(f"{sec}.filter_fqns", []) or []), "tp_float8": tp_float8}
 
 
 def _torchao_mx(job: JobReader) -> dict[str, Any] | None:
@@ -75,8 +80,9 @@ def _torchao_mx(job: JobReader) -> dict[str, Any] | None:
             "output_layer": "output" not in (job.get(f"{sec}.filter_fqns", ["output"]) or [])}
 
 
-def read_fp8(job: JobReader, fsdp: bool) -> dict[str, Any] | None:
-    """The training.fp8 table of a TorchTitan job (None without an FP8 linear converter); problems go to `job`."""
+def read_fp8(job: JobReader, fsdp: bool, dense: bool = True) -> dict[str, Any] | None:
+    """The training.fp8 table of a TorchTitan job (None without an FP8 linear converter); problems go to `job`.
+    `dense`: the model has neither MoE layers nor MLA (whether the float8 TP plan applies)."""
     converters = _converters(job)
     if converters is None:
         return None
@@ -88,7 +94,7 @@ def read_fp8(job: JobReader, fsdp: bool) -> dict[str, Any] | None:
             fp8 = {"format": "hybrid", "recipe": "tensorwise", "param_gather": False, "library": "primus_turbo",
                    "output_layer": False}
         else:
-            fp8 = _torchao_float8(job, fsdp)
+            fp8 = _torchao_float8(job, fsdp, dense)
     elif MX_LINEAR_CONVERTERS & names:
         if turbo and job.flag("primus_turbo.use_turbo_mx_linear", True):
             fp8 = {"format": "e4m3", "recipe": "blockwise", "param_gather": False, "library": "primus_turbo",

@@ -56,12 +56,13 @@ class Dims:
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
     f8 = training.fp8
     # TorchTitan v0.2.2 gathers TP inputs in bf16 under torchao too: its models pick Float8ColwiseParallel only for
-    # the legacy converter name "float8" (`"float8" in job_config.model.converters`), which v0.2.2 no longer registers
+    # the legacy converter name "float8" (`"float8" in job_config.model.converters`), which v0.2.2 no longer registers;
+    # where they do (Fp8Spec.tp_float8, tp > 1) the inputs are cast before the gather and saved in fp8
     dtensor = plan.tp_style == "dtensor" and plan.sp_
     s = training.seq_length // plan.cp
     b = training.micro_batch_size
     e = 4 if training.params_dtype == "fp32" else 2
-    e_lin = 1 if f8 is not None and f8.saves_fp8_inputs else e
+    e_lin = 1 if f8 is not None and (f8.saves_fp8_inputs or (f8.tp_float8 and plan.tp > 1)) else e
     return Dims(b=b, s=s, seq=training.seq_length, T=b * s, h=model.hidden_size, t=plan.tp,
                 r=1 / plan.tp if plan.sp_ else 1.0, e=e,
                 e_lin=e_lin, e_exp=e_lin if f8 is not None and f8.experts_in_fp8 else e,

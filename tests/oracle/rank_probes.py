@@ -38,10 +38,15 @@ COLLECTIVES = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": 
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    """The plain tensor holding t's data on this rank (a DTensor's local shard)."""
-    while isinstance(t, DTensor):
-        t = t._local_tensor
-    return t
+    """The plain tensor holding t's data on this rank: a DTensor's local shard; of a wrapper subclass that keeps its
+    bytes in `_data` (torchao's Float8TrainingTensor), that data."""
+    while True:
+        if isinstance(t, DTensor):
+            t = t._local_tensor
+        elif type(t) is not torch.Tensor and isinstance(getattr(t, "_data", None), torch.Tensor):
+            t = t._data
+        else:
+            return t
 
 
 class ReplayedOps(TorchDispatchMode):

@@ -252,8 +252,10 @@ V01 = """\
 
 def test_v01_layout(tmp_path: Path) -> None:
     raw = load_torchtitan(_write(tmp_path, V01))
+    # the legacy converter name "float8" with a tensorwise recipe: v0.1's models take the float8 TP plan
     assert raw.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True,
-                                         "library": "torchao", "grouped_experts": False, "output_layer": False}
+                                         "library": "torchao", "grouped_experts": False, "output_layer": False,
+                                         "tp_float8": True}
     assert raw.get("plan.overlap.tp_comm") is True  # async TP with training.compile (v0.1)
     assert raw.get("model.ffn_hidden_size") == 14336 and raw.framework == "torchtitan"
 
@@ -262,7 +264,7 @@ def test_fp8_only_through_converters() -> None:
     section = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
     assert _raw({**_cfg(), **section}).get("training.fp8") is None  # the table alone does nothing
     on = _raw({**_cfg(model={"converters": ["quantize.linear.float8"]}), **section})
-    base = {"library": "torchao", "grouped_experts": False, "output_layer": True}
+    base = {"library": "torchao", "grouped_experts": False, "output_layer": True, "tp_float8": False}
     assert on.get("training.fp8") == {"format": "hybrid", "recipe": "tensorwise", "param_gather": True, **base}
     # a named recipe with fp8 all-gather: TorchTitan's float8 converter asserts the pair away
     rowwise = {"quantize": {"linear": {"float8": {"recipe_name": "rowwise", "enable_fsdp_float8_all_gather": True}}}}
@@ -272,12 +274,18 @@ def test_fp8_only_through_converters() -> None:
     assert _raw({**_cfg(model={"converters": ["float8"]}), **rowwise}).get("training.fp8") == {
         "format": "e4m3", "recipe": "rowwise", "param_gather": False, **base, "output_layer": False}
     mx = _raw(_cfg(model={"converters": ["quantize.linear.mx"]}))  # MX's default filter_fqns names the output layer
-    assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False, **base,
+    mx_base = {k: v for k, v in base.items() if k != "tp_float8"}  # MX takes no float8 TP plan
+    assert mx.get("training.fp8") == {"format": "e4m3", "recipe": "mxfp8", "param_gather": False, **mx_base,
                                       "output_layer": False}
     both = {"converters": ["float8", "quantize.grouped_mm.float8"]}
     assert _raw(_cfg(model=both)).get("training.fp8")["grouped_experts"] is False  # fqns [] converts nothing
     named = {"quantize": {"grouped_mm": {"float8": {"fqns": ["experts"]}}}}
     assert _raw({**_cfg(model=both), **named}).get("training.fp8")["grouped_experts"] is True
+    # the float8 TP plan: the legacy name, a tensorwise recipe and a dense model (MoE blocks take their own plan)
+    legacy = _raw(_cfg(model={"converters": ["float8"]})).get("training.fp8")
+    assert legacy["tp_float8"] is True
+    moe = _raw(_cfg(model={"converters": ["float8"], "name": "llama4", "flavor": "debugmodel"}))
+    assert moe.get("model.moe") and moe.get("training.fp8")["tp_float8"] is False
     with pytest.raises(ConfigError, match="unknown model converter 'int4'"):
         _raw(_cfg(model={"converters": ["int4"]}))
 
