@@ -110,7 +110,7 @@ def _schedule(args: argparse.Namespace) -> Schedule:
                               microbatch_group_size=args.microbatch_group_size)
     except ValueError as e:
         # the registry speaks Megatron's flag; this command's is --microbatch-group-size
-        text = str(e).replace("--microbatch-group-size-per-vp-stage", "--microbatch-group-size")
+        text = str(e).replace("--microbatch-group-size-per-virtual-pipeline-stage", "--microbatch-group-size")
         raise ConfigError(Problem(text, key="--schedule", file=COMMAND_LINE, fix="pick --pp, --vpp and "
                                   "--microbatches that the schedule accepts")) from e
 

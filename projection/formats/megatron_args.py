@@ -177,6 +177,8 @@ FLAG_RENAMES: dict[str, tuple[str, bool]] = {
     "fp4-format": ("fp4", False),
     "num-experts": ("num_experts", False),
     "use-custom-fsdp": ("use_megatron_fsdp", False),
+    # arguments.py: dest='microbatch_group_size_per_vp_stage'
+    "microbatch-group-size-per-virtual-pipeline-stage": ("microbatch_group_size_per_vp_stage", False),
 }
 
 

@@ -12,10 +12,10 @@ schedules.py`, functions `get_pp_rank_microbatches`, `get_schedule_table` and
   backward k (forward first), then the remaining backwards. Peak in-flight microbatches on rank r: min(W + 1, m*vpp).
 
 Where they differ (both styles are built here; Megatron is the default):
-* G. Megatron: `--microbatch-group-size-per-vp-stage` (default pp), which must lie in [pp, m], and the remainder
-  m % G must be 0 or >= pp (so with the default, m must be a multiple of pp). torch: G = m // max(1, m // pp) (the
-  "rounds" of pp microbatches), requiring m % max(1, m // pp) == 0; this admits m < pp (G = m) and e.g. pp=4, m=10
-  (G = 5), which Megatron accepts only with --microbatch-group-size-per-vp-stage 5.
+* G. Megatron: `--microbatch-group-size-per-virtual-pipeline-stage` (default pp), which must lie in [pp, m], and the
+  remainder m % G must be 0 or >= pp (so with the default, m must be a multiple of pp). torch: G = m // max(1, m // pp)
+  (the "rounds" of pp microbatches), requiring m % max(1, m // pp) == 0; this admits m < pp (G = m) and e.g. pp=4,
+  m=10 (G = 5), which Megatron accepts only with --microbatch-group-size-per-virtual-pipeline-stage 5.
 * vpp = 1. Megatron then runs its non-interleaved 1F1B (warm-up pp - r - 1); torch's interleaved class keeps the
   interleaved warm-up formula, 2 * (pp - r - 1).
 With m a multiple of pp, G = pp and vpp >= 2 the two orders are identical.
@@ -42,7 +42,8 @@ def schedule_table(n_microbatches: int, vpp: int, group: int) -> list[tuple[int,
 
 
 def megatron_group_size(pp: int, n_microbatches: int, group: int | None) -> int:
-    """Validated `--microbatch-group-size-per-vp-stage` (default pp); ValueError as Megatron would refuse."""
+    """Validated `--microbatch-group-size-per-virtual-pipeline-stage` (default pp); ValueError as Megatron would
+    refuse."""
     g = pp if group is None else group
     m = n_microbatches
     if not isinstance(g, int) or isinstance(g, bool) or not pp <= g <= m:
@@ -53,7 +54,7 @@ def megatron_group_size(pp: int, n_microbatches: int, group: int | None) -> int:
     if 0 < rem < pp:
         raise ValueError(f"interleaved_1f1b (Megatron): n_microbatches % group size = {m} % {g} = {rem}, which must be "
                          f"0 or >= pp = {pp} (Megatron rejects the dependency bubble); use a multiple of {g} "
-                         "microbatches or set --microbatch-group-size-per-vp-stage")
+                         "microbatches or set --microbatch-group-size-per-virtual-pipeline-stage")
     return g
 
 

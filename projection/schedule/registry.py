@@ -4,8 +4,8 @@ Constraints enforced (ValueError with the reason otherwise); pp, n_microbatches 
   gpipe             any vpp (vpp > 1: looped breadth-first, torch `ScheduleLoopedBFS`)
   1f1b              vpp = 1 (use interleaved_1f1b for vpp > 1); style="torch" also needs m >= pp (`Schedule1F1B`)
   interleaved_1f1b  Megatron (default): vpp = 1 runs plain 1F1B; vpp >= 2 needs the group size G
-                    (--microbatch-group-size-per-vp-stage, default pp) in [pp, m] and m % G in {0} or >= pp, so by
-                    default m is a multiple of pp. torch: m % max(1, m // pp) == 0 (m < pp allowed)
+                    (--microbatch-group-size-per-virtual-pipeline-stage, default pp) in [pp, m] and m % G in {0}
+                    or >= pp, so by default m is a multiple of pp. torch: m % max(1, m // pp) == 0 (m < pp allowed)
   zb_h1, zb_h2      vpp = 1
   zbv, v_half, v_min  vpp = 2 (exactly two stages per rank, V placement)
   dualpipev         vpp = 2 and m >= 2pp

@@ -184,7 +184,7 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                     f"use a group size in [{plan.pp}, {m}] that leaves no remainder below pp, e.g. "
                     f"{', '.join(map(str, ok[:4]))}{', ...' if len(ok) > 4 else ''}"
                     + (", or leave it unset (pp)" if unset else "")
-                    + " (Megatron's --microbatch-group-size-per-vp-stage)")
+                    + " (Megatron's --microbatch-group-size-per-virtual-pipeline-stage)")
             else:
                 bad("plan.schedule", f"{e} (global batch {training.resolved_global_batch(plan.dp)} / (micro batch "
                     f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",

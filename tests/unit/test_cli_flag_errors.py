@@ -219,7 +219,7 @@ def test_schedule_flags_are_named_as_given(capsys: pytest.CaptureFixture[str], t
     err = fails(capsys, *SCHED, "--microbatch-group-size", "4")
     assert "key '--microbatch-group-size'" in err and "interleaved_1f1b only" in err
     err = fails(capsys, "schedule", "--schedule", "interleaved_1f1b", "--pp", "4", "--vpp", "2", "--microbatches", "6")
-    assert "--microbatch-group-size-per-vp-stage" not in err and "set --microbatch-group-size" in err
+    assert "--microbatch-group-size-per-virtual-pipeline-stage" not in err and "set --microbatch-group-size" in err
     csv = tmp_path / "s.csv"
     csv.write_text("0F0,0B0\n")
     err = fails(capsys, "schedule", "--csv", str(csv), "--pp", "4", "--microbatches", "8")

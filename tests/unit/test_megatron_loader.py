@@ -199,6 +199,23 @@ def test_virtual_pipeline_spellings() -> None:
     assert emb.vpp == 2  # (30 + 1 + 1) / 4 / 4
 
 
+def test_microbatch_group_size_flag_as_megatron_spells_it(tmp_path: Path) -> None:
+    """Megatron's flag is --microbatch-group-size-per-virtual-pipeline-stage (arguments.py, dest
+    microbatch_group_size_per_vp_stage): written in a script or a MODEL_ARGS file it sets the plan's group size."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 1024 --num-attention-heads 16 "
+                      "--seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000 --micro-batch-size 1 "
+                      "--global-batch-size 16 --pipeline-model-parallel-size 4 "
+                      "--num-layers-per-virtual-pipeline-stage 2 --microbatch-group-size-per-virtual-pipeline-stage 8\n")
+    raw = load_megatron(script)
+    assert raw.get("plan.microbatch_group_size") == 8
+    assert raw.origins["plan.microbatch_group_size"].key == "--microbatch-group-size-per-virtual-pipeline-stage"
+    cfg = tmp_path / "model_config.yaml"
+    cfg.write_text("MODEL_ARGS:\n  --num-layers: 32\n  --hidden-size: 1024\n  --num-attention-heads: 16\n"
+                   "  --microbatch-group-size-per-virtual-pipeline-stage: 8\n  --vocab-size: 32000\n")
+    assert load_megatron(cfg).get("plan.microbatch_group_size") == 8
+
+
 def test_primus_manual_split_list() -> None:
     p = plan(num_layers=30, pipeline_model_parallel_size=4, decoder_pipeline_manual_split_list=[6, 8, 8, 8])
     assert p.stage_layers == (6, 8, 8, 8)

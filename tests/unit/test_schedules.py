@@ -168,7 +168,8 @@ def test_megatron_and_torch_interleaved_differ_by_design() -> None:
     meg, tor = interleaved_1f1b(4, 8, 1), interleaved_1f1b(4, 8, 1, style="torch")
     assert peak_inflight_total(meg) == [4, 3, 2, 1]
     assert peak_inflight_total(tor) == [7, 5, 3, 1]
-    # m = 10, pp = 4: torch groups 5 microbatches per round; Megatron needs --microbatch-group-size-per-vp-stage 5.
+    # m = 10, pp = 4: torch groups 5 microbatches per round; Megatron needs
+    # --microbatch-group-size-per-virtual-pipeline-stage 5.
     tor10 = interleaved_1f1b(4, 10, 2, style="torch")
     assert tor10.actions == interleaved_1f1b(4, 10, 2, microbatch_group_size=5).actions
     # m < pp: torch only.
