@@ -238,8 +238,9 @@ def _tail_s(buckets: list[Bucket], action_s: float) -> float:
 
 
 def _embedding_grad(scenario: Scenario, cost_model: CostModel, rank: int) -> Bucket | None:
-    """Tied embeddings with pp > 1: the word-embedding gradients of the first and last stage are all-reduced
-    (Megatron finalize_model_grads: _allreduce_word_embedding_grads)."""
+    """Tied embeddings or MTP with pp > 1: the word-embedding gradients of the first stage and of the stage holding
+    its copy are all-reduced (Megatron finalize_model_grads: _allreduce_word_embedding_grads; stages.
+    tied_embedding_ranks)."""
     model, plan = scenario.model, scenario.plan
     ranks = tied_embedding_ranks(model, plan)
     if rank not in ranks:

@@ -122,8 +122,8 @@ def _step_collectives(sc: Scenario, pp_rank: int, n_micro: int) -> Counter[tuple
     experts = rp.by_component.get("experts", 0)
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
     if pp_rank in tied_embedding_ranks(model, plan):
-        # the word-embedding gradient of the first and last stage, all-reduced between them once per step (Megatron
-        # finalize_model_grads: _allreduce_word_embedding_grads; priced in perf/dp.py _embedding_grad)
+        # the word-embedding gradient of the first stage and of its copy's (output layer or MTP), all-reduced between
+        # them once per step (Megatron finalize_model_grads: _allreduce_word_embedding_grads; perf/dp.py prices it)
         emb = model.padded_vocab(plan.tp) * model.hidden_size // plan.tp * grad_b
         out[("collective", "W", False, "", "", 0, 0, 0, 1, 0, 0, 0, False, "all_reduce", "embedding", emb, "")] += 1
     f8 = training.fp8 if training.fp8 is not None and training.fp8.param_gather else None

@@ -133,12 +133,14 @@ def split_stages(model: ModelSpec, plan: ParallelPlan) -> tuple[StageSlot, ...]:
 
 
 def tied_embedding_ranks(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
-    """The pipeline ranks that all-reduce the tied word-embedding gradient once per step (Megatron
-    finalize_model_grads: _allreduce_word_embedding_grads): the embedding's rank and the output layer's, when they
-    differ (a V-shaped schedule puts both on rank 0: nothing to reduce); () without tied embeddings."""
-    if not model.tie_embeddings or plan.pp == 1:
+    """The pipeline ranks that all-reduce the word-embedding gradient once per step (Megatron finalize_model_grads:
+    _allreduce_word_embedding_grads): the embedding's rank and the rank holding a copy of the word embedding, when they
+    differ (a V-shaped schedule puts both on rank 0: nothing to reduce). The copy is the output layer's with tied
+    embeddings, and the multi-token-prediction stage's with MTP, tied or not ("If use Multi-Token Prediction (MTP), we
+    also need to maintain duplicated embedding weights in mtp process stage"); () with neither."""
+    if not (model.tie_embeddings or model.mtp_num_layers) or plan.pp == 1:
         return ()
     slots = split_stages(model, plan)
     first = next(s.pp_rank for s in slots if s.embedding)
-    last = next(s.pp_rank for s in slots if s.loss)
-    return () if first == last else (first, last)
+    copy = next(s.pp_rank for s in slots if (s.mtp_layers if model.mtp_num_layers else s.loss))
+    return () if first == copy else (first, copy)

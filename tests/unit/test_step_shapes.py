@@ -32,3 +32,19 @@ def test_shapes_list_the_tied_embedding_gradient_reduction_that_is_priced(schedu
     assert priced == {(r, size) for r in ranks}
     assert [(n, c) for _, n, c in listed] == [(size, 1)] * len(ranks)
     assert len({t for t, _, _ in listed}) == len(ranks), listed
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_mtp_stage_all_reduces_its_embedding_copy(tied: bool) -> None:
+    """With multi-token prediction the last stage keeps a copy of the word embedding (counted in its parameters) and
+    Megatron all-reduces its gradient with the first stage's, tied or not (finalize_model_grads
+    _allreduce_word_embedding_grads: "If use Multi-Token Prediction (MTP), we also need to maintain duplicated
+    embedding weights in mtp process stage")."""
+    model = MODEL.model_copy(update={"tie_embeddings": tied, "mtp_num_layers": 1})
+    training = TrainingSpec(seq_length=1024, micro_batch_size=1, global_batch_size=8)
+    sc = Scenario(model=model, training=training, plan=ParallelPlan(tp=2, pp=4, dp=1),
+                  cluster=ClusterSpec(device=load_device("h100-sxm"), nodes=1, gpus_per_node=8))
+    size = MODEL.padded_vocab(2) * 1024 // 2 * 4
+    priced = {(b.pp_rank, b.size_bytes) for b in project(sc).dp.grad_buckets if b.group == "embedding"}
+    assert priced == {(0, size), (3, size)}
+    assert [r.size_bytes for r in step_shapes(sc) if r.group == "embedding"] == [size, size]
