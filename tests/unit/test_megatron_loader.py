@@ -206,7 +206,8 @@ def test_microbatch_group_size_flag_as_megatron_spells_it(tmp_path: Path) -> Non
     script.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 1024 --num-attention-heads 16 "
                       "--seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000 --micro-batch-size 1 "
                       "--global-batch-size 16 --pipeline-model-parallel-size 4 "
-                      "--num-layers-per-virtual-pipeline-stage 2 --microbatch-group-size-per-virtual-pipeline-stage 8\n")
+                      "--num-layers-per-virtual-pipeline-stage 2 "
+                      "--microbatch-group-size-per-virtual-pipeline-stage 8\n")
     raw = load_megatron(script)
     assert raw.get("plan.microbatch_group_size") == 8
     assert raw.origins["plan.microbatch_group_size"].key == "--microbatch-group-size-per-virtual-pipeline-stage"
