@@ -31,6 +31,7 @@ from projection.cost.collectives import (
     MeasuredCurve,
     TierParams,
     bus_factor,
+    ring_steps,
     tier_from_curve,
 )
 from projection.errors import Problem, count_of
@@ -222,8 +223,9 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
 
     fabric: the cluster's analytic fabric, for the tier parameters (mesh share, oversubscription); default a
     switch with no oversubscription. Rows of size 0, rows without a node count (profiler traces) and groups with
-    fewer than two sizes are listed in `skipped`. CalibrationError if nothing can be fitted, naming `file` (the
-    calibration file, when it came from one) else the sources recorded in its provenance."""
+    fewer than two sizes are listed in `skipped`, except a single bandwidth-bound size, which is used with the
+    fabric's latency (`_one_size_segment`, also noted there). CalibrationError if nothing can be fitted, naming
+    `file` (the calibration file, when it came from one) else the sources recorded in its provenance."""
     groups: dict[tuple[str | None, str, int, int], list[CollectiveRow]] = defaultdict(list)
     skipped: list[str] = []
     unknown_nodes = [r for r in cal.collective if r.n_nodes is None]
@@ -238,14 +240,21 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
         by_size: dict[int, list[float]] = defaultdict(list)
         for r in rows:
             by_size[r.size_bytes].append(r.time_s)
-        if len(by_size) < 2:
-            skipped.append(f"{kind} on {n_ranks} ranks / {n_nodes} nodes{f' ({device})' if device else ''}: "
-                           f"{len(by_size)} message size; a fit needs two or more")
-            continue
+        where = f"{kind} on {n_ranks} ranks / {n_nodes} nodes{f' ({device})' if device else ''}"
         sizes = np.array(sorted(by_size), dtype=float)
         times = np.array([math.exp(statistics.fmean(math.log(t) for t in by_size[int(s)])) for s in sizes])
         factor = bus_factor(kind, n_ranks)
-        segs = fit_curve(sizes, times, factor, max_segments=max_segments, target=target)
+        if len(by_size) < 2:
+            one = _one_size_segment(kind, n_ranks, n_nodes, int(sizes[0]), float(times[0]), fabric)
+            if one is None:
+                skipped.append(f"{where}: 1 message size, at which the device's latency is not negligible; a fit "
+                               "needs two or more sizes")
+                continue
+            skipped.append(f"{where}: 1 message size ({_size(int(sizes[0]))}); its bandwidth is used with the device "
+                           f"YAML's latency ({one.alpha_s * 1e6:.1f} us for the collective), which it cannot fit")
+            segs = [one]
+        else:
+            segs = fit_curve(sizes, times, factor, max_segments=max_segments, target=target)
         residuals = tuple(RowResidual(size_bytes=r.size_bytes, time_s=r.time_s,
                                       model_time_s=_model(segs, factor, r.size_bytes),
                                       rel_error=_model(segs, factor, r.size_bytes) / r.time_s - 1.0,
@@ -277,6 +286,21 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
                 "measure larger messages)" for t in ("intra_node", "inter_node")
                 if any(c.tier == t and c.kind in _RING_KINDS for c in curves) and t not in {x.tier for x in tiers}]
     return FittedFabric(curves=tuple(curves), tiers=tiers, skipped=tuple(skipped))
+
+
+def _one_size_segment(kind: str, n_ranks: int, n_nodes: int, size: int, time_s: float,
+                      fabric: Fabric | None) -> FitSegment | None:
+    """One measured size can give a bandwidth but not a latency: with the device's own latency (the fabric tier's
+    alpha per ring step x ring steps, the inverse of tier_from_curve) the row is reproduced exactly by
+    time = alpha + bus_factor x size / busbw. Only where that latency is under a tenth of the measured time (a
+    bandwidth-bound message, e.g. rccl-tests' 16 GiB smoke test), else None; None without a fabric."""
+    if fabric is None:
+        return None
+    alpha = (fabric.intra if n_nodes == 1 else fabric.inter).alpha_s * max(ring_steps(kind, n_ranks), 1)
+    if alpha >= 0.1 * time_s:
+        return None
+    return FitSegment(min_bytes=0, alpha_s=alpha, busbw_bytes_per_s=bus_factor(kind, n_ranks) * size / (time_s - alpha),
+                      first_bytes=size, last_bytes=size)
 
 
 def _tiers(curves: list[CurveFit], fabric: Fabric | None) -> tuple[TierFit, ...]:

@@ -259,8 +259,12 @@ class CalibratedCostModel:
 
     def _fitted_fabric(self, base: Fabric | None) -> Fabric | None:
         rows = [r for r in self.calibration.collective if r.n_nodes is not None and r.size_bytes > 0]
-        if base is None or len({r.size_bytes for r in rows}) < 2:
+        if base is None or not rows:
             return base
+        from projection.calibrate.errors import CalibrationError
         from projection.calibrate.fit import fit_calibration
 
-        return fit_calibration(self.calibration, base).apply(base)
+        try:
+            return fit_calibration(self.calibration, base).apply(base)
+        except CalibrationError:  # no group could be fitted (one size each, latency-bound): the device's fabric
+            return base

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from projection.calibrate.calibration import Calibration, CollectiveRow
+from projection.calibrate.errors import CalibrationError
 from projection.calibrate.fit import FLAT_BUSBW, fit_calibration, fit_curve
 from projection.calibrate.importers import import_files
 from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, bus_factor, collective_time_s
@@ -205,3 +206,27 @@ def test_a_sweep_that_ends_flat_gives_no_tier_bandwidth_and_prices_nothing_at_la
     assert fitted.apply(base).curves == ()
     assert collective_time_s("all_reduce", GIB, place, fitted.apply(base)) == collective_time_s("all_reduce", GIB,
                                                                                                 place, base)
+
+
+def test_one_bandwidth_bound_size_gives_the_sweeps_bandwidth() -> None:
+    """A calibration with a single message size (rccl-tests smoke runs at 16 GiB, calibrations/mi325x.json) used to
+    be dropped whole. Its bandwidth is taken with the device's latency: from the 2 x 8 MI300X sweep's largest row
+    alone, the inter-node tier's bandwidth is the one the whole sweep's fit gives; a single latency-bound size (8
+    KiB) is still skipped, saying why."""
+    n, nodes, table = next(v for k, v in PUBLISHED.items() if k.startswith("2 nodes x 8 MI300X"))
+    sizes = sorted(table)
+    rows = rows_from("all_reduce", n, nodes, sizes, [1.875 * s / (table[s] * 1e9) for s in sizes], "AAC10")
+    device = load_device("mi300x")
+    fabric = Fabric.from_specs(device, ClusterSpec(device=device, nodes=2))
+    (whole,) = fit_calibration(Calibration(collective=rows), fabric).tiers
+    one = fit_calibration(Calibration(collective=rows[-1:]), fabric)
+    (tier,) = one.tiers
+    (curve,) = one.curves
+    print(f"\ninter-node beta from {sizes[-1] / GIB:g} GiB alone {tier.beta_bytes_per_s / 1e9:.2f} GB/s, from the "
+          f"sweep {whole.beta_bytes_per_s / 1e9:.2f} GB/s; skipped: {one.skipped}")
+    assert tier.beta_bytes_per_s == pytest.approx(whole.beta_bytes_per_s, rel=0.05)
+    assert tier.alpha_s == pytest.approx(fabric.inter.alpha_s)  # the device's latency, not a fitted one
+    assert curve.residuals[0].rel_error == pytest.approx(0.0, abs=1e-9)
+    assert any("1 message size" in s and "latency" in s for s in one.skipped)
+    with pytest.raises(CalibrationError, match="1 message size, at which the device's latency is not negligible"):
+        fit_calibration(Calibration(collective=rows[:1]), fabric)  # the sweep's smallest size
