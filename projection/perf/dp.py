@@ -30,6 +30,7 @@ stage's last backward.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 
 from projection.cost.collectives import CollectiveKind, GroupPlacement
@@ -227,13 +228,22 @@ def _last_compute(acts: tuple[Action, ...]) -> Action:
 
 
 def _tail_s(buckets: list[Bucket], action_s: float) -> float:
-    """Seconds the stage's bucket chain runs past the end of its last backward action (buckets become ready in
-    proportion to the parameters processed; one communication stream)."""
-    total = sum(b.params for b in buckets) or 1
-    done = end = 0.0
+    """Seconds the stage's bucket chain runs past the end of its last backward action. Dense and expert parameters
+    live in buffers of their own (Megatron's DDP: `buffers` and `expert_parallel_buffers`), spread over the same
+    layers: a bucket is ready when the backward has processed its buffer's parameters up to it, in proportion to that
+    buffer's own total (a one-bucket buffer only at the end); the ready buckets run one after another on one
+    communication stream, in the order they become ready."""
+    totals: dict[str, float] = defaultdict(float)
+    for b in buckets:
+        totals[b.group] += b.params
+    ready: list[tuple[float, int, Bucket]] = []
+    done: dict[str, float] = defaultdict(float)
     for b in sorted(buckets, key=lambda x: (x.order, x.group)):
-        done += b.params
-        end = max(end, action_s * done / total) + b.seconds
+        done[b.group] += b.params
+        ready.append((action_s * done[b.group] / (totals[b.group] or 1), b.order, b))
+    end = 0.0
+    for at, _, b in sorted(ready, key=lambda x: (x[0], x[1])):
+        end = max(end, at) + b.seconds
     return max(0.0, end - action_s)
 
 
