@@ -123,14 +123,22 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
     impl = a.get("transformer_impl")
     raw.set("training.kernels.transformer_impl", "local" if impl == "local" else "transformer_engine",
             a.origin("transformer_impl"))
-    dispatcher = "flex" if a.get("moe_enable_deepep") else a.get("moe_token_dispatcher_type")
+    # Primus-Turbo's DeepEP: with enable_primus_turbo and use_turbo_deepep, Primus sets moe_enable_deepep and the
+    # 'flex' dispatcher before Megatron builds the model (AMD-AGI/Primus primus/backends/megatron/patches/turbo/
+    # moe_dispatcher_patches.py)
+    turbo_deepep = raw.framework.startswith("primus") and a.args.get("enable_primus_turbo") is True \
+        and a.args.get("use_turbo_deepep") is True
+    deepep = "use_turbo_deepep" if turbo_deepep else "moe_enable_deepep" if a.get("moe_enable_deepep") else ""
+    dispatcher = "flex" if deepep else a.get("moe_token_dispatcher_type")
     dispatcher = {"alltoall_seq": "alltoall"}.get(dispatcher, dispatcher)  # §1.7: the older sequence variant
     if dispatcher not in ("alltoall", "allgather", "flex"):
         a.problem("moe_token_dispatcher_type", f"unknown MoE token dispatcher {dispatcher!r}",
                   "use allgather, alltoall or flex")
+    elif turbo_deepep:
+        o = a.origins.get("use_turbo_deepep")
+        raw.set("training.kernels.moe_token_dispatcher", dispatcher, o or Origin(a.source, None, "use_turbo_deepep"))
     else:
-        raw.set("training.kernels.moe_token_dispatcher", dispatcher,
-                a.origin("moe_enable_deepep" if a.get("moe_enable_deepep") else "moe_token_dispatcher_type"))
+        raw.set("training.kernels.moe_token_dispatcher", dispatcher, a.origin(deepep or "moe_token_dispatcher_type"))
     for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("defer_embedding_wgrad_compute",
                                                                   "defer_embedding_wgrad"),
                       ("wgrad_deferral_limit", "wgrad_deferral_limit"),

@@ -251,6 +251,18 @@ def test_example_b_scenario() -> None:
     assert (s.training.seq_length, p.ep, p.dp, p.edp(), p.sharding.zero_stage) == (4096, 8, 8, 1, 1)
 
 
+def test_turbo_deepep_runs_the_flex_dispatcher() -> None:
+    """Primus-Turbo's DeepEP (enable_primus_turbo + use_turbo_deepep): Primus sets Megatron's flex dispatcher before
+    the model is built (primus/backends/megatron/patches/turbo/moe_dispatcher_patches.py), which the projection says
+    it prices as the NCCL all-to-all; without Turbo the file's own dispatcher stays."""
+    path = MI300X / "deepseek_v2_lite-BF16-pretrain.yaml"
+    s = scenario(path)
+    assert s.training.kernels.moe_token_dispatcher == "flex"
+    assert s.origins["training.kernels.moe_token_dispatcher"].endswith("use_turbo_deepep)")
+    off = scenario(path, overrides={"enable_primus_turbo": False})
+    assert off.training.kernels.moe_token_dispatcher == "alltoall"
+
+
 def test_example_c_scenario() -> None:
     s = scenario(MI300X / "llama3.1_70B-BF16-pretrain.yaml")
     m, t, p = s.model, s.training, s.plan
