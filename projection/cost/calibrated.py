@@ -27,12 +27,13 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from projection.calibrate.calibration import Calibration, MemoryBoundRow
-from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, collective_time_s
+from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, TierParams, collective_time_s
 from projection.cost.model import collective_op_seconds
 from projection.cost.roofline import RooflineCostModel
 from projection.workload.ops import Op
@@ -114,11 +115,12 @@ class CalibratedCostModel:
 
     def __init__(self, calibration: Calibration, fallback: RooflineCostModel | None = None, *,
                  fabric: Fabric | None = None, groups: Mapping[str, GroupPlacement] | None = None,
-                 name: str = "calibration", path: Path | None = None) -> None:
+                 name: str = "calibration", path: Path | None = None, measured_on: Fabric | None = None) -> None:
         self.calibration, self.fallback, self.name = calibration, fallback, name
         self.path = path  # the file it was read from, as given (None: built in memory)
         self.groups: Mapping[str, GroupPlacement] = groups if groups is not None else (
             fallback.groups if fallback is not None else {})
+        self.measured_on = measured_on  # the analytic fabric of the machine the collectives were measured on
         self.fabric = self._fitted_fabric(fabric or (fallback.fabric if fallback is not None else None))
         self.gemm = self._gemm_tables()
         self.grouped = self._grouped_tables()
@@ -258,13 +260,29 @@ class CalibratedCostModel:
                              f"attention {k[0]} d={k[1]}{' causal' if k[2] else ''}")] for k, pts in groups.items()}
 
     def _fitted_fabric(self, base: Fabric | None) -> Fabric | None:
+        """The base fabric with the calibration's collective curves and the tiers they imply. Where the curves were
+        measured on another fabric (`measured_on`: a shipped calibration's machine, when this cluster has other
+        NICs, links or GPUs per node), they are fitted on that one, and each fitted tier's bandwidth is scaled by
+        this cluster's analytic tier bandwidth over the measured machine's (the efficiency the measurement shows,
+        kept); the curves then scale per placement (collectives._scaled_segment_time_s)."""
         rows = [r for r in self.calibration.collective if r.n_nodes is not None and r.size_bytes > 0]
         if base is None or not rows:
             return base
         from projection.calibrate.errors import CalibrationError
         from projection.calibrate.fit import fit_calibration
 
+        ref = self.measured_on
+        if ref is not None and replace(ref, oversubscription=base.oversubscription,
+                                       inter_topology=base.inter_topology) == base:
+            ref = None  # the same machine: the curves price this cluster as they are
         try:
-            return fit_calibration(self.calibration, base).apply(base)
+            if ref is None:
+                return fit_calibration(self.calibration, base).apply(base)
+            fitted = fit_calibration(self.calibration, ref).apply(ref)
         except CalibrationError:  # no group could be fitted (one size each, latency-bound): the device's fabric
             return base
+        return replace(base, curves=fitted.curves, measured_on=replace(fitted, curves=()),
+                       intra=TierParams(fitted.intra.alpha_s, fitted.intra.beta_bytes_per_s
+                                        * base.intra.beta_bytes_per_s / ref.intra.beta_bytes_per_s),
+                       inter=TierParams(fitted.inter.alpha_s, fitted.inter.beta_bytes_per_s
+                                        * base.inter.beta_bytes_per_s / ref.inter.beta_bytes_per_s))

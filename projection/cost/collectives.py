@@ -197,6 +197,9 @@ class Fabric:
     oversubscription: float = 1.0
     curves: tuple[MeasuredCurve, ...] = ()
     intra_line_rate_bytes_per_s: float | None = None  # the datasheet link rate (a ring cannot beat it); None: unknown
+    # the fabric the curves were measured on, where it differs from this one (a shipped calibration priced for a
+    # cluster with other NICs or links: `projection.cost.calibrated`); None: measured on this one
+    measured_on: Fabric | None = None
 
     @classmethod
     def from_specs(cls, device: DeviceSpec, cluster: ClusterSpec, *, efficiency: float = 1.0) -> Fabric:
@@ -336,7 +339,11 @@ def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float,
     n = group.n_ranks
     # A sweep is taken on a few nodes under one leaf switch: its bandwidth carries no oversubscription of the upper
     # tier, which the cluster's own oversubscription then divides wherever the group's traffic crosses that tier.
-    measured_on = fabric if fabric.oversubscription == 1.0 else replace(fabric, oversubscription=1.0)
+    # Measured on another fabric (other NICs or links than this cluster's), its bandwidth scales by the ratio of the
+    # two fabrics' analytic bandwidths at the measured placement and this one.
+    measured_on = fabric.measured_on or fabric
+    if measured_on.oversubscription != 1.0:
+        measured_on = replace(measured_on, oversubscription=1.0)
     same = (ref.n_ranks, ref.ranks_per_node, ref.n_nodes) == (n, group.ranks_per_node, group.n_nodes)
     if same and measured_on is fabric:
         return seg.alpha_s + bus_factor(curve.kind, n) * size / seg.busbw_bytes_per_s

@@ -39,7 +39,25 @@ def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> C
     path = Path(calibration) if calibration is not None else shipped_calibration(device.name)
     if path is None:
         return roofline
-    return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name, path=path)
+    return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name, path=path,
+                               measured_on=_shipped_machine(scenario) if calibration is None else None)
+
+
+def _shipped_machine(scenario: Scenario) -> Fabric | None:
+    """The fabric a shipped calibration's collectives were measured on: the bundled device YAML of the same name on
+    its typical node (a scenario with other NICs, links or GPUs per node, e.g. `--set cluster.device.nic.
+    count_per_node=4` or `--gpus-per-node 4`, is priced from it by the ratio of the two; a calibration of one's own
+    is taken as measured on the scenario's cluster)."""
+    from projection.errors import ConfigError
+    from projection.specs.hardware import load_device
+
+    cluster = scenario.cluster
+    try:
+        shipped = load_device(cluster.device.name)
+    except ConfigError:
+        return None
+    return Fabric.from_specs(shipped, cluster.model_copy(update={"device": shipped,
+                                                                 "gpus_per_node": shipped.gpus_per_node}))
 
 
 def host_issue(scenario: Scenario, cost_model: CostModel) -> tuple[float, str]:

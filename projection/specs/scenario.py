@@ -205,6 +205,45 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
     return out
 
 
+def _edited_device(raw: RawScenario, device: DeviceSpec, edits: Any) -> tuple[DeviceSpec, list[Problem]]:
+    """The device with the fields `cluster.device.*` sets (a what-if on the loaded part: fewer NICs, a slower
+    link), each cited in `sources` as an assumption set where it was given; problems at their keys."""
+    from projection.specs.hardware import _source_keys
+
+    if not isinstance(edits, dict):
+        return device, [origin_problem(raw, "cluster.device", "cluster.device is a table of device fields, not a "
+                                       "single value", "set its fields, e.g. --set cluster.device.nic.count_per_node=4 "
+                                       "(or choose another device with --hardware)")]
+    data = device.model_dump()
+    known = set(_source_keys())
+
+    def put(node: dict[str, Any], edit: dict[str, Any], at: str) -> None:
+        for key, value in edit.items():
+            path = f"{at}{key}"
+            if isinstance(value, dict) and isinstance(node.get(key), dict):
+                put(node[key], value, f"{path}.")
+                continue
+            node[key] = value
+            if path in known:
+                o = raw.origins.get(f"cluster.device.{path}")
+                data["sources"][path] = f"A: set by {o.render() if o is not None else '--set'} (what-if)"
+
+    put(data, edits, "")
+    try:
+        return DeviceSpec.model_validate(data), []
+    except ValidationError as err:
+        out = []
+        for e in err.errors():
+            loc = ".".join(str(x) for x in e["loc"] if not isinstance(x, int))
+            unknown = e["type"] == "extra_forbidden"
+            out.append(origin_problem(raw, f"cluster.device.{loc}", "unknown device field" if unknown else
+                                      e["msg"].removeprefix("Value error, "),
+                                      "use a field of the device YAML (hardware_specs/README.md), e.g. "
+                                      "cluster.device.nic.count_per_node" if unknown else
+                                      f"give cluster.device.{loc} a valid value"))
+        return device, out
+
+
 def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
     problem found at once: where the only schema problems are unknown keys, the layout is still checked without
@@ -223,6 +262,9 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
                     specs[name] = cls.model_validate(loose)
     cluster_data = dict(raw.data.get("cluster", {}))
     cluster_data.pop("hardware", None)
+    if "device" in cluster_data:  # --set cluster.device.nic.count_per_node=4: the loaded device, edited
+        device, wrong = _edited_device(raw, device, cluster_data.pop("device"))
+        problems += wrong
     cluster_data.setdefault("gpus_per_node", device.gpus_per_node)
     cluster: ClusterSpec | None = None
     try:

@@ -1,0 +1,65 @@
+"""What-if edits of the loaded device (`--set cluster.device.*`) reach the prices, on the calibrated path too.
+
+A shipped calibration was measured on the bundled device's machine (8 NICs of 400 Gb/s per 8-GPU node). A cluster
+with other NICs keeps the efficiency that measurement shows and scales by the analytic bandwidth: a data-parallel
+group of one GPU per node over 8 nodes is bound by its NIC share, so 1 NIC per node instead of 8 makes a large
+reduce-scatter 8x slower, and 100 Gb/s NICs instead of 400 Gb/s 4x slower, as the roofline path (no calibration)
+says by its own arithmetic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.cost.collectives import GroupPlacement
+from projection.perf.costmodel import default_cost_model
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama3.1_70B-mi300x.yaml"
+DP = GroupPlacement(8, 1, 8)  # one GPU per node, 8 nodes: every byte crosses that GPU's NIC share
+SIZE = 4 << 30
+
+
+def seconds(*edits: str, calibrated: bool = True) -> float:
+    sc = api.load(EXAMPLE, overrides=dict(e.split("=", 1) for e in edits))
+    model = default_cost_model(sc)
+    if not calibrated:
+        model = model.fallback  # the roofline of the same scenario
+    return model.collective_seconds("reduce_scatter", SIZE, DP)
+
+
+@pytest.mark.parametrize("calibrated", [True, False], ids=["calibrated", "roofline"])
+def test_nic_count_and_speed_scale_inter_node_collectives(calibrated: bool) -> None:
+    base = seconds(calibrated=calibrated)
+    one = seconds("cluster.device.nic.count_per_node=1", calibrated=calibrated)
+    slow = seconds("cluster.device.nic.bandwidth_bytes_per_s=100Gbps", calibrated=calibrated)
+    print(f"\n{'calibrated' if calibrated else 'roofline'}: 8 NICs {base:.4f} s, 1 NIC {one:.4f} s, "
+          f"100 Gb/s {slow:.4f} s")
+    assert one / base == pytest.approx(8.0, rel=0.01)
+    assert slow / base == pytest.approx(4.0, rel=0.01)
+
+
+def test_the_calibration_keeps_its_measured_efficiency() -> None:
+    """The bundled machine itself is priced from the calibration's curves (not the roofline), and a what-if keeps
+    the calibrated/roofline ratio of that machine."""
+    cal, roof = seconds(), seconds(calibrated=False)
+    assert cal != pytest.approx(roof, rel=0.01)
+    one_cal = seconds("cluster.device.nic.count_per_node=1")
+    one_roof = seconds("cluster.device.nic.count_per_node=1", calibrated=False)
+    assert one_cal / one_roof == pytest.approx(cal / roof, rel=0.01)
+
+
+def test_an_edit_is_cited_and_a_wrong_one_refused() -> None:
+    sc = api.load(EXAMPLE, overrides={"cluster.device.nic.count_per_node": "4"})
+    assert sc.cluster.device.nic.count_per_node == 4
+    assert "what-if" in sc.cluster.device.sources["nic.count_per_node"]
+    for edit, says in (("cluster.device.foo_bar=1", "unknown device field"),
+                       ("cluster.device.nic.count_per_node=abc", "valid integer"),
+                       ("cluster.device=3", "a table of device fields")):
+        res = subprocess.run([sys.executable, "-m", "projection", "performance", "--config", str(EXAMPLE), "--set",
+                              edit], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, (edit, res.stderr)
+        assert res.stdout == ""
