@@ -90,11 +90,14 @@ class GroupPlacement:
         return "intra_node" if self.n_nodes == 1 else "inter_node"
 
 
-def group_placement(cluster: ClusterSpec, tp: int, cp: int, ep: int, dp: int, pp: int, axis: str) -> GroupPlacement:
+def group_placement(cluster: ClusterSpec, tp: int, cp: int, ep: int, dp: int, pp: int, axis: str,
+                    order: str = "tp-cp-ep-dp-pp") -> GroupPlacement:
     """Placement of the communicators along `axis` ('tp', 'dp', ... or a combined group such as 'dp-cp' or 'tp-cp')
     for Megatron's rank order tp-cp-ep-dp-pp (tp innermost): rank = tp_i + tp (cp_i + cp (ep_i + ep (dp_i + dp pp_i))),
-    node = rank // gpus_per_node. For the expert grid pass tp=etp, cp=1, ep=ep, dp=expert dp. Of all the groups along
-    the axis the one spanning the most nodes (then the fewest ranks per node) is returned: the slowest sets the pace."""
+    node = rank // gpus_per_node (`order`: another order of the five axes, innermost first, e.g. tp-cp-ep-pp-dp with
+    Megatron's --use-tp-pp-dp-mapping). For the expert grid pass tp=etp, cp=1, ep=ep, dp=expert dp. Of all the
+    groups along the axis the one spanning the most nodes (then the fewest ranks per node) is returned: the slowest
+    sets the pace."""
     sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
     names = [a for a in axis.replace("_", "-").split("-") if a]
     problems = [Problem(f"{name} = {size} must be >= 1", key=name) for name, size in sizes.items() if size < 1]
@@ -109,10 +112,13 @@ def group_placement(cluster: ClusterSpec, tp: int, cp: int, ep: int, dp: int, pp
                                 fix="make the product of the parallel sizes equal the number of GPUs"))
     if problems:
         raise PlanError(problems)
-    strides = dict(zip(AXES, [math.prod([sizes[a] for a in AXES[:i]]) for i in range(len(AXES))], strict=True))
+    axes = order.split("-")
+    if sorted(axes) != sorted(AXES):
+        raise PlanError(Problem(f"rank order {order!r} is not an order of {', '.join(AXES)}", key="rank_order"))
+    strides = dict(zip(axes, [math.prod([sizes[a] for a in axes[:i]]) for i in range(len(axes))], strict=True))
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank in range(world):
-        key = tuple((rank // strides[a]) % sizes[a] for a in AXES if a not in names)
+        key = tuple((rank // strides[a]) % sizes[a] for a in axes if a not in names)
         groups.setdefault(key, []).append(rank)
     worst: tuple[int, int] = (0, 0)
     aligned = True

@@ -43,11 +43,11 @@ def group_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, Grou
     """Placement of every group axis an op can name, for Megatron's rank order (tp-cp-ep-dp-pp, tp innermost):
     tp, cp, dp, pp on the dense grid (tp x cp x dp x pp); ep and etp on the expert grid (etp x ep x edp x pp,
     Megatron "parallel folding"). Raises PlanError when the plan does not fill the cluster."""
-    dp = plan.dp_()
-    out = {axis: group_placement(cluster, plan.tp, plan.cp, 1, dp, plan.pp, axis) for axis in DENSE_AXES}
+    dp, order = plan.dp_(), plan.rank_order
+    out = {axis: group_placement(cluster, plan.tp, plan.cp, 1, dp, plan.pp, axis, order) for axis in DENSE_AXES}
     edp = plan.edp()
     for axis, grid_axis in EXPERT_AXES.items():
-        out[axis] = group_placement(cluster, plan.etp_, 1, plan.ep, edp, plan.pp, grid_axis)
+        out[axis] = group_placement(cluster, plan.etp_, 1, plan.ep, edp, plan.pp, grid_axis, order)
     return out
 
 

@@ -158,6 +158,8 @@ def _attention_backend(a: MegatronArgs) -> tuple[str, Origin]:
 
 
 def _plan(a: MegatronArgs, raw: RawScenario) -> None:
+    if a.get("use_tp_pp_dp_mapping"):  # initialize.py: order='tp-cp-ep-pp-dp' if args.use_tp_pp_dp_mapping
+        raw.set("plan.rank_order", "tp-cp-ep-pp-dp", a.origin("use_tp_pp_dp_mapping"))
     for dest, key in (("tensor_model_parallel_size", "tp"), ("sequence_parallel", "sp"),
                       ("pipeline_model_parallel_size", "pp"), ("context_parallel_size", "cp"),
                       ("expert_model_parallel_size", "ep"), ("account_for_embedding_in_pipeline_split",

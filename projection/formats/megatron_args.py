@@ -116,6 +116,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "microbatch_group_size_per_vp_stage": ("int", None),
     "decoder_pipeline_manual_split_list": ("list", None),  # Primus (§2.3): decoder layers per pipeline rank
     "use_distributed_optimizer": ("bool", False),
+    "use_tp_pp_dp_mapping": ("bool", False),
     "num_distributed_optimizer_instances": ("int", 1),
     "use_torch_fsdp2": ("bool", False),
     "use_megatron_fsdp": ("bool", False),

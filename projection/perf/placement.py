@@ -1,6 +1,7 @@
 """Where the communicators of one plan sit on the cluster, computed with numpy (a 16,384-GPU cluster in milliseconds).
 
-Same semantics as projection.cost.collectives.group_placement (Megatron's rank order tp-cp-ep-dp-pp, tp innermost;
+Same semantics as projection.cost.collectives.group_placement (Megatron's rank order tp-cp-ep-dp-pp, or
+tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping, tp innermost;
 node = rank // gpus_per_node; of all the groups along an axis the one spanning the most nodes, then the fewest ranks
 per node, sets the pace; rail_aligned when every node of every group holds the same local GPU indices), vectorised,
 plus the placements the performance model needs besides the op axes: the data-parallel gradient groups (dp x cp for
@@ -22,9 +23,11 @@ from projection.specs.hardware import ClusterSpec
 from projection.specs.plan import ParallelPlan
 
 
-def grid_placement(cluster: ClusterSpec, sizes: Sequence[int], axes: str) -> GroupPlacement:
+def grid_placement(cluster: ClusterSpec, sizes: Sequence[int], axes: str,
+                   order: str = "tp-cp-ep-dp-pp") -> GroupPlacement:
     """Placement of the groups along `axes` ('dp', 'dp-cp', 'tp-cp-dp-pp' ...) of the grid `sizes` = (tp, cp, ep, dp,
-    pp) in Megatron's rank order. Raises PlanError when the grid does not fill the cluster."""
+    pp) in Megatron's rank order `order` (innermost first; ParallelPlan.rank_order). Raises PlanError when the grid
+    does not fill the cluster."""
     names = [a for a in axes.replace("_", "-").split("-") if a]
     bad = [a for a in names if a not in AXES]
     world = math.prod(sizes)
@@ -33,17 +36,20 @@ def grid_placement(cluster: ClusterSpec, sizes: Sequence[int], axes: str) -> Gro
     if world != cluster.world_size:
         raise PlanError(Problem(f"tp*cp*ep*dp*pp = {world} but the cluster has {cluster.world_size} GPUs",
                                 key="plan", fix="make the product of the parallel sizes equal the number of GPUs"))
-    return _grid(cluster.gpus_per_node, tuple(sizes), frozenset(names))
+    axes_in_order = tuple(order.split("-"))
+    by_axis = dict(zip(AXES, sizes, strict=True))
+    return _grid(cluster.gpus_per_node, tuple(by_axis[a] for a in axes_in_order), frozenset(names), axes_in_order)
 
 
 @lru_cache(maxsize=1024)
-def _grid(gpn: int, sizes: tuple[int, ...], names: frozenset[str]) -> GroupPlacement:
-    """Pure in its integer arguments, so cached (a sweep or a scaling table asks for the same grids again)."""
+def _grid(gpn: int, sizes: tuple[int, ...], names: frozenset[str], order: tuple[str, ...] = AXES) -> GroupPlacement:
+    """Pure in its integer arguments, so cached (a sweep or a scaling table asks for the same grids again); `sizes`
+    in `order`, innermost first."""
     world = math.prod(sizes)
     rank = np.arange(world, dtype=np.int64)
     key = np.zeros(world, dtype=np.int64)
     stride, n_ranks = 1, 1
-    for axis, size in zip(AXES, sizes, strict=True):
+    for axis, size in zip(order, sizes, strict=True):
         coord = (rank // stride) % size
         if axis in names:
             n_ranks *= size
@@ -92,11 +98,11 @@ def expert_sizes(plan: ParallelPlan) -> tuple[int, int, int, int, int]:
 def op_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, GroupPlacement]:
     """Placement of every group axis an op names (projection.cost.model.group_placements, fast): tp, cp, dp, pp on
     the dense grid; ep, etp and etp_ep (the tensor-and-expert group) on the expert grid."""
-    dense, expert = dense_sizes(plan), expert_sizes(plan)
-    out = {axis: grid_placement(cluster, dense, axis) for axis in ("tp", "cp", "dp", "pp")}
-    out["ep"] = grid_placement(cluster, expert, "ep")
-    out["etp"] = grid_placement(cluster, expert, "tp")
-    out["etp_ep"] = grid_placement(cluster, expert, "tp-ep")
+    dense, expert, order = dense_sizes(plan), expert_sizes(plan), plan.rank_order
+    out = {axis: grid_placement(cluster, dense, axis, order) for axis in ("tp", "cp", "dp", "pp")}
+    out["ep"] = grid_placement(cluster, expert, "ep", order)
+    out["etp"] = grid_placement(cluster, expert, "tp", order)
+    out["etp_ep"] = grid_placement(cluster, expert, "tp-ep", order)
     return out
 
 
@@ -111,8 +117,16 @@ def strided_placement(cluster: ClusterSpec, stride: int, n: int, n_groups: int, 
 
 def boundary_placement(cluster: ClusterSpec, plan: ParallelPlan, rank_a: int, rank_b: int) -> GroupPlacement:
     """The pair of GPUs that exchange activations between pipeline ranks rank_a and rank_b (worst over tp/cp/dp)."""
-    pp_stride = plan.tp * plan.cp * plan.dp_()
     lo, hi = sorted((rank_a, rank_b))
+    if plan.rank_order == "tp-cp-ep-pp-dp":  # pp inside dp: the pair is tp*cp*(hi - lo) apart within a dp block
+        inner, block = plan.tp * plan.cp, plan.tp * plan.cp * plan.pp
+        if hi == lo:
+            return GroupPlacement(1, 1, 1)
+        base = (np.arange(plan.dp_(), dtype=np.int64)[:, None] * block + lo * inner
+                + np.arange(inner, dtype=np.int64)[None, :]).ravel()
+        rank = (base[:, None] + np.array([0, (hi - lo) * inner], dtype=np.int64)[None, :]).ravel()
+        return _worst(rank, np.repeat(base, 2), cluster.gpus_per_node, 2)
+    pp_stride = plan.tp * plan.cp * plan.dp_()
     # node crossings repeat with period gpus_per_node in the base rank: checking lo's ranks of one node suffices
     bases = min(pp_stride, cluster.gpus_per_node)
     if hi == lo:
@@ -126,7 +140,7 @@ def shard_placements(cluster: ClusterSpec, plan: ParallelPlan) -> tuple[GroupPla
     rep = plan.sharding.dp_replicate
     tp, cp, _, dp, pp = dense_sizes(plan)
     if rep <= 1:
-        return grid_placement(cluster, dense_sizes(plan), "dp-cp"), None
+        return grid_placement(cluster, dense_sizes(plan), "dp-cp", plan.rank_order), None
     shard = grid_placement(cluster, (tp, cp, 1, dp // rep, pp * rep), "dp-cp")
     stride = tp * cp * (dp // rep)
     return shard, strided_placement(cluster, stride, rep, stride)
@@ -148,7 +162,7 @@ def expert_shard_placements(cluster: ClusterSpec, plan: ParallelPlan
 
 def expert_dp_placement(cluster: ClusterSpec, plan: ParallelPlan) -> GroupPlacement:
     """The expert-data-parallel group (expert gradients and expert optimizer shards)."""
-    return grid_placement(cluster, expert_sizes(plan), "dp")
+    return grid_placement(cluster, expert_sizes(plan), "dp", plan.rank_order)
 
 
 def world_placement(cluster: ClusterSpec, plan: ParallelPlan) -> GroupPlacement:

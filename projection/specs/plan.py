@@ -113,6 +113,9 @@ class ParallelPlan(Spec):
     schedule_style: Literal["megatron", "torch"] = "megatron"
     """Whose pipeline ordering and rules the schedule follows: Megatron-LM's (and Primus's), or
     torch.distributed.pipelining's (TorchTitan): interleaved 1F1B rounds and their microbatch rules differ."""
+    rank_order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
+    """Megatron's rank order, innermost first: tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping (megatron/training/
+    initialize.py), which puts the pipeline inside data parallelism (and so DP, not PP, across nodes first)."""
     tp_style: Literal["megatron", "dtensor"] = "megatron"
     """How sequence-parallel TP feeds a column-parallel linear. megatron: the linear saves its sequence-sharded input
     and re-gathers it for the weight gradient (Korthikanti et al. 2022 §4.2.2). dtensor (TorchTitan:

@@ -148,6 +148,10 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("training.global_batch_size", f"global batch {gbs} is not divisible by micro batch * dp = "
                 f"{training.micro_batch_size} * {plan.dp} = {per_step}",
                 f"use a global batch that is a multiple of {per_step}")
+        if plan.sharding.dp_replicate > 1 and plan.rank_order != "tp-cp-ep-dp-pp":
+            bad("plan.rank_order", f"HSDP replicas (dp_replicate {plan.sharding.dp_replicate}) with the rank order "
+                f"{plan.rank_order} are not modelled", "drop --use-tp-pp-dp-mapping (rank order tp-cp-ep-dp-pp) or "
+                "the replicate degree")
         if plan.sharding.dp_replicate > 1 and plan.dp % plan.sharding.dp_replicate:
             bad("plan.sharding.dp_replicate", f"dp_replicate {plan.sharding.dp_replicate} does not divide dp "
                 f"{plan.dp}", "use a replicate degree that divides dp")
