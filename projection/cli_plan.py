@@ -82,20 +82,33 @@ _CANONICAL = {"tp": "plan.tp", "pp": "plan.pp", "vpp": "plan.vpp", "cp": "plan.c
 
 
 def _searched_base(args: argparse.Namespace, env: Mapping[str, str] | None,
-                   values: Mapping[str, list[Any] | None]) -> Any:
+                   values: Mapping[str, list[Any] | None]) -> tuple[Any, dict[str, Any]]:
     """The scenario with the searched axes set to the first of their combinations under which the file loads (its
     own layout, e.g. tp 3 on 8 GPUs, fails on this cluster, but every value it holds for a searched axis is
-    replaced by the search anyway); None when none loads, or the format takes no canonical plan keys (TorchTitan:
-    its own keys only), or no layout axis is searched. At most 64 combinations are tried."""
+    replaced by the search anyway), and the canonical keys that set them; (None, {}) when none loads, or the format
+    takes no canonical plan keys (TorchTitan: its own keys only), or no layout axis is searched. At most 64
+    combinations are tried."""
     axes = [a for a in _CANONICAL if values.get(a)]
     if not axes:
-        return None
+        return None, {}
     for combo in itertools.islice(itertools.product(*(values[a] or () for a in axes)), 64):
+        extra = {_CANONICAL[a]: v for a, v in zip(axes, combo, strict=True)}
         try:
-            return load_scenario(args, env, extra={_CANONICAL[a]: v for a, v in zip(axes, combo, strict=True)})
+            return load_scenario(args, env, extra=extra), extra
         except ProjectionError:
             continue
-    return None
+    return None, {}
+
+
+def _reload_keys(base_extra: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """A candidate's keys when the search started from a searched base (`_searched_base`): the framework keys of
+    what the candidate changes (perf/search_reload.layout_overrides, relative to the base), over the base's own
+    canonical keys for the axes it keeps (without them the reload would fall back to the file's own values, which
+    do not hold on this cluster, while the search takes them for the base's)."""
+    from projection.perf.search_reload import FRAMEWORK_AXIS_KEYS
+
+    changed = {_CANONICAL[FRAMEWORK_AXIS_KEYS[k]] for k in over if k in FRAMEWORK_AXIS_KEYS}
+    return {**{k: v for k, v in base_extra.items() if k not in changed}, **over}
 
 
 def _base_layout_note(args: argparse.Namespace, problems: list[Problem]) -> list[Problem]:
@@ -118,10 +131,11 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         problems += count_problems(args, ("nodes", "gpus_per_node"))
         if problems:
             raise ConfigError(problems)
+        base_extra: dict[str, Any] = {}
         try:
             scenario = load_scenario(args, env)
         except PlanError as err:  # the file's own layout fails here: start from a searched one that holds
-            base = _searched_base(args, env, values)
+            base, base_extra = _searched_base(args, env, values)
             if base is None:
                 raise ConfigError([*err.problems, *_base_layout_note(args, err.problems)]) from None
             scenario = base
@@ -129,7 +143,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             raise ConfigError([*err.problems, *_base_layout_note(args, err.problems)]) from None
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
                                ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"],
-                               zero=values["zero"], reload=lambda over: load_scenario(args, env, extra=over))
+                               zero=values["zero"],
+                               reload=lambda over: load_scenario(args, env, extra=_reload_keys(base_extra, over)))
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2

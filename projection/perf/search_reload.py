@@ -45,6 +45,11 @@ from projection.specs.scenario import Scenario
 
 Reload = Callable[[Mapping[str, Any]], Scenario]
 
+# Primus's (Megatron's) keys of the searched layout axes (layout_overrides), by axis
+FRAMEWORK_AXIS_KEYS = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+                       "context_parallel_size": "cp", "expert_model_parallel_size": "ep", "micro_batch_size": "mbs",
+                       "num_virtual_stages_per_pipeline_rank": "vpp"}
+
 
 def needs_reload(sc: Scenario) -> bool:
     """Whether the search builds this framework's candidates by loading the config again (module docstring)."""

@@ -28,3 +28,26 @@ def test_a_searched_axis_replaces_the_files_invalid_value(tmp_path: Path, capsys
         assert row["step_time_s"] == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-9)
     assert main(["plan", "--config", str(config), "--pp", "2,4"]) == 2
     assert "tp = 3 does not divide num_attention_heads = 64" in capsys.readouterr().err
+
+
+PRIMUS = REPO.parent / "shared" / "fixtures" / "primus"
+
+
+@pytest.mark.skipif(not PRIMUS.is_dir(), reason="shared Primus fixtures absent (user clone)")
+def test_a_framework_file_searched_from_a_searched_base_keeps_its_axes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Primus's llama2_7B (mbs 4, global batch 256) on 16 nodes: its own layout fails (dp 128 x mbs 4 > 256), so the
+    search starts from a searched layout. Each candidate is the file reloaded with Primus's keys relative to that
+    base, over the base's own axes: mbs 1 at tp 1, 2 or 4 is a layout that holds (2, 2 and 8 microbatches), not
+    refused with the file's mbs 4 ("4 * 128"); each row is what `projection performance --set` gives for it."""
+    config = PRIMUS / "examples" / "megatron" / "configs" / "MI300X" / "llama2_7B-BF16-pretrain.yaml"
+    argv = ["plan", "--config", str(config), "--primus-root", str(PRIMUS), "--nodes", "16", "--tp", "1,2,4",
+            "--mbs", "1,2,4", "--format", "json"]
+    assert main(argv) == 0
+    rows = {(r["tp"], r["micro_batch_size"]): r for r in json.loads(capsys.readouterr().out)["candidates"]}
+    for tp in (1, 2, 4):
+        row = rows[(tp, 1)]
+        assert row["status"] == "fits", row
+        sc = api.load(config, nodes=16, primus_root=PRIMUS,
+                      overrides={"tensor_model_parallel_size": tp, "micro_batch_size": 1})
+        assert row["step_time_s"] == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-9)
+    assert rows[(1, 4)]["status"] == "refused"  # 4 x 128 > 256: the one that truly does not hold
