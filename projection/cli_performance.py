@@ -19,6 +19,7 @@ Wiring (cli.py): `add_parser(subparsers)` adds the sub-command; `run(args, env)`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -90,10 +91,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
-    from projection.perf import default_cost_model, extrapolate, project
-    from projection.perf.scaling import node_count_problems
+    from projection.perf import extrapolate
 
     counts = _check_args(args)
+    start_note = ""
     # a file that gives no cluster size is scaled from the smallest --scaling count rather than from 1 node
     try:
         scenario = _load(args, env, args.nodes, default_nodes=min(counts) if counts else 1)
@@ -101,11 +102,13 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
         target = args.target_nodes if args.target_nodes is not None else max(counts, default=None)
         if target is None or not _loads_at(args, env, target):
             raise  # not the starting point's problem: no count fixes it, or the target fails too
-        flag = "--target-nodes" if args.target_nodes is not None else "--scaling"
-        raise PlanError([replace(p, message=f"at the starting point {flag} scales from: {p.message}",
-                                 fix=f"{p.fix}; or give --nodes N, a node count this plan fits, to start from"
-                                 if p.fix else "give --nodes N, a node count this plan fits, to start from")
-                         for p in err.problems]) from None
+        smallest = _smallest_start(args, env, target) if args.target_nodes is not None and args.nodes is None \
+            else None
+        if smallest is not None:  # the file gives no cluster size: start where the plan first fits, as Primus does
+            scenario, start_note = smallest, (f"--target-nodes scaled from {smallest.cluster.nodes} nodes, the "
+                                              "smallest count this plan fits (the config gives no node count)")
+        else:
+            _raise_at_start(err, args)
     if args.target_nodes is not None:
         try:
             scenario = extrapolate(scenario, args.target_nodes, flag="--target-nodes")
@@ -115,6 +118,33 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
             from projection.perf.project import with_schedule
 
             scenario = extrapolate(with_schedule(scenario, "gpipe"), args.target_nodes, flag="--target-nodes")
+    return _project(args, scenario, counts, start_note)
+
+
+def _smallest_start(args: argparse.Namespace, env: Mapping[str, str] | None, target: int) -> Scenario | None:
+    """The config loaded at the smallest node count below `target` where its plan holds, where the config itself
+    gives no node count (then every try is at the file's own count and fails alike); None if none (64 tries)."""
+    for nodes in range(2, min(target, 65)):
+        try:
+            return _load(args, env, None, default_nodes=nodes)
+        except ProjectionError:
+            continue
+    return None
+
+
+def _raise_at_start(err: PlanError, args: argparse.Namespace) -> None:
+    """The starting point's problems, said to be the starting point's, with the way round them."""
+    flag = "--target-nodes" if args.target_nodes is not None else "--scaling"
+    raise PlanError([replace(p, message=f"at the starting point {flag} scales from: {p.message}",
+                             fix=f"{p.fix}; or give --nodes N, a node count this plan fits, to start from"
+                             if p.fix else "give --nodes N, a node count this plan fits, to start from")
+                     for p in err.problems]) from None
+
+
+def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], start_note: str) -> str:
+    from projection.perf import default_cost_model, extrapolate, project
+    from projection.perf.scaling import node_count_problems
+
     # the files the config itself names (a device YAML, a model file, what it extends) are inputs too
     clash = same_file_problems([("a file --config reads", f) for f in scenario.input_files],
                                [("--png", args.png if args.scaling else None), ("--trace", args.trace)])
@@ -150,6 +180,8 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
                                "chosen": chosen.schedule if chosen else None, "wrote": written}, indent=2)
         return "\n".join([_schedules_table(projs, scenario), *[f"wrote {w}" for w in written]])
     proj = project(scenario, cost_model, schedule=schedule, engine=args.engine)
+    if start_note:
+        proj = dataclasses.replace(proj, notes=(*proj.notes, start_note))
     written = _write_all([], proj, args.trace)
     if args.format == "json":
         doc = proj.to_dict()

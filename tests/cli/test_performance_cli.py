@@ -102,6 +102,25 @@ def test_a_file_without_a_cluster_size_scales_from_the_first_count(capsys: pytes
     assert a["step_time_s"] == pytest.approx(doc["projections"][1]["step_time_s"], rel=1e-9)
 
 
+def test_target_nodes_from_a_file_without_a_cluster_size_starts_where_the_plan_fits(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """As Primus starts from the fewest nodes the model-parallel grid needs: a plan of 16 GPUs in a file that gives
+    no cluster size scales to 4 nodes from 2 (the 1 node assumed by default holds no layout), says so, and lands
+    where --nodes 2 --target-nodes 4 lands. A file that gives its node count keeps it as the start."""
+    text = LLAMA.read_text(encoding="utf-8")
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(text[:text.index("cluster:")].replace("tp: 2", "tp: 8"), encoding="utf-8")
+    doc = perf_json(capsys, "--config", str(wide), "--target-nodes", "4")
+    pinned = perf_json(capsys, "--config", str(wide), "--nodes", "2", "--target-nodes", "4")
+    assert doc["nodes"] == 4 and doc["step_time_s"] == pytest.approx(pinned["step_time_s"], rel=1e-9)
+    assert any("scaled from 2 nodes, the smallest count this plan fits" in n for n in doc["notes"])
+    assert not any("scaled from" in n for n in pinned["notes"])
+    one = tmp_path / "one.yaml"
+    one.write_text(wide.read_text(encoding="utf-8") + "cluster: {hardware: mi300x, nodes: 1}\n", encoding="utf-8")
+    code, _, err = perf(capsys, "--config", str(one), "--target-nodes", "4")
+    assert code == 2 and "at the starting point --target-nodes scales from" in err
+
+
 def test_schedule_all(capsys: pytest.CaptureFixture[str]) -> None:
     doc = perf_json(capsys, "--config", str(LLAMA), "--schedule", "all")
     names = [d["schedule"] for d in doc["schedules"]]
