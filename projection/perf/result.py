@@ -112,7 +112,8 @@ class Projection:
             "peak_flop_per_s": self.peak_flop_per_s, "peak_dtype": self.peak_dtype,
             "breakdown_s": dict(self.breakdown_s), "breakdown_rank": self.breakdown_rank,
             "exposed_comm_s": self.exposed_comm_s, "comm_total_s": dict(self.comm_total_s),
-            "bubble_ratio": self.sim.bubble_ratio, "critical_path": list(self.critical_path),
+            "bubble_ratio": self.sim.bubble_ratio, "bubble_s_per_rank": list(self.sim.bubble_s),
+            "critical_path": list(self.critical_path),
             "optimizer_s": list(self.optimizer_s), "param_gather_exposed_s": list(self.param_gather_exposed_s),
             "stages": [{"stage": s.stage, "pp_rank": s.pp_rank, "chunk": s.chunk, "f_s": s.f_s, "i_s": s.i_s,
                         "w_s": s.w_s, "b_s": s.b_s, "p2p_fwd_s": self.priced.p2p_fwd_s[s.stage]
@@ -145,7 +146,10 @@ class Projection:
                  f"hardware TFLOP/s/GPU {self.hardware_tflops_per_gpu:.1f}   HFU {100 * self.hfu:.1f}% "
                  "(recompute counted, same convention)",
                  f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%   (mean over pp ranks, Primus pp_vis: "
-                 "the share of the step outside F/B/W actions; in-layer communication counts as busy)", "",
+                 "the share of the simulated pipeline, optimizer excluded, outside F/B/W actions; in-layer "
+                 "communication counts as busy)",
+                 f"  idle per pp rank   {min(self.sim.bubble_s, default=0.0):.4f} - "
+                 f"{max(self.sim.bubble_s, default=0.0):.4f} s   (JSON bubble_s_per_rank)", "",
                  f"breakdown (pp rank {self.breakdown_rank}, seconds per step)"]
         for k in BREAKDOWN_KEYS:
             v = self.breakdown_s[k]

@@ -271,6 +271,14 @@ def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
             bad("plan.offload.activation_layers", "layer-level CPU offloading with activation recomputation "
                 "(Megatron-Core: 'CPU offloading does not work when activation recomputation is enabled')",
                 "turn recomputation off or offload no layers")
+    uneven = plan.first_stage_layers is not None or plan.last_stage_layers is not None
+    if uneven and (plan.account_for_embedding or plan.account_for_loss) and plan.pipeline_layout is None:
+        # Megatron get_num_layers_to_build: "Does not support standalone embedding stage and standalone loss stage
+        # with uneven pp"
+        bad("plan.account_for_loss" if plan.account_for_loss else "plan.account_for_embedding",
+            "accounting for the embedding or loss in the pipeline split together with first/last stage layer counts "
+            "(Megatron-Core refuses the pair: no standalone embedding or loss stage with uneven pp)",
+            "keep the first/last stage layer counts or the account-for flags, not both")
     for key, count in (("plan.first_stage_layers", plan.first_stage_layers),
                        ("plan.last_stage_layers", plan.last_stage_layers)):
         if count == 0 and plan.pp > 1:

@@ -50,6 +50,10 @@ def test_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> Non
     assert sum(doc["breakdown_s"].values()) == pytest.approx(doc["step_time_s"], rel=1e-6)
     assert all(v >= 0 for v in doc["breakdown_s"].values())
     assert doc["memory"]["verdict"] in ("fits", "at risk", "out of memory")
+    # idle per pp rank, beside the mean ratio: the pipeline's first rank starts at once and waits at the end of
+    # 1F1B's cool-down; every rank is idle for some of the step and none for all of it
+    idle = doc["bubble_s_per_rank"]
+    assert len(idle) == 2 and all(0 < b < doc["step_time_s"] for b in idle)
 
 
 def test_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
+from projection import api
+from projection.errors import PlanError
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.workload.stages import LayoutError, expand_layout, layer_counts, split_stages, stage_rank
@@ -73,3 +78,20 @@ def test_explicit_stage_layers() -> None:
     plan = ParallelPlan(pp=2, vpp=2, schedule="interleaved_1f1b", stage_layers=(3, 4, 4, 3))
     assert [s.layers for s in split_stages(model(14), plan)] == [(0, 1, 2), (3, 4, 5, 6), (7, 8, 9, 10),
                                                                  (11, 12, 13)]
+
+
+def test_account_for_flags_with_uneven_first_or_last_stages_are_refused() -> None:
+    """Megatron-Core's get_num_layers_to_build asserts "Does not support standalone embedding stage and standalone
+    loss stage with uneven pp": the projection used to drop the account-for flag silently."""
+    script = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 30 --hidden-size 1024 --num-attention-heads 16 "
+              "--seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000 --micro-batch-size 1 "
+              "--global-batch-size 8 --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 "
+              "--account-for-loss-in-pipeline-split\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "train.sh"
+        path.write_text(script)
+        with pytest.raises(PlanError, match="standalone embedding or loss stage with uneven pp") as err:
+            api.load(path)
+        assert err.value.problems[0].key == "--account-for-loss-in-pipeline-split"
+        path.write_text(script.replace(" --account-for-loss-in-pipeline-split", ""))
+        assert api.load(path).plan.first_stage_layers == 6
