@@ -164,7 +164,7 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
         jobs = [] if not args.png else [("--png", args.png, lambda: _scaling_png(rows, args.png, scenario))]
         written = _write_all(jobs, rows[-1], args.trace)
         if args.format == "json":
-            return json.dumps({"scaling": [_scaling_row(p) for p in rows], "projections": [p.to_dict() for p in rows],
+            return json.dumps({"scaling": _scaling_rows(rows), "projections": [p.to_dict() for p in rows],
                                "wrote": written}, indent=2)
         return "\n".join([_scaling_table(rows, scenario), *[f"wrote {w}" for w in written]])
     _check_schedule([scenario], schedule)
@@ -340,18 +340,31 @@ def _scaling_row(proj: Projection) -> dict[str, Any]:
     return {"nodes": sc.cluster.nodes, "world_size": proj.world_size, "dp": dp, "microbatches": proj.n_microbatches,
             "step_time_s": proj.step_time_s, "tokens_per_s_per_gpu": proj.tokens_per_s_per_gpu,
             "model_tflops_per_gpu": proj.model_tflops_per_gpu, "mfu": proj.mfu, "peak_dtype": proj.peak_dtype,
+            "exposed_comm_s": proj.exposed_comm_s, "bubble_ratio": proj.sim.bubble_ratio,
+            "peak_gib": proj.memory.peak_bytes / 2**30 if proj.memory is not None else None,
             "memory_verdict": _verdict(proj), "notes": list(proj.notes)}
+
+
+def _scaling_rows(projs: Sequence[Projection]) -> list[dict[str, Any]]:
+    """The rows of `--scaling`, each with its scaling efficiency: tokens/s/GPU over the first row's."""
+    rows = [_scaling_row(p) for p in projs]
+    first = rows[0]["tokens_per_s_per_gpu"] if rows else 0.0
+    for r in rows:
+        r["scaling_efficiency"] = r["tokens_per_s_per_gpu"] / first if first else None
+    return rows
 
 
 def _scaling_table(rows: Sequence[Projection], scenario: Scenario) -> str:
     lines = [f"scaling at fixed global batch (dp grows, microbatches per rank shrink): {_title(scenario)}",
              f"{'nodes':>6} {'world':>7} {'dp':>6} {'microbatches':>12} {'step s':>10} {'tokens/s/GPU':>13} "
-             f"{'TFLOP/s/GPU':>12} {'MFU':>7} {'vs peak':>7}  memory"]
-    for p in rows:
-        r = _scaling_row(p)
+             f"{'TFLOP/s/GPU':>12} {'MFU':>7} {'vs peak':>7} {'scaling':>7} {'exposed comm s':>14} {'bubble':>7} "
+             f"{'peak GiB':>9}  memory"]
+    for r in _scaling_rows(rows):
+        peak = f"{r['peak_gib']:>9.2f}" if r["peak_gib"] is not None else f"{'-':>9}"
         lines.append(f"{r['nodes']:>6d} {r['world_size']:>7d} {r['dp']:>6d} {r['microbatches']:>12d} "
                      f"{r['step_time_s']:>10.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['model_tflops_per_gpu']:>12.1f} "
-                     f"{r['mfu']:>7.1%} {r['peak_dtype']:>7}  {r['memory_verdict']}")
+                     f"{r['mfu']:>7.1%} {r['peak_dtype']:>7} {r['scaling_efficiency']:>7.1%} "
+                     f"{r['exposed_comm_s']:>14.4g} {r['bubble_ratio']:>7.1%} {peak}  {r['memory_verdict']}")
     # the projections' notes; one that holds at some node counts only (e.g. TorchTitan without FSDP runs in fp32)
     # explains a row that breaks the trend: printed with the counts it applies to
     for note in dict.fromkeys(n for p in rows for n in p.notes):

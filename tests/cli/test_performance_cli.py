@@ -125,6 +125,21 @@ def test_target_nodes_from_a_file_without_a_cluster_size_starts_where_the_plan_f
     assert code == 2 and "at the starting point --target-nodes scales from" in err
 
 
+def test_scaling_rows_carry_what_a_planner_compares(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each --scaling row: scaling efficiency against the first row, exposed communication, bubble and peak memory,
+    each the same number as that count's projection; ZeRO-1 optimizer shards shrink the peak as dp grows."""
+    doc = perf_json(capsys, "--config", str(LLAMA), "--scaling", "1,2,4")
+    rows, projs = doc["scaling"], doc["projections"]
+    for r, p in zip(rows, projs, strict=True):
+        assert r["scaling_efficiency"] == pytest.approx(r["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s_per_gpu"])
+        assert r["exposed_comm_s"] == p["exposed_comm_s"] and r["bubble_ratio"] == p["bubble_ratio"]
+        assert r["peak_gib"] == pytest.approx(p["memory"]["peak_bytes"] / 2**30)
+    assert rows[0]["scaling_efficiency"] == 1.0
+    assert rows[0]["peak_gib"] > rows[1]["peak_gib"] > rows[2]["peak_gib"]
+    table = perf(capsys, "--config", str(LLAMA), "--scaling", "1,2")[1]
+    assert "scaling exposed comm s  bubble  peak GiB" in table
+
+
 def test_schedule_all(capsys: pytest.CaptureFixture[str]) -> None:
     doc = perf_json(capsys, "--config", str(LLAMA), "--schedule", "all")
     names = [d["schedule"] for d in doc["schedules"]]
