@@ -114,8 +114,18 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
                     fix = (f"{hint}; or a global batch that is a multiple of dp = {step} (the local batch becomes "
                            f"each rank's share)")
                 fix += f", e.g. --set training.global_batch_size={-(-gbs // step) * step}"
+                mbs = scenario.training.micro_batch_size
+                smaller = [m for m in range(mbs - 1, 0, -1) if gbs % (m * plan.dp_()) == 0]
+                if smaller and "torchtitan" not in scenario.framework:  # keeps the recipe's global batch
+                    fix += (f"; or a smaller micro batch that keeps the global batch, e.g. --set "
+                            f"training.micro_batch_size={smaller[0]} "
+                            f"({_microbatches(gbs // (smaller[0] * plan.dp_()))} per rank)")
             out.append(Problem(f"{where}: {p.message} [{key}]", key=flag, file=scenario.source, fix=fix))
     return out
+
+
+def _microbatches(n: int) -> str:
+    return f"{n} microbatch" + ("" if n == 1 else "es")
 
 
 def _given_as(scenario: Scenario, key: str) -> str:

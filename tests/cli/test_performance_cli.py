@@ -344,3 +344,16 @@ def test_schedule_all_still_reports_a_schedule_name_the_file_gets_wrong(capsys: 
     bad.write_text(LLAMA.read_text().replace("plan:\n", "plan:\n  schedule: one_f_one_b\n", 1))
     code, _, err = perf(capsys, "--config", str(bad), "--schedule", "all")
     assert code == 2 and "key 'plan.schedule'" in err and "one_f_one_b" in err
+
+
+def test_a_global_batch_too_small_for_the_target_offers_a_smaller_micro_batch(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Global batch 96 at micro batch 2 (tp 2, pp 2): at 16 nodes (dp 32) micro batch x dp = 64 does not divide it.
+    Besides a larger global batch, the fix offers micro batch 1 (the recipe's global batch kept), and that runs."""
+    cfg = tmp_path / "mbs2.yaml"
+    cfg.write_text(LLAMA.read_text(encoding="utf-8").replace("micro_batch_size: 1", "micro_batch_size: 2")
+                   .replace("global_batch_size: 64", "global_batch_size: 96"), encoding="utf-8")
+    code, _, err = perf(capsys, "--config", str(cfg), "--target-nodes", "16")
+    assert code == 2 and "--set training.micro_batch_size=1 (3 microbatches per rank)" in err
+    doc = perf_json(capsys, "--config", str(cfg), "--target-nodes", "16", "--set", "training.micro_batch_size=1")
+    assert doc["n_microbatches"] == 3
