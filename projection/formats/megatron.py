@@ -199,7 +199,8 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set(f"{off}.activation_modules", tuple(a.get("offload_modules") or ()), a.origin("offload_modules"))
     ov = "plan.overlap"
     for dest, key in (("overlap_grad_reduce", "grad_reduce"), ("overlap_param_gather", "param_gather"),
-                      ("tp_comm_overlap", "tp_comm"), ("overlap_moe_expert_parallel_comm", "ep_comm")):
+                      ("tp_comm_overlap", "tp_comm"), ("overlap_moe_expert_parallel_comm", "ep_comm"),
+                      ("align_grad_reduce", "align_grad_reduce")):
         raw.set(f"{ov}.{key}", a.get(dest), a.origin(dest))
     # Megatron validate_args: without a virtual pipeline, overlap_p2p_comm is forced off (§1.3).
     raw.set(f"{ov}.p2p_comm", a.get("overlap_p2p_comm") and vpp is not None, a.origin("overlap_p2p_comm"))

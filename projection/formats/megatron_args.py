@@ -148,6 +148,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "pp_algorithm": ("str", "1f1b-interleaved"),
     # overlap (§1.4)
     "overlap_grad_reduce": ("bool", False),
+    "align_grad_reduce": ("bool", True),  # --no-align-grad-reduce
     "overlap_param_gather": ("bool", False),
     "tp_comm_overlap": ("bool", False),
     "overlap_moe_expert_parallel_comm": ("bool", False),

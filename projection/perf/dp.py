@@ -115,6 +115,10 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
     grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
     param_b = DTYPE_BYTES[training.params_dtype]
     overlap = plan.overlap.grad_reduce
+    # Megatron's interleaved schedule with align_grad_reduce (config.grad_sync_func): no bucket overlaps the backward
+    # that fills it; each chunk is reduced whole, from the backward of virtual microbatch (its last + pp rank)
+    aligned = overlap and plan.overlap.align_grad_reduce and plan.schedule == "interleaved_1f1b" \
+        and plan.schedule_style == "megatron" and plan.vpp_ > 1 and zero in (0, 1, 2)
     kind: CollectiveKind = "all_reduce" if zero == 0 else "reduce_scatter"
     places: list[GroupPlacement] = [dense_place] + ([expert_place] if expert_place else [])
     if zero == 3:  # FSDP: the shard groups and the HSDP replicas are what cross nodes
@@ -163,7 +167,11 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                 tasks.append(CommTask(r, _last_backward(acts, s), mine[0].seconds, f"fsdp grad s{s}",
                                       _crosses(places), blocks_compute=True))
                 continue
-            if overlap:
+            if overlap and aligned:
+                # the chunk's buckets launched together, r backward steps after its last backward on rank r
+                tasks.append(CommTask(r, _delayed_backward(acts, _last_backward(acts, s), r),
+                                      sum(b.seconds for b in mine), f"dp grad s{s}", _crosses(places)))
+            elif overlap:
                 last = _last_backward(acts, s)
                 tail = _tail_s(mine, priced.action_time(schedule.model_stage(s), last.kind).seconds)
                 if tail > 0.0:
@@ -221,6 +229,15 @@ def _crosses(places: list[GroupPlacement]) -> bool:
 
 def _last_backward(acts: tuple[Action, ...], stage: int) -> Action:
     return next(a for a in reversed(acts) if a.stage == stage and a.kind in ("B", "W"))
+
+
+def _delayed_backward(acts: tuple[Action, ...], last: Action, steps: int) -> Action:
+    """The backward action `steps` backward actions after `last` on its rank (Megatron's backward_step_helper_
+    postprocess launches a chunk's sync at virtual microbatch id - pp rank); past the rank's last backward, the rank's
+    last compute (the schedule's closing grad_sync_func calls)."""
+    backward = [a for a in acts if a.kind in ("B", "W")]
+    i = backward.index(last) + steps
+    return backward[i] if i < len(backward) else _last_compute(acts)
 
 
 def _last_compute(acts: tuple[Action, ...]) -> Action:

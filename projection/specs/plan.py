@@ -64,6 +64,10 @@ class OffloadSpec(Spec):
 
 class OverlapSpec(Spec):
     grad_reduce: bool = False
+    align_grad_reduce: bool = True
+    """Megatron's align_grad_reduce (on unless --no-align-grad-reduce): under the interleaved schedule a model chunk's
+    gradient reduction is launched whole, from the backward of virtual microbatch (its last + pp rank), so that the
+    ranks launch together (schedules.py backward_step_helper_postprocess, config.grad_sync_func)."""
     param_gather: bool = False
     tp_comm: bool = False
     ep_comm: bool = False

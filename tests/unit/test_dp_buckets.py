@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from projection.perf.dp import Bucket, _tail_s
+from projection.perf import default_cost_model
+from projection.perf.dp import Bucket, _last_backward, _tail_s, dp_comm_tasks
+from projection.perf.pricing import price_stages
+from projection.perf.project import build_plan_schedule
+from tests.unit.test_perf_core import scenario
 
 ACTION_S = 0.0322
 
@@ -32,3 +36,35 @@ def test_buckets_of_each_buffer_become_ready_along_its_own_parameters() -> None:
     experts = [bucket("edp", 1000, 0.004, 0)]
     # dense 0 ready at half the backward (0.0161 s) and done at 0.0261 s, before the end: only 0.003 + 0.004 remain
     assert _tail_s(dense + experts, ACTION_S) == pytest.approx(0.007)
+
+
+def test_interleaved_chunks_reduce_whole_and_r_steps_late_with_align_grad_reduce() -> None:
+    """Megatron's interleaved schedule with --overlap-grad-reduce and align_grad_reduce (its default): grad sync is
+    off during every backward; the chunk whose last microbatch backward was virtual microbatch k - r is launched
+    whole from the postprocess of backward k on pp rank r (schedules.py backward_step_helper_postprocess), the rest
+    after the loop. With --no-align-grad-reduce the first rank's first chunk overlaps its buckets with its last
+    backward (the DDP hooks)."""
+
+    def tasks(align: bool):  # type: ignore[no-untyped-def]
+        sc = scenario(hidden=2048, layers=16, pp=2, vpp=4, schedule="interleaved_1f1b", zero=1, gbs=32, nodes=4,
+                      overlap={"grad_reduce": True, "align_grad_reduce": align})
+        cm = default_cost_model(sc)
+        sched = build_plan_schedule(sc)
+        return sched, dp_comm_tasks(sc, cm, sched, price_stages(sc, cm))
+
+    sched, dp = tasks(True)
+    for r, acts in enumerate(sched.actions):
+        backward = [a for a in acts if a.kind in ("B", "W")]
+        for s in sched.stages_of(r):
+            (task,) = [t for t in dp.tasks if t.rank == r and t.label == f"dp grad s{s}"]
+            mine = [b for b in dp.grad_buckets if b.pp_rank == r and b.stage == s]
+            assert task.duration_s == pytest.approx(sum(b.seconds for b in mine))  # nothing overlapped its backward
+            i = backward.index(_last_backward(acts, s)) + r
+            if i < len(backward):
+                assert task.after is backward[i]
+            else:  # after the loop: the rank's last compute
+                assert task.after is next(a for a in reversed(acts) if a.kind in ("F", "B", "I", "W"))
+    _, loose = tasks(False)
+    first = [t for t in loose.tasks if t.rank == 0 and t.label == "dp grad s0"]
+    whole = sum(b.seconds for b in loose.grad_buckets if b.pp_rank == 0 and b.stage == 0)
+    assert not first or first[0].duration_s < whole  # the buckets overlapped the chunk's last backward
