@@ -43,7 +43,7 @@ SEQ = 4096
 def preset(name: str) -> ModelSpec:
     path = Path(MODELS_DIR) / f"{name}.yaml"
     raw = RawScenario(source=str(path), framework="preset")
-    for key, value, origin in preset_model_fields(path):
+    for key, value, origin in preset_model_fields(path)[0]:
         raw.set(key, value, origin)
     return ModelSpec.model_validate(raw.get("model"))
 

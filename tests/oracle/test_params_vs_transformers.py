@@ -96,7 +96,7 @@ def test_per_rank_params_equal_independent_sharding(stem: str, tp: int, pp: int,
 def test_preset_total_equals_transformers_meta_count(path: Path) -> None:
     """Every bundled preset, rebuilt as the equivalent transformers model (same padded vocab), counts the same."""
     raw = RawScenario(source=str(path), framework="preset")
-    for key, value, origin in preset_model_fields(path):
+    for key, value, origin in preset_model_fields(path)[0]:
         raw.set(key, value, origin)
     model = _model_from_raw(raw)
     ours = model_params(model)
