@@ -6,8 +6,9 @@ the stages, ParallelPlan.pipelined_fsdp) its own final reduce-scatter and re-gat
 a step of global batch G on dp ranks of local batch L is G / (L x dp) back-to-back rounds of one schedule, not one
 schedule of G / (mbs x dp) microbatches. specs/accumulation.rounds says how many; `repeat` turns the projection of
 one round into the step's: every breakdown term and collective total times the rounds except the optimizer step,
-which runs once; the timeline and `param_gather_exposed_s` stay one schedule's (`rounds` says how many run; the
-Chrome trace draws them all, report/trace.py).
+which runs once (and the wait for the slowest rank's optimizer, in the bubble, once too); the timeline and
+`param_gather_exposed_s` stay one schedule's (`rounds` says how many run; the Chrome trace draws them all,
+report/trace.py).
 """
 
 from __future__ import annotations
@@ -19,15 +20,30 @@ from projection.specs.scenario import Scenario
 
 
 def repeat(proj: Projection, sc: Scenario, n: int) -> Projection:
-    """The step of `n` rounds of `proj` (one round of `sc`) with one optimizer step."""
+    """The step of `n` rounds of `proj` (one round of `sc`) with one optimizer step. Every round but the last ends
+    when the slowest rank's exposed parameter all-gather does (the next round's pipeline needs every rank); the last
+    adds the slowest rank's optimizer step: step = (n - 1) (pipeline + max_r gather_r) + (pipeline + max_r
+    (optimizer_r + gather_r)). The breakdown rank's bubble therefore waits for the slowest optimizer once, not in every
+    round."""
     opt = proj.breakdown_s.get("optimizer", 0.0)
+    b = proj.breakdown_rank
+    gather, optim = proj.param_gather_exposed_s, proj.optimizer_s
+
+    def at(values: tuple[float, ...], r: int) -> float:
+        return values[r] if r < len(values) else 0.0
+
+    ranks = range(max(len(gather), len(optim), b + 1))
+    wait_last = max((at(optim, r) + at(gather, r) for r in ranks), default=0.0) - at(optim, b) - at(gather, b)
+    wait_round = max((at(gather, r) for r in ranks), default=0.0) - at(gather, b)
     breakdown = {k: (v if k == "optimizer" else n * v) for k, v in proj.breakdown_s.items()}
+    breakdown["bubble"] = breakdown.get("bubble", 0.0) - (n - 1) * (wait_last - wait_round)
     step = sum(breakdown.values())
     world = proj.world_size
     mflops, hflops = n * proj.model_flops_per_step, n * proj.hardware_flops_per_step
     tokens = sc.training.resolved_global_batch(sc.plan.dp_()) * sc.training.seq_length
     peak = proj.peak_flop_per_s
-    assert step > 0 and abs(step - (n * proj.step_time_s - (n - 1) * opt)) <= 1e-9 * max(step, 1.0)
+    one_round = proj.step_time_s - opt - wait_last + wait_round  # a round without the optimizer's wait
+    assert step > 0 and abs(step - ((n - 1) * one_round + proj.step_time_s)) <= 1e-9 * max(step, 1.0)
     return replace(
         proj, scenario=sc, step_time_s=step, tokens_per_s_per_gpu=tokens / step / world,
         model_flops_per_step=mflops, model_tflops_per_gpu=mflops / step / world / 1e12,

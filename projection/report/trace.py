@@ -6,8 +6,9 @@ Format document (Google, "Trace Event Format", JSON Object Format with traceEven
 `tails` (from `projection performance`): per rank, what the step adds after the simulated pipeline (the optimizer
 step, the exposed parameter all-gather), drawn on the compute thread after it, so that otherData's `step_time_s` is
 the projection's step time; `pipeline_s` is the simulated pipeline alone. `rounds` > 1 (TorchTitan's gradient
-accumulation under pipeline parallelism, perf/rounds.py): the pipeline runs that many times back to back, each
-followed by its exposed parameter all-gather, and the optimizer step once at the end.
+accumulation under pipeline parallelism, perf/rounds.py): the pipeline runs that many times, each followed by its
+exposed parameter all-gather, every round starting on all ranks when the slowest has ended the previous one, and
+the optimizer step once at the end.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
     events: list[dict[str, Any]] = []
     after = [0.0] * len(result.timeline)
     pipeline = result.step_time_s
+    # every round starts on all ranks together, when the slowest rank has ended the previous one (its pipeline and
+    # its per-round tails): a rank's next round needs the previous rank's forwards
+    round_s = pipeline + max((sum(s for label, s in (tails[r] if r < len(tails) else ()) if label != "optimizer"
+                                  and s > 0.0) for r in range(len(result.timeline))), default=0.0)
     for r, entries in enumerate(result.timeline):
         events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
@@ -39,6 +44,7 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
         each = [(label, s) for label, s in mine if label != "optimizer"]  # every round's; the optimizer once
         t = 0.0
         for k in range(rounds):
+            t = k * round_s
             for e in entries:
                 args: dict[str, Any] = {"start_s": t + e.start_s, "end_s": t + e.end_s}
                 if e.action is not None:
@@ -54,9 +60,9 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
                 events.append({"ph": "X", "name": label, "cat": "step", "pid": r, "tid": STREAM_TID["compute"],
                                "ts": t * 1e6, "dur": seconds * 1e6, "args": {"start_s": t, "end_s": t + seconds}})
                 t += seconds
-        after[r] = t - pipeline
+        after[r] = t - (rounds - 1) * round_s - pipeline
     meta = {"schedule": result.schedule.name, "engine": result.engine,
-            "step_time_s": pipeline + max(after, default=0.0), "pipeline_s": pipeline,
+            "step_time_s": (rounds - 1) * round_s + pipeline + max(after, default=0.0), "pipeline_s": pipeline,
             "bubble_ratio": result.bubble_ratio, "rounds": rounds}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
 
