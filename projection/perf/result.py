@@ -115,8 +115,12 @@ class Projection:
             "bubble_ratio": self.sim.bubble_ratio, "bubble_s_per_rank": list(self.sim.bubble_s),
             "critical_path": list(self.critical_path),
             "optimizer_s": list(self.optimizer_s), "param_gather_exposed_s": list(self.param_gather_exposed_s),
-            "stages": [{"stage": s.stage, "pp_rank": s.pp_rank, "chunk": s.chunk, "f_s": s.f_s, "i_s": s.i_s,
-                        "w_s": s.w_s, "b_s": s.b_s, "p2p_fwd_s": self.priced.p2p_fwd_s[s.stage]
+            # what the simulation runs: I and W actions where the schedule splits the backward (each priced on its
+            # own: I + W exceeds B, whose reduce-scatter hides behind the wgrad), else B with I = B - W
+            "stages": [{"stage": s.stage, "pp_rank": s.pp_rank, "chunk": s.chunk, "f_s": s.f_s,
+                        "i_s": s.i_s if self.priced.split_backward else s.b_s - min(s.w_s, s.b_s),
+                        "w_s": s.w_s if self.priced.split_backward else min(s.w_s, s.b_s), "b_s": s.b_s,
+                        "p2p_fwd_s": self.priced.p2p_fwd_s[s.stage]
                         if s.stage < len(self.priced.p2p_fwd_s) else 0.0} for s in self.priced.stages],
             "memory": None if mem is None else {"verdict": mem.verdict, "peak_bytes": mem.peak_bytes,
                                                 "reserved_bytes": mem.reserved_bytes,

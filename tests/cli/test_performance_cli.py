@@ -357,3 +357,14 @@ def test_a_global_batch_too_small_for_the_target_offers_a_smaller_micro_batch(
     assert code == 2 and "--set training.micro_batch_size=1 (3 microbatches per rank)" in err
     doc = perf_json(capsys, "--config", str(cfg), "--target-nodes", "16", "--set", "training.micro_batch_size=1")
     assert doc["n_microbatches"] == 3
+
+
+def test_json_stage_costs_are_what_the_simulation_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """1F1B runs whole backwards: the JSON's I and W add up to B. A split-backward schedule (ZB-H1) runs I and W
+    actions priced on their own (the input gradient's reduction no longer hides behind the weight gradient), and
+    those are what its JSON lists."""
+    whole = perf_json(capsys, "--config", str(LLAMA))["stages"]
+    assert all(s["i_s"] + s["w_s"] == pytest.approx(s["b_s"], rel=1e-12) for s in whole)
+    split = perf_json(capsys, "--config", str(LLAMA), "--schedule", "zb_h1")["stages"]
+    assert all(s["i_s"] + s["w_s"] >= s["b_s"] * (1 - 1e-12) for s in split)
+    assert [s["f_s"] for s in split] == [s["f_s"] for s in whole]
