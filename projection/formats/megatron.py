@@ -139,7 +139,8 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set("training.kernels.moe_token_dispatcher", dispatcher, o or Origin(a.source, None, "use_turbo_deepep"))
     else:
         raw.set("training.kernels.moe_token_dispatcher", dispatcher, a.origin(deepep or "moe_token_dispatcher_type"))
-    for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("defer_embedding_wgrad_compute",
+    for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("moe_permute_fusion", "moe_permute_fusion"),
+                      ("defer_embedding_wgrad_compute",
                                                                   "defer_embedding_wgrad"),
                       ("wgrad_deferral_limit", "wgrad_deferral_limit"),
                       ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl")):

@@ -86,6 +86,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "grad_reduce_in_bf16": ("bool", False),
     "accumulate_allreduce_grads_in_fp32": ("bool", False),
     "moe_grouped_gemm": ("bool", False),
+    "moe_permute_fusion": ("bool", False),
     "defer_embedding_wgrad_compute": ("bool", False),
     "wgrad_deferral_limit": ("int", 0),
     "cross_entropy_fusion_impl": ("str", "native"),

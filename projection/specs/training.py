@@ -141,6 +141,11 @@ class KernelSpec(Spec):
         None, description="Megatron --moe-grouped-gemm: True = one grouped GEMM per expert linear (TE GroupedLinear), "
         "False = Megatron's SequentialMLP, each local expert's linears as GEMMs of their own; None = not a Megatron "
         "setting (TorchTitan's grouped_mm, HF, native scenarios): grouped")
+    moe_permute_fusion: bool | None = Field(
+        None, description="Megatron --moe-permute-fusion: True = Transformer Engine's fused permute / unpermute, "
+        "False = moe_utils' unfused path (routing-map and probability transposes, two masked_selects, index_select, "
+        "zeros + scatter_add_, in backward gather and zeros + index_add_); None = not a Megatron setting: priced "
+        "as the fused kernels")
     moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
         "alltoall", description="Megatron --moe-token-dispatcher-type (flex: DeepEP / HybridEP); the performance "
         "model prices the all-to-all dispatcher and says so in its notes when another one is configured")

@@ -142,6 +142,7 @@ class Dims:
     # not TorchTitan's own token exchange nor DeepEP's (flex)
     alltoall_metadata: bool = False
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
+    unfused_permute: bool = False  # Megatron without --moe-permute-fusion: moe_utils' unfused permute / unpermute
     attn_dropout: bool = False  # dropout of the attention probabilities (a kernel of its own without flash)
 
 
@@ -170,7 +171,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 allgather_dispatch=training.kernels.moe_token_dispatcher == "allgather",
                 alltoall_metadata=training.kernels.moe_token_dispatcher == "alltoall"
                 and training.kernels.transformer_impl != "torchtitan",
-                sequential_experts=training.kernels.moe_grouped_gemm is False)
+                sequential_experts=training.kernels.moe_grouped_gemm is False,
+                unfused_permute=training.kernels.moe_permute_fusion is False)
 
 
 def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes: float, *, layout: str,

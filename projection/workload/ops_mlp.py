@@ -97,20 +97,53 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     if d.allgather_dispatch and d.ep * d.etp > 1:
         pieces = router + _allgather_dispatch(d, e, rows, experts)
     else:
-        pieces = [*router,
-                  Piece("moe", (mem("moe.permute", "F", tl * h * ab + routed * 8, routed * h * ab, d.act, "moe"),),
-                        (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),
-                  *_dispatch_metadata(d, e, routed),
+        permute, unpermute = (_unfused_permute if d.unfused_permute else _fused_permute)(d, e, tl, routed)
+        pieces = [*router, permute, *_dispatch_metadata(d, e, routed),
                   _exchange("moe.dispatch", d, routed * h * ab, rows * h * ab),
                   *experts,
-                  _exchange("moe.combine", d, routed * h * ab, rows * h * ab, combine=True),
-                  Piece("moe", (mem("moe.unpermute", "F", routed * (h * ab + 4), tl * h * ab, d.act, "moe"),),
-                        (mem("moe.unpermute.bwd", "I", tl * h * ab + routed * 4, routed * h * ab, d.act, "moe"),))]
+                  _exchange("moe.combine", d, routed * h * ab, rows * h * ab, combine=True), unpermute]
     if moe.shared_expert_ffn_hidden_size:
         pieces.append(dense_mlp(model, d, moe.shared_expert_ffn_hidden_size, "moe.shared", "shared_experts"))
         if moe.shared_expert_gate:
             pieces.append(linear("moe.shared.gate", d, d.tokens, 1, h, dtype=d.act, tag="shared_experts"))
     return pieces
+
+
+def _fused_permute(d: Dims, e: int, tl: int, routed: int) -> tuple[Piece, Piece]:
+    """Transformer Engine's fused permute (token rows gathered into the routed copies by the sorted indices) and
+    unpermute (the copies summed back into the token rows), and their backwards."""
+    h, ab = d.h, d.act_bytes
+    return (Piece("moe", (mem("moe.permute", "F", tl * h * ab + routed * 8, routed * h * ab, d.act, "moe"),),
+                  (mem("moe.permute.bwd", "I", routed * h * ab, tl * h * ab, d.act, "moe"),)),
+            Piece("moe", (mem("moe.unpermute", "F", routed * (h * ab + 4), tl * h * ab, d.act, "moe"),),
+                  (mem("moe.unpermute.bwd", "I", tl * h * ab + routed * 4, routed * h * ab, d.act, "moe"),)))
+
+
+def _unfused_permute(d: Dims, e: int, tl: int, routed: int) -> tuple[Piece, Piece]:
+    """Megatron-Core moe_utils without --moe-permute-fusion (the kernels it dispatches, checked against the aten
+    calls of its permute / unpermute on the CPU in tests/oracle/test_moe_permute_bytes.py). permute: the [tl, E]
+    routing map and probabilities transposed (copies), an arange of the token ids, masked_select of the ids and of
+    the probabilities (int64, probability dtype), index_select of the routed rows; unpermute: zeros of the token rows
+    and scatter_add_ of the routed copies into them (reading the rows it adds to). Backward: unpermute's gather of
+    the output gradient by the indices; the probabilities' masked_scatter into zeros and the transpose back;
+    permute's zeros and index_add_. Probabilities in the activation dtype (the router's default)."""
+    h, ab, p = d.h, d.act_bytes, d.act_bytes
+    te, rows = tl * e, tl * h * ab
+    fwd = (mem("moe.permute.map_t", "F", te, te, "bool", "moe"),
+           mem("moe.permute.ids", "F", 0, tl * 8, "int64", "moe"),
+           mem("moe.permute.select_ids", "F", te + tl * 8, routed * 8, "int64", "moe"),
+           mem("moe.permute.probs_t", "F", te * p, te * p, d.act, "moe"),
+           mem("moe.permute.select_probs", "F", te * p + te, routed * p, d.act, "moe"),
+           mem("moe.permute", "F", rows + routed * 8, routed * h * ab, d.act, "moe"))
+    bwd = (mem("moe.permute.probs.zeros", "I", 0, te * p, d.act, "moe"),
+           mem("moe.permute.probs.bwd", "I", te * p + te + routed * p, te * p, d.act, "moe"),
+           mem("moe.permute.probs_t.bwd", "I", te * p, te * p, d.act, "moe"),
+           mem("moe.permute.zeros", "I", 0, rows, d.act, "moe"),
+           mem("moe.permute.bwd", "I", rows + routed * (h * ab + 8), rows, d.act, "moe"))
+    unfwd = (mem("moe.unpermute.zeros", "F", 0, rows, d.act, "moe"),
+             mem("moe.unpermute", "F", rows + routed * (h * ab + 8), rows, d.act, "moe"))
+    unbwd = (mem("moe.unpermute.bwd", "I", rows + routed * 8, routed * h * ab, d.act, "moe"),)
+    return Piece("moe", fwd, bwd), Piece("moe", unfwd, unbwd)
 
 
 def _per_expert(piece: Piece, groups: int) -> Piece:
