@@ -126,8 +126,9 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
     # Primus-Turbo's DeepEP: with enable_primus_turbo and use_turbo_deepep, Primus sets moe_enable_deepep and the
     # 'flex' dispatcher before Megatron builds the model (AMD-AGI/Primus primus/backends/megatron/patches/turbo/
     # moe_dispatcher_patches.py)
-    turbo_deepep = raw.framework.startswith("primus") and a.args.get("enable_primus_turbo") is True \
-        and a.args.get("use_turbo_deepep") is True
+    # (_is_turbo_deepep_enabled: tensor_model_parallel_size == 1 as well)
+    turbo_deepep = raw.framework.startswith("primus") and bool(a.args.get("enable_primus_turbo")) \
+        and bool(a.args.get("use_turbo_deepep")) and a.get("tensor_model_parallel_size") == 1
     deepep = "use_turbo_deepep" if turbo_deepep else "moe_enable_deepep" if a.get("moe_enable_deepep") else ""
     dispatcher = "flex" if deepep else a.get("moe_token_dispatcher_type")
     dispatcher = {"alltoall_seq": "alltoall"}.get(dispatcher, dispatcher)  # §1.7: the older sequence variant

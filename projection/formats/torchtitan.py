@@ -63,7 +63,7 @@ def job_config_to_raw(cfg: Mapping[str, Any], origins: Mapping[str, Origin], *, 
     tp, pp, cp = (job.integer(f"parallelism.{k}_parallel_degree", 1) for k in ("tensor", "pipeline", "context"))
     _training(job, raw, pp)
     fp8_gather_ok = _plan(job, raw, tp, pp, cp, model)
-    fp8 = read_fp8(job, fp8_gather_ok, dense=not raw.get("model.moe") and not raw.get("model.mla"))
+    fp8 = read_fp8(job, fp8_gather_ok, mla=bool(raw.get("model.mla")), tp=tp)
     if fp8 is not None:
         raw.set("training.fp8", fp8, job.origin("model.converters"))
     _recompute(job, raw)

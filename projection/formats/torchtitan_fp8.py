@@ -40,7 +40,7 @@ def _converters(job: JobReader) -> list[str] | None:
     return converters
 
 
-def _torchao_float8(job: JobReader, fsdp: bool, dense: bool) -> dict[str, Any] | None:
+def _torchao_float8(job: JobReader, fsdp: bool, mla: bool, tp: int) -> dict[str, Any] | None:
     sec = "quantize.linear.float8" if job.has("quantize.linear.float8") or not job.has("float8") else "float8"
     named = job.get(f"{sec}.recipe_name", None)
     recipe = "tensorwise" if named is None else named
@@ -57,9 +57,14 @@ def _torchao_float8(job: JobReader, fsdp: bool, dense: bool) -> dict[str, Any] |
         return None
     # TorchTitan's models take the float8 TP plan for a tensorwise recipe when the legacy converter name "float8" is
     # listed (v0.1 parallelize_llama: `enable_float8_tensorwise_tp = "float8" in job_config.model.converters and not
-    # rowwise`); v0.2.2 registers only "quantize.linear.float8". Dense attention and MLP blocks only: MoE blocks take
-    # their own plan (apply_moe_ep_tp) and DeepSeek's MLA passes the float8 plan off
-    tp_float8 = dense and recipe == "tensorwise" and "float8" in (_converters(job) or [])
+    # rowwise`); v0.2.2 registers only "quantize.linear.float8". It covers the attention and dense feed-forward
+    # blocks (workload/ops.py); DeepSeek-V3 (MLA) raises NotImplementedError for it under TP
+    tp_float8 = recipe == "tensorwise" and "float8" in (_converters(job) or [])
+    if tp_float8 and mla and tp > 1:
+        job.problem("model.converters", "float8 tensorwise TP on an MLA model (DeepSeek-V3): TorchTitan raises "
+                    "NotImplementedError ('float8 tensorwise TP is not tested for deepseekv3')",
+                    "use tensor_parallel_degree 1, a rowwise recipe, or no float8 converter")
+        return None
     # tensorwise = e4m3 forward / e5m2 gradients (hybrid); rowwise recipes cast everything to e4m3
     return {"format": "hybrid" if recipe == "tensorwise" else "e4m3",
             "recipe": "tensorwise" if recipe == "tensorwise" else "rowwise",
@@ -80,9 +85,9 @@ def _torchao_mx(job: JobReader) -> dict[str, Any] | None:
             "output_layer": "output" not in (job.get(f"{sec}.filter_fqns", ["output"]) or [])}
 
 
-def read_fp8(job: JobReader, fsdp: bool, dense: bool = True) -> dict[str, Any] | None:
+def read_fp8(job: JobReader, fsdp: bool, mla: bool = False, tp: int = 1) -> dict[str, Any] | None:
     """The training.fp8 table of a TorchTitan job (None without an FP8 linear converter); problems go to `job`.
-    `dense`: the model has neither MoE layers nor MLA (whether the float8 TP plan applies)."""
+    `mla`, `tp`: whether the model uses MLA and the TP degree (TorchTitan's float8 TP plan refuses the pair)."""
     converters = _converters(job)
     if converters is None:
         return None
@@ -94,7 +99,7 @@ def read_fp8(job: JobReader, fsdp: bool, dense: bool = True) -> dict[str, Any] |
             fp8 = {"format": "hybrid", "recipe": "tensorwise", "param_gather": False, "library": "primus_turbo",
                    "output_layer": False}
         else:
-            fp8 = _torchao_float8(job, fsdp, dense)
+            fp8 = _torchao_float8(job, fsdp, mla, tp)
     elif MX_LINEAR_CONVERTERS & names:
         if turbo and job.flag("primus_turbo.use_turbo_mx_linear", True):
             fp8 = {"format": "e4m3", "recipe": "blockwise", "param_gather": False, "library": "primus_turbo",

@@ -43,6 +43,7 @@ class Dims:
     r: float  # 1/t with sequence parallelism, else 1
     e: int  # bytes per activation element
     e_lin: int  # bytes of a saved linear input (1 with FP8 GEMMs that save fp8 inputs)
+    e_blk: int  # ... of the attention and dense-MLP linears (also 1 under TorchTitan's float8 TP plan, tp > 1)
     r_lin: float  # share of the sequence a column-parallel linear's saved input holds (r, or 1 with dtensor TP)
     e_exp: int  # bytes of a saved routed-expert GEMM input (e_lin where the experts are FP8 GEMMs, else e)
     dropout: bool  # hidden dropout: residual and embedding masks
@@ -62,10 +63,12 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
     s = training.seq_length // plan.cp
     b = training.micro_batch_size
     e = 4 if training.params_dtype == "fp32" else 2
-    e_lin = 1 if f8 is not None and (f8.saves_fp8_inputs or (f8.tp_float8 and plan.tp > 1)) else e
+    e_lin = 1 if f8 is not None and f8.saves_fp8_inputs else e
+    # the float8 TP plan covers attention and dense feed-forward blocks only (not MoE blocks, not the output layer)
+    e_blk = 1 if f8 is not None and (f8.saves_fp8_inputs or (f8.tp_float8 and plan.tp > 1)) else e
     return Dims(b=b, s=s, seq=training.seq_length, T=b * s, h=model.hidden_size, t=plan.tp,
                 r=1 / plan.tp if plan.sp_ else 1.0, e=e,
-                e_lin=e_lin, e_exp=e_lin if f8 is not None and f8.experts_in_fp8 else e,
+                e_lin=e_lin, e_blk=e_blk, e_exp=e_lin if f8 is not None and f8.experts_in_fp8 else e,
                 # TorchTitan's TP saves the gathered, full-sequence input of its column-parallel linears
                 r_lin=1.0 if dtensor else 1 / plan.tp if plan.sp_ else 1.0,
                 dropout=training.dropout > 0, unfused=training.attention_backend == "unfused",
@@ -77,7 +80,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
 def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
     """Saved tensors of the attention block (input norm .. output dropout)."""
     T, h, t, r, e = D.T, D.h, D.t, D.r, D.e
-    out: dict[str, float] = {"attn.norm_in": e * T * h * r, "attn.linear_in": D.e_lin * T * h * D.r_lin}
+    out: dict[str, float] = {"attn.norm_in": e * T * h * r, "attn.linear_in": D.e_blk * T * h * D.r_lin}
     heads = model.num_attention_heads // t
     if model.mla is not None:
         m = model.mla
@@ -107,7 +110,7 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
     v_total = heads * (model.mla.v_head_dim if model.mla else model.head_dim_)
     # Attention output: saved by flash attention (16-bit) and, being the same tensor, by the output projection;
     # with FP8 the projection keeps its own fp8 copy as well.
-    out["attn.core_out"] = e * T * v_total + (T * v_total if D.e_lin == 1 else 0)
+    out["attn.core_out"] = e * T * v_total + (T * v_total if D.e_blk == 1 else 0)
     if D.unfused:
         probs = D.b * heads * D.s * D.seq
         out["attn.softmax"] = e * probs
@@ -133,7 +136,7 @@ def mlp_tensors(model: ModelSpec, D: Dims, ffn: int, prefix: str = "mlp", tokens
     out: dict[str, float] = {}
     if with_norm:
         out[f"{prefix}.norm_in"] = D.e * D.T * D.h * D.r
-        out[f"{prefix}.linear_in"] = D.e_lin * D.T * D.h * D.r_lin
+        out[f"{prefix}.linear_in"] = (D.e_blk if prefix == "mlp" else D.e_lin) * D.T * D.h * D.r_lin
     branches = 2 if model.gated_mlp else 1
     out[f"{prefix}.act_in"] = D.e * T * branches * ffn / shard
     # silu(w1 x), saved by the multiply with w3 x in eager mode; a compiled dense block recomputes it in backward
@@ -141,7 +144,8 @@ def mlp_tensors(model: ModelSpec, D: Dims, ffn: int, prefix: str = "mlp", tokens
     # total there, so MoE experts keep the eager inventory)
     if D.eager and model.gated_mlp and not (D.compiled and prefix == "mlp"):
         out[f"{prefix}.act_out"] = D.e * T * ffn / shard
-    out[f"{prefix}.fc2_in"] = (D.e_exp if prefix == "moe.experts" else D.e_lin) * T * ffn / shard
+    out[f"{prefix}.fc2_in"] = (D.e_exp if prefix == "moe.experts" else D.e_blk if prefix == "mlp" else D.e_lin) \
+        * T * ffn / shard
     if with_norm and D.dropout:
         out[f"{prefix}.dropout_mask"] = 1 * D.T * D.h * D.r
     return out

@@ -28,7 +28,7 @@ def layer_formula(sc: Scenario, i: int) -> tuple[sp.Expr, Mapping[sp.Symbol, flo
     m, t, p = sc.model, sc.training, sc.plan
     D = act.dims(m, t, p)
     sym = replace(D, b=b, s=s, T=b * s, h=h, e=e, e_lin=e if D.e_lin == D.e else D.e_lin,
-                  e_exp=e if D.e_exp == D.e else D.e_exp)
+                  e_blk=e if D.e_blk == D.e else D.e_blk, e_exp=e if D.e_exp == D.e else D.e_exp)
     terms = act.attention_tensors(m, sym)
     if m.is_moe_layer(i):
         terms.update(act.moe_tensors(m, p, sym))

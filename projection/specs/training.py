@@ -48,9 +48,10 @@ class Fp8Spec(Spec):
 
     tp_float8: bool = Field(
         False, description="TorchTitan's float8 tensor-parallel plan (Float8ColwiseParallel, Float8RowwiseParallel, "
-        "PrepareFloat8ModuleInput: taken for a tensorwise `float8` converter, TorchTitan v0.1): the attention and MLP "
-        "inputs are cast to fp8 before their sequence all-gather, the row-parallel output gradients before theirs, "
-        "and the linears save the fp8 inputs (tests/oracle/test_memory_torchtitan_tp.py measures both at tp 2)")
+        "PrepareFloat8ModuleInput: taken for a tensorwise `float8` converter, TorchTitan v0.1) on the attention and "
+        "dense feed-forward blocks (not MoE blocks, whose TP plan is apply_moe_ep_tp's, nor the output layer): their "
+        "inputs are cast to fp8 before the sequence all-gather, the row-parallel output gradients before theirs, "
+        "and the linears save the fp8 inputs (tests/oracle/test_torchtitan_tp_float8.py measures both at tp 2)")
 
     @property
     def caches_weights(self) -> bool:
@@ -87,11 +88,11 @@ class Fp8Spec(Spec):
         row-parallel one. Transformer Engine casts before it gathers, every recipe (TE layernorm_linear.py / linear.py:
         the norm writes fp8 and `gather_along_first_dim` moves it; `grad_output_preprocess` casts dy, then gathers;
         TE 2.x gathers the quantized tensor through its quantizer); reduce-scatters stay in the activation dtype.
-        TorchTitan's float8 TP plan (`tp_float8`) casts before it gathers too; TorchTitan v0.2.2 gathers in high
-        precision (tests/unit/test_tp_styles.py: its models take the float8 TP plan only for a converter name v0.2.2
-        does not register); Primus-Turbo's linears: not known, high precision. Backward: see
-        tp_backward_gathers_in_fp8."""
-        return self.library == "transformer_engine" or self.tp_float8
+        TorchTitan's float8 TP plan (`tp_float8`) casts before it gathers too, on the attention and dense
+        feed-forward blocks only (workload/ops.py); TorchTitan v0.2.2 gathers in high precision (tests/unit/
+        test_tp_styles.py: its models take the float8 TP plan only for a converter name v0.2.2 does not register);
+        Primus-Turbo's linears: not known, high precision. Backward: see tp_backward_gathers_in_fp8."""
+        return self.library == "transformer_engine"
 
     @property
     def tp_backward_gathers_in_fp8(self) -> bool:

@@ -148,6 +148,13 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("training.global_batch_size", f"global batch {gbs} is not divisible by micro batch * dp = "
                 f"{training.micro_batch_size} * {plan.dp} = {per_step}",
                 f"use a global batch that is a multiple of {per_step}")
+        if plan.rank_order != "tp-cp-ep-dp-pp" and plan.pp > 1 and model.moe is not None and plan.edp() != plan.dp_():
+            # parallel_state.initialize_model_parallel: "When not using pp-last rank ordering, the data parallel
+            # size of the attention and moe layers must be the same"
+            bad("plan.rank_order", f"the rank order {plan.rank_order} (--use-tp-pp-dp-mapping) with pp {plan.pp} needs "
+                f"the experts' data-parallel size ({plan.edp()}) equal to the attention's ({plan.dp_()}): "
+                "Megatron-Core refuses it", "drop --use-tp-pp-dp-mapping, or choose ep / etp so that the two "
+                "data-parallel sizes agree")
         if plan.sharding.dp_replicate > 1 and plan.rank_order != "tp-cp-ep-dp-pp":
             bad("plan.rank_order", f"HSDP replicas (dp_replicate {plan.sharding.dp_replicate}) with the rank order "
                 f"{plan.rank_order} are not modelled", "drop --use-tp-pp-dp-mapping (rank order tp-cp-ep-dp-pp) or "

@@ -114,7 +114,11 @@ def stage_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, slot
 
 
 def _layer_pieces(model: ModelSpec, d: Dims, layer_index: int) -> list[Piece]:
-    return [*attention_pieces(model, d, layer_index), *ffn_pieces(model, d, layer_index)]
+    # TorchTitan's float8 TP plan (Fp8Spec.tp_float8) gathers the attention's and a dense feed-forward's inputs and
+    # output gradients in fp8; a MoE block keeps apply_moe_ep_tp's plain plan
+    plan = replace(d, fp8_tp_gather=True, fp8_tp_gather_bwd=True) if d.fp8_tp_plan else d
+    ffn = d if model.is_moe_layer(layer_index) else plan
+    return [*attention_pieces(model, plan, layer_index), *ffn_pieces(model, ffn, layer_index)]
 
 
 def _assemble(pieces: Sequence[Piece]) -> tuple[Op, ...]:

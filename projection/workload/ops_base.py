@@ -134,6 +134,7 @@ class Dims:
     fp8_weight_transposed: bool = True  # TE holds each fp8 weight's transpose (else made again in every backward)
     fp8_tp_gather: bool = False  # an fp8 linear's TP all-gathers move 1 B per element (Fp8Spec.tp_gathers_in_fp8)
     fp8_tp_gather_bwd: bool = False  # ... and its backward's (Fp8Spec.tp_backward_gathers_in_fp8)
+    fp8_tp_plan: bool = False  # TorchTitan's float8 TP plan: attention and dense-MLP gathers in fp8 (ops._layer_pieces)
     # Sequence-parallel TP entry (ParallelPlan.tp_style): whether backward re-gathers the sharded input for the weight
     # gradient (Megatron) or kept the gathered one (TorchTitan's DTensor TP)
     tp_regather: bool = True
@@ -162,6 +163,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 fp8_weight_transposed=fp8 is None or fp8.weight_transpose_cache,
                 fp8_tp_gather=fp8 is not None and fp8.tp_gathers_in_fp8,
                 fp8_tp_gather_bwd=fp8 is not None and fp8.tp_backward_gathers_in_fp8,
+                fp8_tp_plan=fp8 is not None and fp8.tp_float8,
                 tp_regather=plan.tp_style == "megatron",
                 main_grad_bytes=DTYPE_BYTES[training.optimizer.main_grads_dtype],
                 fused_wgrad=training.gradient_accumulation_fusion,

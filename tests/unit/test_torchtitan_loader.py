@@ -281,11 +281,16 @@ def test_fp8_only_through_converters() -> None:
     assert _raw(_cfg(model=both)).get("training.fp8")["grouped_experts"] is False  # fqns [] converts nothing
     named = {"quantize": {"grouped_mm": {"float8": {"fqns": ["experts"]}}}}
     assert _raw({**_cfg(model=both), **named}).get("training.fp8")["grouped_experts"] is True
-    # the float8 TP plan: the legacy name, a tensorwise recipe and a dense model (MoE blocks take their own plan)
+    # the float8 TP plan: the legacy name and a tensorwise recipe (on a MoE model its attention and dense blocks:
+    # workload/ops.py); DeepSeek-V3's MLA refuses it under TP (TorchTitan raises NotImplementedError)
     legacy = _raw(_cfg(model={"converters": ["float8"]})).get("training.fp8")
     assert legacy["tp_float8"] is True
     moe = _raw(_cfg(model={"converters": ["float8"], "name": "llama4", "flavor": "debugmodel"}))
-    assert moe.get("model.moe") and moe.get("training.fp8")["tp_float8"] is False
+    assert moe.get("model.moe") and moe.get("training.fp8")["tp_float8"] is True
+    mla = {"model": {"converters": ["float8"], "name": "deepseek_v3", "flavor": "debugmodel"}}
+    with pytest.raises(ConfigError, match="float8 tensorwise TP on an MLA model"):
+        _raw({**_cfg(**mla), "parallelism": {"tensor_parallel_degree": 2}})
+    assert _raw(_cfg(**mla)).get("training.fp8")["tp_float8"] is True  # tp 1: no TP plan at all
     with pytest.raises(ConfigError, match="unknown model converter 'int4'"):
         _raw(_cfg(model={"converters": ["int4"]}))
 

@@ -105,3 +105,35 @@ def test_mla_latents_are_saved_on_the_sequence_shard_under_megatron_sp() -> None
     assert mega["attn.q_latent"] == 2 * 2 * TOKENS * 512 / TP and titan["attn.q_latent"] == 2 * 2 * TOKENS * 512
     assert mega["attn.kv_latent"] == 2 * (2 * TOKENS * 256 / TP + TOKENS * 32)
     assert titan["attn.kv_latent"] == 2 * (2 * TOKENS * 256 + TOKENS * 32)
+
+
+def test_the_float8_tp_plan_covers_attention_and_dense_blocks_only() -> None:
+    """TorchTitan's apply_non_moe_tp takes the Float8 styles for every block's attention and the dense feed-forward
+    blocks; a MoE block's TP plan is apply_moe_ep_tp's (plain), and the output layer is a plain ColwiseParallel whose
+    torchao Float8Linear saves the bf16 input it receives. So on a MoE model at tp 4: attention gathers at 1 B, the
+    MoE block's and the output's at the activation's 2 B; saved linear inputs likewise."""
+    moe_model = ModelSpec.model_validate({**MODEL.model_dump(), "moe": {
+        "num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1024, "first_k_dense": 1}})
+    fp8 = Fp8Spec(format="hybrid", recipe="tensorwise", library="torchao", tp_float8=True, output_layer=True)
+    training = TrainingSpec(seq_length=2048, micro_batch_size=2, params_dtype="bf16", fp8=fp8,
+                            kernels={"transformer_impl": "torchtitan"})
+    plan = ParallelPlan(tp=TP, sp=True, tp_style="dtensor")
+    assert not moe_model.is_moe_layer(0) and moe_model.is_moe_layer(1)
+
+    def gathers(ops: tuple) -> set[str]:
+        return {f"{o.name}:{o.coll_bytes // (TOKENS * MODEL.hidden_size)}" for o in ops
+                if o.kind == "collective" and o.coll == "all_gather" and o.phase == "F"}
+
+    dense, moe = layer_ops(moe_model, training, plan, 0), layer_ops(moe_model, training, plan, 1)
+    assert gathers(dense) == {"attn.qkv.ag:1", "mlp.fc1.ag:1"}
+    assert "attn.qkv.ag:1" in gathers(moe)
+    plain = TrainingSpec(seq_length=2048, micro_batch_size=2, params_dtype="bf16", kernels={"transformer_impl":
+                         "torchtitan"}, fp8=fp8.model_copy(update={"tp_float8": False}))
+    # the MoE block's own gathers (tokens to the expert-TP group) are those of the plain plan
+    assert {g for g in gathers(moe) if g.startswith("moe")} == {
+        g for g in gathers(layer_ops(moe_model, plain, plan, 1)) if g.startswith("moe")}
+    assert gathers(output_ops(moe_model, training, plan)) == {"output.ag:2"}
+    t0, t1 = layer_tensors(moe_model, training, plan, 0), layer_tensors(moe_model, training, plan, 1)
+    per_token_h = TOKENS * MODEL.hidden_size
+    assert t0["attn.linear_in"] == per_token_h and t0["mlp.linear_in"] == per_token_h  # fp8: 1 B
+    assert t1["moe.linear_in"] == 2 * per_token_h  # the MoE block's input, gathered and saved in bf16
