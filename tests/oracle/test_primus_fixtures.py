@@ -261,6 +261,10 @@ def test_turbo_deepep_runs_the_flex_dispatcher() -> None:
     assert s.origins["training.kernels.moe_token_dispatcher"].endswith("use_turbo_deepep)")
     off = scenario(path, overrides={"enable_primus_turbo": False})
     assert off.training.kernels.moe_token_dispatcher == "alltoall"
+    # Primus's _is_turbo_deepep_enabled also needs tensor_model_parallel_size == 1
+    tp2 = scenario(path, overrides={"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                                    "expert_tensor_parallel_size": 1})
+    assert tp2.training.kernels.moe_token_dispatcher == "alltoall"
 
 
 def test_example_c_scenario() -> None:

@@ -53,3 +53,22 @@ def test_the_flag_reaches_the_plan() -> None:
     mapped = load_megatron(FIXTURES / "gpt3_mcore_te_tp2_pp2_cp2_etp4_nondeterministic_dp_last" / "model_config.yaml")
     assert plain.get("plan.rank_order") is None and mapped.get("plan.rank_order") == ALT
     assert mapped.origins["plan.rank_order"].key == "--use-tp-pp-dp-mapping"
+
+
+def test_pp_inside_dp_needs_one_data_parallel_size_for_experts_and_attention(tmp_path: Path) -> None:
+    """parallel_state.initialize_model_parallel: "When not using pp-last rank ordering, the data parallel size of the
+    attention and moe layers must be the same" (pp > 1): 8 experts at ep 4 on 16 GPUs, pp 2, leave the experts a
+    data-parallel size of 2 beside the attention's 8. With ep 1 (edp = dp) the order is accepted."""
+    from projection import api
+    from projection.errors import PlanError
+
+    script = tmp_path / "train.sh"
+    base = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 4 --hidden-size 512 "
+            "--num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 --vocab-size 32000 "
+            "--micro-batch-size 1 --global-batch-size 16 --pipeline-model-parallel-size 2 --num-experts 8 "
+            "--moe-grouped-gemm --use-tp-pp-dp-mapping ")
+    script.write_text(base + "--expert-model-parallel-size 4 --sequence-parallel\n")
+    with pytest.raises(PlanError, match="experts' data-parallel size \\(2\\) equal to the attention's \\(8\\)"):
+        api.load(script)
+    script.write_text(base + "\n")
+    assert api.load(script).plan.rank_order == ALT
