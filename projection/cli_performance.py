@@ -121,10 +121,22 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     return _project(args, scenario, counts, start_note)
 
 
+def _noted(proj: Projection, note: str) -> Projection:
+    return dataclasses.replace(proj, notes=(*proj.notes, note)) if note else proj
+
+
 def _smallest_start(args: argparse.Namespace, env: Mapping[str, str] | None, target: int) -> Scenario | None:
-    """The config loaded at the smallest node count below `target` where its plan holds, where the config itself
-    gives no node count (then every try is at the file's own count and fails alike); None if none (64 tries)."""
-    for nodes in range(2, min(target, 65)):
+    """The config loaded at the smallest node count up to `target` where its plan holds, where the config itself
+    gives no node count (then every try is at the file's own count and fails alike); None if none. The counts
+    tried are those whose GPUs the model-parallel grid (tp x cp x pp, read at the target) divides, 64 at most."""
+    try:
+        at_target = _load(args, env, None, default_nodes=target)
+    except ProjectionError:
+        return None
+    p, gpn = at_target.plan, at_target.cluster.gpus_per_node
+    grid = p.tp * p.cp * p.pp
+    counts = [n for n in range(1, target + 1) if n * gpn % grid == 0][:64]
+    for nodes in counts:
         try:
             return _load(args, env, None, default_nodes=nodes)
         except ProjectionError:
@@ -172,16 +184,14 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
     if args.schedule == "all":
         from projection.perf import compare_schedules
 
-        projs = compare_schedules(scenario, cost_model, engine=args.engine)
+        projs = [_noted(p, start_note) for p in compare_schedules(scenario, cost_model, engine=args.engine)]
         chosen = _chosen(projs)
         written = _write_all([], chosen, args.trace)
         if args.format == "json":
             return json.dumps({"schedules": [p.to_dict() for p in projs],
                                "chosen": chosen.schedule if chosen else None, "wrote": written}, indent=2)
         return "\n".join([_schedules_table(projs, scenario), *[f"wrote {w}" for w in written]])
-    proj = project(scenario, cost_model, schedule=schedule, engine=args.engine)
-    if start_note:
-        proj = dataclasses.replace(proj, notes=(*proj.notes, start_note))
+    proj = _noted(project(scenario, cost_model, schedule=schedule, engine=args.engine), start_note)
     written = _write_all([], proj, args.trace)
     if args.format == "json":
         doc = proj.to_dict()

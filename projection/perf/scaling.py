@@ -115,13 +115,18 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
                            f"each rank's share)")
                 fix += f", e.g. --set training.global_batch_size={-(-gbs // step) * step}"
                 mbs = scenario.training.micro_batch_size
-                smaller = [m for m in range(mbs - 1, 0, -1) if gbs % (m * plan.dp_()) == 0]
+                smaller = [m for m in range(mbs - 1, 0, -1) if gbs % (m * plan.dp_()) == 0
+                           and not _layout(_with_micro_batch(scenario, m), nodes)[0]]  # the schedule holds too
                 if smaller and "torchtitan" not in scenario.framework:  # keeps the recipe's global batch
                     fix += (f"; or a smaller micro batch that keeps the global batch, e.g. --set "
                             f"training.micro_batch_size={smaller[0]} "
                             f"({_microbatches(gbs // (smaller[0] * plan.dp_()))} per rank)")
             out.append(Problem(f"{where}: {p.message} [{key}]", key=flag, file=scenario.source, fix=fix))
     return out
+
+
+def _with_micro_batch(scenario: Scenario, mbs: int) -> Scenario:
+    return scenario.model_copy(update={"training": scenario.training.model_copy(update={"micro_batch_size": mbs})})
 
 
 def _microbatches(n: int) -> str:

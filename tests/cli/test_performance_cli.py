@@ -119,6 +119,9 @@ def test_target_nodes_from_a_file_without_a_cluster_size_starts_where_the_plan_f
     assert doc["nodes"] == 4 and doc["step_time_s"] == pytest.approx(pinned["step_time_s"], rel=1e-9)
     assert any("scaled from 2 nodes, the smallest count this plan fits" in n for n in doc["notes"])
     assert not any("scaled from" in n for n in pinned["notes"])
+    at_min = perf_json(capsys, "--config", str(wide), "--target-nodes", "2")  # the target is the smallest count
+    assert at_min["nodes"] == 2 and at_min["step_time_s"] == pytest.approx(
+        perf_json(capsys, "--config", str(wide), "--nodes", "2")["step_time_s"], rel=1e-9)
     one = tmp_path / "one.yaml"
     one.write_text(wide.read_text(encoding="utf-8") + "cluster: {hardware: mi300x, nodes: 1}\n", encoding="utf-8")
     code, _, err = perf(capsys, "--config", str(one), "--target-nodes", "4")
@@ -368,3 +371,16 @@ def test_json_stage_costs_are_what_the_simulation_runs(capsys: pytest.CaptureFix
     split = perf_json(capsys, "--config", str(LLAMA), "--schedule", "zb_h1")["stages"]
     assert all(s["i_s"] + s["w_s"] >= s["b_s"] * (1 - 1e-12) for s in split)
     assert [s["f_s"] for s in split] == [s["f_s"] for s in whole]
+
+
+def test_no_micro_batch_is_offered_that_the_schedule_refuses(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    """Interleaved pp 4, micro batch 4, global batch 96 at 8 nodes (dp 16): micro batch 3 divides the global batch
+    but leaves 2 microbatches per rank, fewer than pp, and 1 leaves 6, not a multiple of pp: neither is offered."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nnodes 1 --nproc_per_node 8 pretrain_gpt.py --num-layers 16 --hidden-size 2048 "
+                      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 32000 "
+                      "--micro-batch-size 4 --global-batch-size 96 --pipeline-model-parallel-size 4 "
+                      "--num-layers-per-virtual-pipeline-stage 2 --bf16 --use-distributed-optimizer\n")
+    code, _, err = perf(capsys, "--config", str(script), "--target-nodes", "8")
+    assert code == 2 and "training.micro_batch_size=" not in err
