@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from projection.calibrate.calibration import load_calibration
@@ -109,9 +110,28 @@ def _run_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bundled_fabric(cal: Any, path: str) -> Any:
+    """The analytic fabric of the bundled device the calibration was measured on (the one device its provenance
+    names, else the file's name: calibrations/<device>.json), on that device's typical node: the latency a
+    single-size group is fitted with (calibrate/fit.py); None when neither names a bundled device."""
+    from projection.cost.collectives import Fabric
+    from projection.errors import ConfigError
+    from projection.specs.hardware import ClusterSpec, load_device
+
+    names = sorted({p.device_name for p in cal.provenance if p.device_name})
+    for name in [*names[:1 if len(names) == 1 else 0], Path(path).stem]:
+        try:
+            device = load_device(name)
+        except ConfigError:
+            continue
+        return Fabric.from_specs(device, ClusterSpec(device=device, nodes=1, gpus_per_node=device.gpus_per_node))
+    return None
+
+
 def _run_fit(args: argparse.Namespace) -> int:
     raise_all(out_problems(args.out))
-    fitted = fit_calibration(load_calibration(args.calibration), file=args.calibration)
+    cal = load_calibration(args.calibration)
+    fitted = fit_calibration(cal, _bundled_fabric(cal, args.calibration), file=args.calibration)
     doc = json.dumps({"quality": [q.model_dump() for q in fitted.quality()], **fitted.model_dump(mode="json")},
                      indent=2)  # the same document on stdout and in --out
     if args.out:

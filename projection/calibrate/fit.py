@@ -247,8 +247,9 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
         if len(by_size) < 2:
             one = _one_size_segment(kind, n_ranks, n_nodes, int(sizes[0]), float(times[0]), fabric)
             if one is None:
-                skipped.append(f"{where}: 1 message size, at which the device's latency is not negligible; a fit "
-                               "needs two or more sizes")
+                why = "no device is known to take a latency from" if fabric is None else \
+                    "at which the device's latency is not negligible"
+                skipped.append(f"{where}: 1 message size, {why}; a fit needs two or more sizes")
                 continue
             skipped.append(f"{where}: 1 message size ({_size(int(sizes[0]))}); its bandwidth is used with the device "
                            f"YAML's latency ({one.alpha_s * 1e6:.1f} us for the collective), which it cannot fit")

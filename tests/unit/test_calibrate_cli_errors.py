@@ -125,3 +125,13 @@ def test_collective_memory_check_counts_the_output_buffer_of_all_to_all_only(mon
     cli_bench._collective_memory_check(["all_reduce", "all_gather"], [20 * 2**30], 2, cpu, "--sizes")
     with pytest.raises(CalibrationError, match="needs about 100.0 GiB over 2 ranks"):
         cli_bench._collective_memory_check(["all_to_all"], [20 * 2**30], 2, cpu, "--sizes")
+
+
+def test_fit_of_a_shipped_single_size_calibration_uses_its_devices_latency(capsys: pytest.CaptureFixture[str]) -> None:
+    """calibrations/mi325x.json holds rccl-tests 16 GiB all-reduces, one size per placement: `calibrate fit` takes
+    the latency of the device the file is for (its name) and fits the bandwidth, as `performance` does (it used to
+    refuse, blaming the latency of a bandwidth-bound message)."""
+    path = Path(__file__).resolve().parents[2] / "calibrations" / "mi325x.json"
+    assert main(["calibrate", "fit", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "tier inter_node: alpha 5.00 us per step, beta 44.1 GB/s per GPU" in out
