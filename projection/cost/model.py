@@ -40,7 +40,8 @@ class CostModel(Protocol):
 
 
 def group_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, GroupPlacement]:
-    """Placement of every group axis an op can name, for Megatron's rank order (tp-cp-ep-dp-pp, tp innermost):
+    """Placement of every group axis an op can name, for Megatron's rank order (plan.rank_order: tp-cp-ep-dp-pp, or
+    tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping; tp innermost):
     tp, cp, dp, pp on the dense grid (tp x cp x dp x pp); ep and etp on the expert grid (etp x ep x edp x pp,
     Megatron "parallel folding"). Raises PlanError when the plan does not fill the cluster."""
     dp, order = plan.dp_(), plan.rank_order

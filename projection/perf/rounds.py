@@ -6,9 +6,9 @@ the stages, ParallelPlan.pipelined_fsdp) its own final reduce-scatter and re-gat
 a step of global batch G on dp ranks of local batch L is G / (L x dp) back-to-back rounds of one schedule, not one
 schedule of G / (mbs x dp) microbatches. specs/accumulation.rounds says how many; `repeat` turns the projection of
 one round into the step's: every breakdown term and collective total times the rounds except the optimizer step,
-which runs once (and the wait for the slowest rank's optimizer, in the bubble, once too); the timeline and
-`param_gather_exposed_s` stay one schedule's (`rounds` says how many run; the Chrome trace draws them all,
-report/trace.py).
+which runs once (and the wait for the slowest rank's optimizer, in the bubble, once too); the timeline,
+`bubble_ratio`, `bubble_s_per_rank` and `param_gather_exposed_s` stay one schedule's (`rounds` says how many run;
+the Chrome trace draws them all, report/trace.py).
 """
 
 from __future__ import annotations
