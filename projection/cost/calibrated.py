@@ -107,6 +107,13 @@ def _dtype_class(dtype: str) -> str:
     return "16bit" if dtype in ("bf16", "fp16") else dtype
 
 
+def _scaled_tier(fitted: TierParams, cluster: TierParams, measured_on: TierParams) -> TierParams:
+    """A fitted tier moved to another cluster: its bandwidth times the ratio of the two clusters' analytic ones (the
+    efficiency the measurement showed, kept), its per-step latency plus their difference (as the curves take it)."""
+    return TierParams(max(0.0, fitted.alpha_s + cluster.alpha_s - measured_on.alpha_s),
+                      fitted.beta_bytes_per_s * cluster.beta_bytes_per_s / measured_on.beta_bytes_per_s)
+
+
 class CalibratedCostModel:
     """Prices ops from a Calibration; `fallback` (a roofline model) prices what the tables do not cover, and its
     cluster placement and fabric price collectives. Without a fallback, out-of-range queries use the nearest
@@ -282,7 +289,5 @@ class CalibratedCostModel:
         except CalibrationError:  # no group could be fitted (one size each, latency-bound): the device's fabric
             return base
         return replace(base, curves=fitted.curves, measured_on=replace(fitted, curves=()),
-                       intra=TierParams(fitted.intra.alpha_s, fitted.intra.beta_bytes_per_s
-                                        * base.intra.beta_bytes_per_s / ref.intra.beta_bytes_per_s),
-                       inter=TierParams(fitted.inter.alpha_s, fitted.inter.beta_bytes_per_s
-                                        * base.inter.beta_bytes_per_s / ref.inter.beta_bytes_per_s))
+                       intra=_scaled_tier(fitted.intra, base.intra, ref.intra),
+                       inter=_scaled_tier(fitted.inter, base.inter, ref.inter))

@@ -354,9 +354,14 @@ def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float,
     if same and measured_on is fabric:
         return seg.alpha_s + bus_factor(curve.kind, n) * size / seg.busbw_bytes_per_s
     latency_scale = ring_steps(curve.kind, n) / max(ring_steps(curve.kind, ref.n_ranks), 1)
+    # another cluster's latency (a what-if of the device): each of the ring's steps across the tier the group
+    # crosses takes the difference of the two clusters' per-step latencies on top of what was measured
+    tier, then = (fabric.intra, measured_on.intra) if group.n_nodes == 1 else (fabric.inter, measured_on.inter)
+    added_s = ring_steps(curve.kind, n) * (tier.alpha_s - then.alpha_s)
     ref_busbw = flat_bus_bandwidth(curve.kind, ref, measured_on)
     bandwidth_scale = flat_bus_bandwidth(curve.kind, group, fabric) / ref_busbw
-    ring = seg.alpha_s * latency_scale + bus_factor(curve.kind, n) * size / (seg.busbw_bytes_per_s * bandwidth_scale)
+    ring = max(0.0, seg.alpha_s * latency_scale + added_s) \
+        + bus_factor(curve.kind, n) * size / (seg.busbw_bytes_per_s * bandwidth_scale)
     if same:  # the measured algorithm at its own placement: only the upper tier's oversubscription slows it
         return ring
     # Away from the measured placement NCCL's tuner may pick another algorithm (tree, hierarchical: far fewer latency

@@ -40,14 +40,23 @@ def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> C
     if path is None:
         return roofline
     return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name, path=path,
-                               measured_on=_shipped_machine(scenario) if calibration is None else None)
+                               measured_on=_shipped_machine(scenario) if calibration is None else _unedited(scenario))
+
+
+def _unedited(scenario: Scenario) -> Fabric | None:
+    """The fabric a calibration of one's own was measured on: the scenario's cluster before its device what-ifs
+    (`--set cluster.device.*`); None without them (measured on the cluster as given)."""
+    device = scenario.device_as_loaded
+    if device is None:
+        return None
+    return Fabric.from_specs(device, scenario.cluster.model_copy(update={"device": device}))
 
 
 def _shipped_machine(scenario: Scenario) -> Fabric | None:
     """The fabric a shipped calibration's collectives were measured on: the bundled device YAML of the same name on
     its typical node (a scenario with other NICs, links or GPUs per node, e.g. `--set cluster.device.nic.
     count_per_node=4` or `--gpus-per-node 4`, is priced from it by the ratio of the two; a calibration of one's own
-    is taken as measured on the scenario's cluster)."""
+    is taken as measured on the scenario's cluster before its what-ifs: `_unedited`)."""
     from projection.errors import ConfigError
     from projection.specs.hardware import load_device
 

@@ -105,6 +105,9 @@ class Scenario(Spec):
     input_files: tuple[str, ...] = Field((), exclude=True, repr=False)
     """Every file the scenario was read from (the config, what it extends or names, a device YAML given as a path):
     an output must not replace one of them (the CLI checks before it writes)."""
+    device_as_loaded: DeviceSpec | None = Field(None, exclude=True, repr=False)
+    """The device before the `cluster.device.*` what-if edits (None: none made): a calibration measured on it prices
+    the edited cluster by the ratio of the two (perf/costmodel.py)."""
     as_loaded: tuple[ParallelPlan, TrainingSpec] | None = Field(None, exclude=True, repr=False)
     """The plan and training the file asked for, where a framework rule that depends on the world size changed
     them (TorchTitan at dp_shard x cp = 1: no FSDP, no mixed precision); `--target-nodes` re-applies the rule."""
@@ -262,7 +265,9 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
                     specs[name] = cls.model_validate(loose)
     cluster_data = dict(raw.data.get("cluster", {}))
     cluster_data.pop("hardware", None)
+    unedited = None
     if "device" in cluster_data:  # --set cluster.device.nic.count_per_node=4: the loaded device, edited
+        unedited = device
         device, wrong = _edited_device(raw, device, cluster_data.pop("device"))
         problems += wrong
     cluster_data.setdefault("gpus_per_node", device.gpus_per_node)
@@ -283,6 +288,7 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
     files = tuple(f for f in dict.fromkeys([raw.source, *(o.file for o in raw.origins.values())]) if os.path.isfile(f))
     return Scenario(model=specs["model"], training=training, plan=plan, cluster=cluster,
                     framework=raw.framework, source=raw.source, origins=origins, as_loaded=as_loaded,
+                    device_as_loaded=unedited,
                     input_files=files)
 
 

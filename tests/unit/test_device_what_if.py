@@ -63,3 +63,30 @@ def test_an_edit_is_cited_and_a_wrong_one_refused() -> None:
                               edit], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, (edit, res.stderr)
         assert res.stdout == ""
+
+
+def test_latency_edits_reach_the_calibrated_path() -> None:
+    """A small message is latency-bound: with the NIC latency 5 us -> 50 us, a 4 KiB all-reduce over 2 nodes keeps
+    its measured time plus the added latency of each of the ring's 2 (n - 1) = 30 steps: 30 x 45 us."""
+    small = GroupPlacement(16, 8, 2, True)
+
+    def t(*edits: str) -> float:
+        sc = api.load(EXAMPLE, overrides=dict(e.split("=", 1) for e in edits))
+        return default_cost_model(sc).collective_seconds("all_reduce", 4096, small)
+
+    base, slow = t(), t("cluster.device.nic.latency_s=50us")
+    print(f"\n4 KiB all-reduce over 2 nodes: {base * 1e6:.1f} us, NIC latency 50 us: {slow * 1e6:.1f} us")
+    assert slow - base == pytest.approx(30 * 45e-6, rel=1e-6)
+
+
+def test_an_own_calibration_prices_the_edit_from_the_cluster_as_loaded() -> None:
+    """--calibration FILE is taken as measured on the cluster as loaded, before the what-if: the shipped file given
+    explicitly prices 1 NIC per node as the default path does (it used to cancel the edit out)."""
+    from projection.paths import REPO_ROOT
+
+    edit = {"cluster.device.nic.count_per_node": "1"}
+    own = REPO_ROOT / "calibrations" / "mi300x.json"
+    sc = api.load(EXAMPLE, overrides=edit)
+    explicit = default_cost_model(sc, calibration=own).collective_seconds("reduce_scatter", SIZE, DP)
+    assert explicit == pytest.approx(default_cost_model(sc).collective_seconds("reduce_scatter", SIZE, DP), rel=1e-9)
+    assert explicit / seconds() == pytest.approx(8.0, rel=0.01)
