@@ -100,9 +100,10 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
         scenario = _load(args, env, args.nodes, default_nodes=min(counts) if counts else 1)
     except PlanError as err:
         target = args.target_nodes if args.target_nodes is not None else max(counts, default=None)
-        if target is None or not _loads_at(args, env, target):
+        at_target = _load_or_none(args, env, target) if target is not None else None
+        if target is None or at_target is None:
             raise  # not the starting point's problem: no count fixes it, or the target fails too
-        smallest = _smallest_start(args, env, target) if args.target_nodes is not None and args.nodes is None \
+        smallest = _smallest_start(args, env, at_target) if args.target_nodes is not None and args.nodes is None \
             else None
         if smallest is not None:  # the file gives no cluster size: start where the plan first fits, as Primus does
             scenario, start_note = smallest, (f"--target-nodes scaled from {smallest.cluster.nodes} nodes, the "
@@ -125,14 +126,11 @@ def _noted(proj: Projection, note: str) -> Projection:
     return dataclasses.replace(proj, notes=(*proj.notes, note)) if note else proj
 
 
-def _smallest_start(args: argparse.Namespace, env: Mapping[str, str] | None, target: int) -> Scenario | None:
-    """The config loaded at the smallest node count up to `target` where its plan holds, where the config itself
-    gives no node count (then every try is at the file's own count and fails alike); None if none. The counts
-    tried are those whose GPUs the model-parallel grid (tp x cp x pp, read at the target) divides, 64 at most."""
-    try:
-        at_target = _load(args, env, None, default_nodes=target)
-    except ProjectionError:
-        return None
+def _smallest_start(args: argparse.Namespace, env: Mapping[str, str] | None, at_target: Scenario) -> Scenario | None:
+    """The config loaded at the smallest node count up to the target's (`at_target`, loaded there) where its plan
+    holds, where the config itself gives no node count (then every try is at the file's own count and fails alike);
+    None if none. The counts tried are those whose GPUs the model-parallel grid (tp x cp x pp) divides, 64 at most."""
+    target = at_target.cluster.nodes
     p, gpn = at_target.plan, at_target.cluster.gpus_per_node
     grid = p.tp * p.cp * p.pp
     counts = [n for n in range(1, target + 1) if n * gpn % grid == 0][:64]
@@ -235,13 +233,13 @@ def _loads_or_none(load: Callable[[str | None], Scenario], schedule: str | None)
         return None
 
 
-def _loads_at(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> bool:
-    """Whether the config loads as a plan at `nodes` nodes (the starting point, not the plan, is then the problem)."""
+def _load_or_none(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> Scenario | None:
+    """The config as a plan at `nodes` nodes, or None where it does not load (the starting point, not the plan, is
+    then the problem)."""
     try:
-        _load(args, env, nodes)
+        return _load(args, env, nodes)
     except ProjectionError:
-        return False
-    return True
+        return None
 
 
 def _check_args(args: argparse.Namespace) -> list[int]:

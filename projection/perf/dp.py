@@ -167,7 +167,7 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                 tasks.append(CommTask(r, _last_backward(acts, s), mine[0].seconds, f"fsdp grad s{s}",
                                       _crosses(places), blocks_compute=True))
                 continue
-            if overlap and aligned:
+            if aligned:
                 # the chunk's buckets launched together, r backward steps after its last backward on rank r
                 tasks.append(CommTask(r, _delayed_backward(acts, _last_backward(acts, s), r),
                                       sum(b.seconds for b in mine), f"dp grad s{s}", _crosses(places)))
