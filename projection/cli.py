@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from projection import __version__
-from projection.cli_args import add_scenario_args, load_scenario
+from projection.cli_args import add_scenario_args, count, count_problems, load_scenario
 from projection.errors import ProjectionError
 from projection.fileio import OutputJournal, output_journal
 
@@ -38,6 +38,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="per-rank memory: weights, gradients, optimizer, activations, verdict")
     _common(p)
     p.add_argument("--explain", action="store_true", help="print each term's formula with the numbers substituted")
+    p.add_argument("--target-nodes", type=count, metavar="N",
+                   help="per-rank memory after weak scaling to N nodes at the same global batch (as performance)")
     # The other sub-commands live in their own modules, imported only when named (they pull in scipy / torch);
     # otherwise a stub keeps them listed in `projection --help`.
     wanted = next((a for a in (argv or ()) if not a.startswith("-")), None) if argv is not None else None
@@ -244,7 +246,17 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         from projection import api  # here, not at start-up: Ctrl-C while it loads is already main()'s
 
-        scenario = load_scenario(args, dict(os.environ))
+        note = ""
+        if getattr(args, "target_nodes", None) is not None:  # memory --target-nodes: performance's scaled scenario
+            from projection.cli_performance import scenario_at
+            from projection.errors import ConfigError
+
+            wrong = count_problems(args, ("target_nodes",))
+            if wrong:
+                raise ConfigError(wrong)
+            scenario, note = scenario_at(args, dict(os.environ))
+        else:
+            scenario = load_scenario(args, dict(os.environ))
         if args.command == "inspect":
             report = api.inspect(scenario)
             text = json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_table()
@@ -252,10 +264,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
             mem = api.estimate_memory(scenario)
             explained = api.explain_memory(mem) if args.explain else None
             if args.format == "json":  # the formulas go inside the JSON, so stdout stays one JSON document
-                text = json.dumps({**mem.to_dict(), **({"explain": explained.splitlines()} if explained else {})},
-                                  indent=2)
+                text = json.dumps({**mem.to_dict(), **({"explain": explained.splitlines()} if explained else {}),
+                                   **({"notes": [note]} if note else {})}, indent=2)
             else:
-                text = mem.to_table() + (f"\n\n{explained}" if explained else "")
+                text = mem.to_table() + (f"\n\n{explained}" if explained else "") + (f"\nnote: {note}" if note else "")
     except ProjectionError as e:
         print(f"error: {e.render()}", file=sys.stderr)
         return 2

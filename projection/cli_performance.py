@@ -91,35 +91,44 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
+    counts = _check_args(args)
+    scenario, start_note = scenario_at(args, env, counts)
+    return _project(args, scenario, counts, start_note)
+
+
+def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
+                counts: Sequence[int] = ()) -> tuple[Scenario, str]:
+    """The scenario at --target-nodes (weak scaling at fixed global batch from the config's nodes, or --nodes), else
+    the starting point of the --scaling `counts`, and a note saying where a file without a node count started (the
+    fewest nodes its plan fits, as Primus does); `projection memory --target-nodes` takes it too."""
     from projection.perf import extrapolate
 
-    counts = _check_args(args)
     start_note = ""
+    target_nodes = getattr(args, "target_nodes", None)
     # a file that gives no cluster size is scaled from the smallest --scaling count rather than from 1 node
     try:
         scenario = _load(args, env, args.nodes, default_nodes=min(counts) if counts else 1)
     except PlanError as err:
-        target = args.target_nodes if args.target_nodes is not None else max(counts, default=None)
+        target = target_nodes if target_nodes is not None else max(counts, default=None)
         at_target = _load_or_none(args, env, target) if target is not None else None
         if target is None or at_target is None:
             raise  # not the starting point's problem: no count fixes it, or the target fails too
-        smallest = _smallest_start(args, env, at_target) if args.target_nodes is not None and args.nodes is None \
-            else None
+        smallest = _smallest_start(args, env, at_target) if target_nodes is not None and args.nodes is None else None
         if smallest is not None:  # the file gives no cluster size: start where the plan first fits, as Primus does
             scenario, start_note = smallest, (f"--target-nodes scaled from {smallest.cluster.nodes} nodes, the "
                                               "smallest count this plan fits (the config gives no node count)")
         else:
             _raise_at_start(err, args)
-    if args.target_nodes is not None:
+    if target_nodes is not None:
         try:
-            scenario = extrapolate(scenario, args.target_nodes, flag="--target-nodes")
+            scenario = extrapolate(scenario, target_nodes, flag="--target-nodes")
         except PlanError:  # with --schedule all the file's schedule need not fit the target
-            if args.schedule != "all" or scenario.plan.schedule == "gpipe":
+            if getattr(args, "schedule", None) != "all" or scenario.plan.schedule == "gpipe":
                 raise
             from projection.perf.project import with_schedule
 
-            scenario = extrapolate(with_schedule(scenario, "gpipe"), args.target_nodes, flag="--target-nodes")
-    return _project(args, scenario, counts, start_note)
+            scenario = extrapolate(with_schedule(scenario, "gpipe"), target_nodes, flag="--target-nodes")
+    return scenario, start_note
 
 
 def _noted(proj: Projection, note: str) -> Projection:
@@ -144,7 +153,7 @@ def _smallest_start(args: argparse.Namespace, env: Mapping[str, str] | None, at_
 
 def _raise_at_start(err: PlanError, args: argparse.Namespace) -> None:
     """The starting point's problems, said to be the starting point's, with the way round them."""
-    flag = "--target-nodes" if args.target_nodes is not None else "--scaling"
+    flag = "--target-nodes" if getattr(args, "target_nodes", None) is not None else "--scaling"
     raise PlanError([replace(p, message=f"at the starting point {flag} scales from: {p.message}",
                              fix=f"{p.fix}; or give --nodes N, a node count this plan fits, to start from"
                              if p.fix else "give --nodes N, a node count this plan fits, to start from")

@@ -69,3 +69,17 @@ def test_memory_explain_json_is_one_json_document() -> None:
 def test_memory_bad_input_exit_2(tmp_path: Path) -> None:
     res = run("memory", "--config", str(EXAMPLE), "--set", "plan.tp=3")
     assert res.returncode == 2 and "Traceback" not in res.stderr and "tp = 3" in res.stderr
+
+
+def test_memory_at_target_nodes_is_the_scaled_jobs_memory() -> None:
+    """`memory --target-nodes 16` (weak scaling at the file's global batch): the per-rank memory of the job loaded
+    on 16 nodes directly, the ZeRO-1 optimizer shards and in-flight microbatches shrunk with dp, and the memory
+    `performance --target-nodes 16` reports; a bad count exits 2."""
+    scaled = json.loads(run("memory", "--config", str(EXAMPLE), "--target-nodes", "16", "--format", "json").stdout)
+    direct = json.loads(run("memory", "--config", str(EXAMPLE), "--nodes", "16", "--format", "json").stdout)
+    base = json.loads(run("memory", "--config", str(EXAMPLE), "--format", "json").stdout)
+    perf = json.loads(run("performance", "--config", str(EXAMPLE), "--target-nodes", "16", "--format", "json").stdout)
+    assert scaled["world_size"] == 128 and scaled["peak_bytes"] == direct["peak_bytes"] == perf["memory"]["peak_bytes"]
+    assert scaled["peak_bytes"] < base["peak_bytes"]
+    bad = run("memory", "--config", str(EXAMPLE), "--target-nodes", "0")
+    assert bad.returncode == 2 and "--target-nodes" in bad.stderr and "Traceback" not in bad.stderr
