@@ -10,6 +10,7 @@ projection.cost.model.group_placements loops over every rank).
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 from projection.calibrate.calibration import load_calibration
@@ -19,6 +20,7 @@ from projection.cost.model import CostModel
 from projection.cost.roofline import RooflineCostModel
 from projection.paths import REPO_ROOT
 from projection.perf.placement import op_placements
+from projection.specs.hardware import DeviceSpec
 from projection.specs.scenario import Scenario, runs_megatron
 
 CALIBRATIONS_DIR = REPO_ROOT / "calibrations"
@@ -57,16 +59,25 @@ def _shipped_machine(scenario: Scenario) -> Fabric | None:
     its typical node (a scenario with other NICs, links or GPUs per node, e.g. `--set cluster.device.nic.
     count_per_node=4` or `--gpus-per-node 4`, is priced from it by the ratio of the two; a calibration of one's own
     is taken as measured on the scenario's cluster before its what-ifs: `_unedited`)."""
-    from projection.errors import ConfigError
-    from projection.specs.hardware import load_device
-
     cluster = scenario.cluster
-    try:
-        shipped = load_device(cluster.device.name)
-    except ConfigError:
+    shipped = _bundled_device(cluster.device.name)
+    if shipped is None:
         return None
     return Fabric.from_specs(shipped, cluster.model_copy(update={"device": shipped,
                                                                  "gpus_per_node": shipped.gpus_per_node}))
+
+
+@lru_cache(maxsize=16)
+def _bundled_device(name: str) -> DeviceSpec | None:
+    """hardware_specs/<name>.yaml, read once per process (a layout search or scaling table builds a cost model per
+    candidate); None for a name no bundled device has. DeviceSpec is frozen, so the cached one is shared safely."""
+    from projection.errors import ConfigError
+    from projection.specs.hardware import load_device
+
+    try:
+        return load_device(name)
+    except ConfigError:
+        return None
 
 
 def host_issue(scenario: Scenario, cost_model: CostModel) -> tuple[float, str]:

@@ -22,13 +22,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils",
                                     reason="megatron-core is not installed (pip install -e '.[test]')")
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from projection.specs.model import ModelSpec  # noqa: E402
 from projection.specs.plan import ParallelPlan  # noqa: E402
 from projection.specs.training import KernelSpec, TrainingSpec  # noqa: E402
 from projection.workload.ops import layer_ops  # noqa: E402
+from tests.oracle.test_op_bytes import KernelBytes  # noqa: E402
 
 TOKENS, HIDDEN, EXPERTS, TOP_K = 64, 32, 8, 2
 MODEL = ModelSpec(num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, ffn_hidden_size=64, vocab_size=256,
@@ -39,27 +38,17 @@ NO_DATA = {"new_empty_strided", "empty", "new_empty", "empty_strided", "empty_li
 ALLOCATIONS = {"zeros", "new_zeros", "zeros_like"}
 
 
-class Kernels(TorchDispatchMode):
+class Kernels(KernelBytes):
     """(aten op, bytes read, bytes written) of every call that moves data (module docstring)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, int, int]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        name = func.__name__.split(".")[0]
+    def read_bytes(self, name: str, inputs: list[Any]) -> int | None:
         if name in VIEWS or name in NO_DATA:
-            return out
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            return None
         if name in ALLOCATIONS:
             inputs = []
         elif name == "copy_":
             inputs = inputs[1:]
-        read = sum(min(t.nbytes, t.untyped_storage().nbytes()) for t in inputs)
-        written = sum(t.nbytes for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
-        self.calls.append((name, read, written))
-        return out
+        return sum(min(t.nbytes, t.untyped_storage().nbytes()) for t in inputs)
 
 
 def test_unfused_permute_kernels_equal_megatron_cores() -> None:

@@ -40,10 +40,17 @@ class KernelBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        read = sum(t.nbytes for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
-        written = sum(t.nbytes for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
-        self.calls.append((func.__name__.split(".")[0], read, written))
+        name = func.__name__.split(".")[0]
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        counted = self.read_bytes(name, inputs)
+        if counted is not None:
+            written = sum(t.nbytes for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            self.calls.append((name, counted, written))
         return out
+
+    def read_bytes(self, name: str, inputs: list[Any]) -> int | None:
+        """Bytes the call reads (every input tensor's), or None where the call is not recorded."""
+        return sum(t.nbytes for t in inputs)
 
 
 def test_unfused_softmax_and_dropout_bytes_equal_the_aten_kernels(tmp_path: Path) -> None:
