@@ -291,8 +291,8 @@ def test_schedules_table_marks_only_a_schedule_whose_memory_fits() -> None:
     from dataclasses import replace
 
     from projection import api
-    from projection.cli_performance import _schedules_table
     from projection.perf import compare_schedules
+    from projection.report.perf_tables import schedules_table as _schedules_table
 
     sc = api.load(LLAMA)
     projs = compare_schedules(sc)
@@ -309,8 +309,8 @@ def test_equally_fast_schedules_prefer_the_one_that_fits() -> None:
     from dataclasses import replace
 
     from projection import api
-    from projection.cli_performance import _chosen
     from projection.perf import compare_schedules
+    from projection.report.perf_tables import chosen_schedule as _chosen
 
     projs = compare_schedules(api.load(LLAMA))
     base = projs[0]
