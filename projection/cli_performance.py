@@ -3,14 +3,15 @@ breakdown, the critical path and the memory verdict (projection/perf).
 
     projection performance --config F [--nodes N] [--target-nodes N] [--gpus-per-node G] [--hardware NAME]
                            [--calibration FILE] [--schedule NAME|all] [--set KEY=VALUE ...] [--primus-root DIR]
-                           [--format table|json] [--trace out.json] [--scaling 1,2,4,...] [--png out.png]
+                           [--format table|json] [--trace out.json] [--pp-vis DIR] [--scaling 1,2,4,...]
+                           [--png out.png]
 
 `--target-nodes N` weak-scales the job from the config's own node count (or `--nodes`) to N nodes at a fixed global
 batch (data parallelism grows, microbatches per rank shrink; every collective is priced on its new placement).
 `--schedule all` compares every applicable pipeline schedule in one table. `--scaling 1,2,4` projects the job at each
 node count (at fixed global batch as `--target-nodes`, from the smallest count when the file gives no cluster size)
 and prints one row per count; `--png` adds a plot of tokens/s/GPU and MFU against nodes. `--trace` writes the
-simulated step as a Chrome trace (Perfetto).
+simulated step as a Chrome trace (Perfetto), `--pp-vis` the simulated pipeline as Primus pp_vis JSON.
 
 Wiring (cli.py): `add_parser(subparsers)` adds the sub-command; `run(args, env)` prints and returns the exit code
 (2 with the message on stderr for a user error).
@@ -77,6 +78,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--trace", metavar="OUT.json", help="write the simulated step as a Chrome trace (ui.perfetto.dev)")
+    p.add_argument("--pp-vis", metavar="DIR", help="write the simulated pipeline as Primus pp_vis JSON to "
+                   "DIR/<schedule>/ (every schedule's with --schedule all; the last count's with --scaling)")
     p.add_argument("--scaling", metavar="1,2,4,...", help="project at each node count (fixed global "
                    "batch) and print one row per count")
     p.add_argument("--png", metavar="OUT.png", help="with --scaling: plot tokens/s/GPU and MFU against nodes "
@@ -188,7 +191,7 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
         rows = [project(sc, default_cost_model(sc, calibration=calibration), schedule=schedule, engine=args.engine)
                 for sc in scaled]
         jobs = [] if not args.png else [("--png", args.png, lambda: _scaling_png(rows, args.png, scenario))]
-        written = _write_all(jobs, rows[-1], args.trace)
+        written = _write_all(jobs, rows[-1], args, [rows[-1]])
         if args.format == "json":
             return json.dumps({"scaling": scaling_rows(rows), "projections": [p.to_dict() for p in rows],
                                "wrote": written}, indent=2)
@@ -200,13 +203,13 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
 
         projs = [_noted(p, start_note) for p in compare_schedules(scenario, cost_model, engine=args.engine)]
         chosen = chosen_schedule(projs)
-        written = _write_all([], chosen, args.trace)
+        written = _write_all([], chosen, args, projs)
         if args.format == "json":
             return json.dumps({"schedules": [p.to_dict() for p in projs],
                                "chosen": chosen.schedule if chosen else None, "wrote": written}, indent=2)
         return "\n".join([schedules_table(projs, scenario), *[f"wrote {w}" for w in written]])
     proj = _noted(project(scenario, cost_model, schedule=schedule, engine=args.engine), start_note)
-    written = _write_all([], proj, args.trace)
+    written = _write_all([], proj, args, [proj])
     if args.format == "json":
         doc = proj.to_dict()
         doc["wrote"] = written
@@ -281,7 +284,7 @@ def _check_args(args: argparse.Namespace) -> list[int]:
         counts, bad = whole_numbers(args.scaling, "--scaling", "node counts")
         problems += bad
     outputs = [("--png", args.png if args.scaling else None), ("--trace", args.trace)]
-    problems += output_problems(outputs)
+    problems += output_problems(outputs, [("--pp-vis", args.pp_vis)])
     problems += input_problems([("--calibration", args.calibration)])
     hardware = args.hardware if args.hardware and is_device_path(args.hardware) else None  # else a bundled name
     problems += same_file_problems([("--config", args.config), ("--hardware", hardware),
@@ -328,8 +331,11 @@ def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_cou
 
 
 def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Projection | None,
-               trace: str | None) -> list[str]:
-    """The outputs asked for (and the Chrome trace of `proj`), all or none of them."""
+               args: argparse.Namespace, pipelines: Sequence[Projection]) -> list[str]:
+    """The outputs asked for (the Chrome trace of `proj`, the pp_vis dumps of `pipelines`), all or none of them."""
+    trace = args.trace
+    if args.pp_vis:
+        jobs = [*jobs, *_pp_vis_jobs(pipelines, args, [(flag, path) for flag, path, _ in jobs])]
     if trace and proj is not None:
         from projection.report.trace import write_chrome_trace
 
@@ -340,6 +346,30 @@ def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Proj
                  for r in range(len(sim.timeline))]
         jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds))]
     return write_outputs(protect_jobs(jobs))  # kept until the report is printed (fileio.OutputJournal)
+
+
+def _pp_vis_jobs(projs: Sequence[Projection], args: argparse.Namespace,
+                 outputs: Sequence[tuple[str, str]]) -> list[tuple[str, str, Callable[[], object]]]:
+    """One (flag, folder, writer) per projection: its simulated pipeline as Primus pp_vis JSON in
+    <--pp-vis>/<schedule>/, the activation track from the memory estimate's bytes per microbatch and virtual stage.
+    ConfigError, before anything is written, where a file it would write is one the command reads or writes too."""
+    from projection.report.ppvis import pp_vis_files, write_pp_vis
+
+    files = [("--pp-vis", str(f)) for p in projs for f in pp_vis_files(p.sim, args.pp_vis, p.schedule)]
+    inputs = [("a file --config reads", f) for p in projs for f in p.scenario.input_files]
+    clash = same_file_problems([*inputs, ("--calibration", args.calibration)],
+                               [*outputs, ("--trace", args.trace), *files])
+    if clash:
+        raise ConfigError(clash)
+
+    def job(p: Projection) -> tuple[str, str, Callable[[], object]]:
+        gib = [0.0] * p.sim.schedule.n_stages
+        for r in p.memory.ranks if p.memory is not None else ():
+            for st, b in r.microbatch_activation_bytes.items():
+                gib[st] = b / 2**30
+        return ("--pp-vis", str(Path(args.pp_vis) / p.schedule),
+                lambda: write_pp_vis(p.sim, args.pp_vis, name=p.schedule, activation_gb=gib))
+    return [job(p) for p in projs]
 
 
 def _scaling_png(rows: Sequence[Projection], path: str, scenario: Scenario) -> Path:

@@ -336,5 +336,6 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
                                 reserved_bytes=reserved_bytes(peak, by["activations"],
                                                               sc.training.kernels.expandable_segments),
                                 cpu_bytes=states.cpu_optimizer + round(host_activations),
-                                inflight=best_counts, layers=len(rp.layers)))
+                                inflight=best_counts, layers=len(rp.layers),
+                                microbatch_activation_bytes={st: round(v[0]) for st, v in per_stage.items()}))
     return verdict(sc, ranks)

@@ -28,6 +28,8 @@ class RankMemory:
     cpu_bytes: int
     inflight: dict[int, int] = field(default_factory=dict)  # virtual stage -> microbatches live at the peak
     layers: int = 0
+    # virtual stage -> the activations one microbatch leaves saved on it between its forward and backward
+    microbatch_activation_bytes: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

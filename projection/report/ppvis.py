@@ -61,6 +61,12 @@ def pp_vis_dump(result: SimResult, activation_gb: float | Sequence[float] = 0.0)
     return files
 
 
+def pp_vis_files(result: SimResult, out_dir: str | Path, name: str | None = None) -> list[Path]:
+    """The files write_pp_vis writes for `result`: config.json and one pp_rank_<i>.json per pipeline rank."""
+    target = Path(out_dir) / (name or result.schedule.name)
+    return [target / "config.json", *(target / f"pp_rank_{r}.json" for r in range(len(result.timeline)))]
+
+
 def write_pp_vis(result: SimResult, out_dir: str | Path, name: str | None = None,
                  activation_gb: float | Sequence[float] = 0.0) -> Path:
     """Write <out_dir>/<name or schedule name>/config.json and pp_rank_<i>.json; returns that directory."""
