@@ -62,11 +62,15 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     job_env = {str(k): v for k, v in ov.items() if str(k).startswith("env.")}
     ov = {k: v for k, v in ov.items() if str(k) not in cluster and str(k) not in job_env}
     command_line, problems = _job_env_vars(job_env)
-    try:
-        raw = load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
-                       models_dir=models_dir, env=env or {})
-    except ProjectionError as err:  # the command line's environment problems with the file's, all at once
-        raise _with(problems, err) from None
+    def read(ov: Mapping[str, Any]) -> Any:
+        try:
+            return load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
+                            models_dir=models_dir, env=env or {})
+        except ProjectionError as err:  # the command line's environment problems with the file's, all at once
+            raise _with(problems, err) from None
+    raw = read(ov)
+    if schedule is not None and "torchtitan" in raw.framework and int(raw.get("plan.pp") or 1) > 1:
+        raw = _torchtitan_schedule(read, ov, schedule)  # the stages per rank follow the schedule, as in TorchTitan
     for key, value in cluster.items():
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
     for key, (value, where) in job_environment(merged(raw.job_env, command_line), problems).items():
@@ -102,6 +106,27 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if problems:
         raise ConfigError(problems)
     return scenario
+
+
+def _torchtitan_schedule(read: Any, ov: Mapping[str, Any], schedule: str) -> Any:
+    """A TorchTitan job read again with --schedule NAME as its parallelism.pipeline_parallel_schedule; problems
+    about that key are --schedule's."""
+    from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES as NAMES
+
+    key = "parallelism.pipeline_parallel_schedule"
+    if schedule not in NAMES:
+        raise ConfigError(Problem(f"{schedule!r} is not a TorchTitan pipeline schedule", key="--schedule",
+                                  file=COMMAND_LINE, fix="use one of " + ", ".join(
+                                      f"{k} ({v})" for k, v in NAMES.items())))
+    try:
+        raw = read({**ov, key: NAMES[schedule]})
+    except ProjectionError as err:
+        raise type(err)([Problem(f"{schedule} (TorchTitan's {NAMES[schedule]}): {p.message}", key="--schedule",
+                                 file=COMMAND_LINE, fix=p.fix) if p.key == key else p for p in err.problems]) from None
+    for field, where in list(raw.origins.items()):  # what the schedule set was set by --schedule
+        if where.key == key and where.file == "--set":
+            raw.origins[field] = Origin(COMMAND_LINE, None, "--schedule")
+    return raw
 
 
 def _with(problems: list[Problem], err: ProjectionError) -> ProjectionError:

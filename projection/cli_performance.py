@@ -103,7 +103,26 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     counts = _check_args(args)
     scenario, start_note = scenario_at(args, env, counts)
-    return _project(args, scenario, counts, start_note)
+    titan = _torchtitan_schedules(args, env, scenario)
+    return _project(args, scenario, counts, start_note, titan)
+
+
+def _torchtitan_schedules(args: argparse.Namespace, env: Mapping[str, str] | None,
+                          scenario: Scenario) -> list[Scenario] | None:
+    """With --schedule all on a TorchTitan pipeline: the job under each TorchTitan schedule that loads, each with the
+    stages per rank TorchTitan gives it (2 for Interleaved1F1B, ZBVZeroBubble and DualPipeV without
+    pipeline_parallel_layers_per_stage), not the file's vpp; None for another job."""
+    if args.schedule != "all" or "torchtitan" not in scenario.framework or scenario.plan.pp == 1:
+        return None
+    from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES
+
+    out = []
+    for name in TORCHTITAN_SCHEDULE_NAMES:
+        try:
+            out.append(scenario_at(argparse.Namespace(**{**vars(args), "schedule": name}), env)[0])
+        except ProjectionError:
+            continue  # a schedule TorchTitan would refuse for this job: not compared
+    return out
 
 
 def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
@@ -170,7 +189,8 @@ def _raise_at_start(err: PlanError, args: argparse.Namespace) -> None:
                      for p in err.problems]) from None
 
 
-def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], start_note: str) -> str:
+def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], start_note: str,
+             titan: Sequence[Scenario] | None = None) -> str:
     from projection.perf import default_cost_model, extrapolate, project
     from projection.perf.scaling import node_count_problems
 
@@ -201,7 +221,10 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
     if args.schedule == "all":
         from projection.perf import compare_schedules
 
-        projs = [_noted(p, start_note) for p in compare_schedules(scenario, cost_model, engine=args.engine)]
+        projs = ([_noted(p, start_note) for p in compare_schedules(scenario, cost_model, engine=args.engine)]
+                 if titan is None else sorted((_noted(project(sc, default_cost_model(sc, calibration=calibration),
+                                                              engine=args.engine), start_note) for sc in titan),
+                                              key=lambda p: p.step_time_s))
         chosen = chosen_schedule(projs)
         written = _write_all([], chosen, args, projs)
         if args.format == "json":

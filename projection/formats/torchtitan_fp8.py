@@ -106,8 +106,15 @@ def read_fp8(job: JobReader, fsdp: bool, mla: bool = False, tp: int = 1) -> dict
                    "output_layer": True}
         else:
             fp8 = _torchao_mx(job)
+    grouped = [c for c in GROUPED_CONVERTERS & names
+               if job.get(f"quantize.grouped_mm.{c.rsplit('.', 1)[-1]}.fqns", []) or c.startswith("quantize.moe")]
     if fp8 is not None:
-        grouped = [c for c in GROUPED_CONVERTERS & names
-                   if job.get(f"quantize.grouped_mm.{c.rsplit('.', 1)[-1]}.fqns", []) or c.startswith("quantize.moe")]
         fp8["grouped_experts"] = bool(grouped)
+    elif grouped and not job.problems:
+        # experts in fp8 and every nn.Linear in bf16: Fp8Spec has no scope without the linears (training.py)
+        job.problem("model.converters", f"{', '.join(sorted(grouped))} without a float8 or MX linear converter (the "
+                    "routed experts' grouped GEMMs in fp8, the dense linears in bf16) is not modelled",
+                    "add the matching linear converter (quantize.linear.float8 or quantize.linear.mx: projected "
+                    "with fp8 linears and experts), or empty the grouped converter's fqns (projected in bf16, "
+                    "which is what TorchTitan then runs)")
     return fp8

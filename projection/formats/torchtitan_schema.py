@@ -57,11 +57,15 @@ SCHEDULES: dict[str, tuple[str, bool]] = {
     "loopedbfs": ("gpipe", True), "zbvzerobubble": ("zbv", True), "dualpipev": ("dualpipev", True),
 }
 UNMODELLED_SCHEDULES = {"interleavedzerobubble": "InterleavedZeroBubble"}
+# projection's schedule names -> TorchTitan's pipeline_parallel_schedule value (`--schedule NAME` on a TorchTitan job
+# is that key: the loader then derives the stages per rank the schedule runs, as TorchTitan does)
+TORCHTITAN_SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
+                             "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 FLOAT8_LINEAR_CONVERTERS = frozenset({"float8", "quantize.linear.float8", "quantize.dense.float8"})
 MX_LINEAR_CONVERTERS = frozenset({"mx", "quantize.linear.mx", "quantize.dense.mx"})
-# MoE grouped-GEMM quantization: projected with a linear converter (Fp8Spec.grouped_experts); alone it leaves the
-# dense linears in bf16, which Fp8Spec has no scope for (accepted, said in the projection's notes). Primus's
-# kernel-swap converter changes no dtype.
+# MoE grouped-GEMM quantization: projected with a linear converter (Fp8Spec.grouped_experts); alone with modules in
+# its fqns it leaves the dense linears in bf16, which Fp8Spec has no scope for (refused, torchtitan_fp8.read_fp8);
+# with empty fqns it converts nothing. Primus's kernel-swap converter changes no dtype.
 GROUPED_CONVERTERS = frozenset({"quantize.grouped_mm.float8", "quantize.grouped_mm.mx", "quantize.moe.float8",
                                 "quantize.moe.mx"})
 OTHER_CONVERTERS = GROUPED_CONVERTERS | {"primus_turbo"}

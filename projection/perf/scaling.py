@@ -106,9 +106,17 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
             where = f"at {_n(nodes)}" + (f" (dp {plan.dp})" if plan is not None else "")
             key = _given_as(scenario, p.key or "")
             fix = f"{hint}; or {p.fix} ({key})" if p.fix else hint
+            message = p.message
             if p.key == "training.global_batch_size" and plan is not None:
                 step = scenario.training.micro_batch_size * plan.dp_()
                 gbs = scenario.training.resolved_global_batch(scenario.plan.dp_())
+                share, rest = divmod(gbs, plan.dp_())
+                if "torchtitan" in scenario.framework and plan.pp > 1 and not rest and share % (
+                        mb := scenario.training.micro_batch_size):  # the local batch would become the share
+                    message = (f"each rank's share of the global batch, {gbs} / dp {plan.dp_()} = {share}, is not a "
+                               f"multiple of the pipeline microbatch size {mb} (the local batch becomes the share, "
+                               "split into pipeline microbatches)")
+                    fix = f"{hint}; or a global batch that is a multiple of microbatch size * dp = {step}"
                 if "torchtitan" in scenario.framework and plan.pp == 1:
                     step = plan.dp_()  # the local batch shrinks to the rank's share (_torchtitan_local_batch)
                     fix = (f"{hint}; or a global batch that is a multiple of dp = {step} (the local batch becomes "
@@ -121,7 +129,7 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
                     fix += (f"; or a smaller micro batch that keeps the global batch, e.g. --set "
                             f"training.micro_batch_size={smaller[0]} "
                             f"({_microbatches(gbs // (smaller[0] * plan.dp_()))} per rank)")
-            out.append(Problem(f"{where}: {p.message} [{key}]", key=flag, file=scenario.source, fix=fix))
+            out.append(Problem(f"{where}: {message} [{key}]", key=flag, file=scenario.source, fix=fix))
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from projection.errors import Problem, count_of
+from projection.errors import COMMAND_LINE, Problem, count_of
 from projection.specs.accumulation import microbatches_per_schedule
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
@@ -25,15 +25,33 @@ def resolve_dp(raw: RawScenario, plan: ParallelPlan, world: int) -> tuple[Parall
     mp = plan.tp * plan.cp * plan.pp
     if world % mp:
         return plan, [origin_problem(
-            raw, "plan.tp", f"world size {world} is not divisible by tp * cp * pp = {plan.tp} * {plan.cp} * "
-            f"{plan.pp} = {mp}", "change --nodes/--gpus-per-node or the tp/cp/pp sizes so that tp*cp*pp divides "
-            "the number of GPUs")]
+            raw, _blamed_size(raw, plan, world), f"world size {world} is not divisible by tp * cp * pp = {plan.tp} * "
+            f"{plan.cp} * {plan.pp} = {mp}", "change --nodes/--gpus-per-node or the tp/cp/pp sizes so that tp*cp*pp "
+            "divides the number of GPUs")]
     dp = world // mp
     if plan.dp is not None and plan.dp != dp:
+        origin = raw.origins.get("plan.dp")
+        rep = plan.sharding.dp_replicate
+        fix = (f"set data_parallel_shard_degree to {dp // rep} (or -1, the ranks left over)"
+               if origin is not None and (origin.key or "").endswith("data_parallel_shard_degree") and dp % rep == 0
+               else f"set dp to {dp}")
         return plan, [origin_problem(
             raw, "plan.dp", f"dp = {plan.dp}, but world {world} / (tp*cp*pp = {mp}) = {dp}",
-            f"set dp to {dp}, or change the number of nodes/GPUs")]
+            f"{fix}, or change the number of nodes/GPUs")]
     return plan.model_copy(update={"dp": dp}), []
+
+
+def _blamed_size(raw: RawScenario, plan: ParallelPlan, world: int) -> str:
+    """Which of tp, cp and pp a world size they do not divide is reported at: one the command line set (a --set
+    the user just made), else one that alone does not divide the world, else the largest."""
+    sizes = {"plan.tp": plan.tp, "plan.cp": plan.cp, "plan.pp": plan.pp}
+    above = [k for k, v in sizes.items() if v > 1] or ["plan.tp"]
+
+    def on_command_line(k: str) -> bool:
+        o = raw.origins.get(k)
+        return o is not None and o.file in ("--set", COMMAND_LINE)
+    return next((k for k in above if on_command_line(k)), None) or next(
+        (k for k in above if world % sizes[k]), None) or max(above, key=lambda k: sizes[k])
 
 
 def torchtitan_without_fsdp(framework: str, plan: ParallelPlan, training: TrainingSpec
@@ -98,16 +116,11 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         if model.moe.num_experts % plan.ep:
             bad("plan.ep", f"ep = {plan.ep} does not divide num_experts = {model.moe.num_experts}",
                 f"use an ep that divides {model.moe.num_experts}")
-        if plan.dp is not None and (tp * plan.cp * plan.dp) % (plan.etp_ * plan.ep):
-            origin = raw.origins.get("cluster.nodes")
-            assumed = origin is not None and origin.file.startswith("default")
-            nodes = int(raw.get("cluster.nodes") or 1)
+        grid = tp * plan.cp * plan.dp if plan.dp is not None else 0  # TorchTitan's stricter rule: _torchtitan_rules
+        if grid and "torchtitan" not in raw.framework and grid % (plan.etp_ * plan.ep):
             bad("plan.ep", f"etp * ep = {plan.etp_} * {plan.ep} does not divide tp * cp * dp = "
-                f"{tp * plan.cp * plan.dp} (Megatron expert grid: world = etp*ep*edp*pp; world {world})",
-                "choose ep and etp whose product divides the non-pipeline ranks" + (
-                    f"; the file does not give the cluster size and {count_of(nodes, 'node')} "
-                    f"{'was' if nodes == 1 else 'were'} assumed: "
-                    "give it with --nodes" if assumed else ""))
+                f"{grid} (Megatron expert grid: world = etp*ep*edp*pp; world {world})",
+                "choose ep and etp whose product divides the non-pipeline ranks" + _assumed_nodes(raw))
         if model.moe.expert_ffn_hidden_size % plan.etp_:
             bad("plan.etp", f"etp = {plan.etp_} does not divide the expert FFN size "
                 f"{model.moe.expert_ffn_hidden_size}", "use a smaller etp")
@@ -218,11 +231,47 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("plan.schedule", stages, "pick a schedule for this vpp (interleaved_1f1b or gpipe for vpp > 1, a V "
                 "schedule for vpp 2), or change vpp")
     _megatron_rules(raw, model, plan, bad)
+    _torchtitan_rules(raw, model, training, plan, bad)
     r = plan.recompute
     if r.granularity == "full" and r.layer_ids is None and (r.method is None or r.num_layers is None):
         bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "
             "layer_ids", "set recompute method and num_layers")
     return out
+
+
+def _torchtitan_rules(raw: RawScenario, model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                      bad: Callable[[str, str, str], None]) -> None:
+    """Report (through `bad`) plans TorchTitan refuses at start-up (pytorch/torchtitan torchtitan/distributed/
+    parallel_dims.py ParallelDims._validate and seq_len_divisor, asserted by every model's parallelize)."""
+    if "torchtitan" not in raw.framework:
+        return
+    tp, cp = plan.tp, plan.cp
+    if training.seq_length % (tp * 2 * cp):  # "must be divisible by the product of TP degree and 2 * CP degree"
+        bad("training.seq_length", f"seq_len {training.seq_length} is not divisible by tp * 2 * cp = {tp} * 2 * {cp} "
+            "(TorchTitan asserts it: sequence parallelism splits the sequence over tp, load-balanced context "
+            "parallelism over 2 * cp)", f"use a seq_len that is a multiple of {tp * 2 * cp}")
+    if model.moe is None or plan.ep <= 1 or plan.dp is None:
+        return
+    shard = plan.dp // max(1, plan.sharding.dp_replicate)
+    # EP borrows all of cp, and of tp too when etp is 1, then part of dp_shard (never dp_replicate)
+    borrowed, names = (cp * tp, "cp * tp") if plan.etp_ == 1 else (cp, "cp")
+    if plan.ep % borrowed or (shard * borrowed) % plan.ep:
+        bad("plan.ep", f"expert_parallel_degree {plan.ep} with expert_tensor_parallel_degree {plan.etp_}: TorchTitan "
+            f"needs ep to be a multiple of {names} = {borrowed} and to divide data_parallel_shard_degree * {names} = "
+            f"{shard} * {borrowed} = {shard * borrowed} (ParallelDims._validate asserts it)",
+            f"choose an expert_parallel_degree that is a multiple of {borrowed} and divides {shard * borrowed}"
+            + (" (or expert_tensor_parallel_degree = tensor_parallel_degree)" if plan.etp_ == 1 and tp > 1 else "")
+            + _assumed_nodes(raw))
+
+
+def _assumed_nodes(raw: RawScenario) -> str:
+    """The fix's tail where the file gives no cluster size and a node count was assumed."""
+    origin = raw.origins.get("cluster.nodes")
+    if origin is None or not origin.file.startswith("default"):
+        return ""
+    nodes = int(raw.get("cluster.nodes") or 1)
+    return (f"; the file does not give the cluster size and {count_of(nodes, 'node')} "
+            f"{'was' if nodes == 1 else 'were'} assumed: give it with --nodes")
 
 
 def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
