@@ -1,0 +1,131 @@
+"""Measured by TorchTitan: the projected tokens/s/GPU of every row of pytorch/torchtitan docs/performance.md (the
+H100 Tables 1-6 @eaea6f6a and the earlier A100 Llama 3 table @04133643), each a TorchTitan TOML in
+benchmarks/torchtitan_runs/ loaded as it is (sources, setups and assumptions in benchmarks/accuracy_torchtitan.py),
+with the shipped calibrations, held to issue 6's per-case limit of 20 %; and, where the table publishes Memory(GiB)
+(the log's max_reserved_gib: torch.cuda reserved_bytes.all.peak / 2**30, the largest over the GPUs), `projection
+memory`'s largest per-rank reserved bytes held to 10 %. Validation only: nothing is fitted to them. Every case beyond
+its limit is a strict xfail with the numbers measured on 2026-11-30. The TOMLs are in benchmarks/, so this runs
+without ../shared.
+
+The H100 rows ran on 96 GB HBM2e H100s at a 500 W power limit (Grand Teton) and are projected on h100-sxm, the 80 GB
+HBM3 700 W part: a projection faster than the measurement is partly expected there, by an amount nothing here
+measures. The A100 rows ran on the part they are projected on."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.oracle.bench_modules import load_benchmark
+
+LIMIT = 0.20  # issue 6: no case beyond 20 %
+MEMORY_LIMIT = 0.10
+
+_H100 = ("; the runs' H100s are 96 GB HBM2e parts at the default 500 W power limit, projected as the 700 W HBM3 "
+         "h100-sxm, but the A100 rows of the same file, projected on their own part, are also +20 to +30 % fast")
+_EAGER = ("; torch.compile is priced as eager PyTorch (projection/perf/project.py's note), so the projection equals "
+          "the uncompiled row's while the measured row is faster by 16 %")
+_EAGER_FP8 = ("; torch.compile is priced as eager PyTorch (the compiled bf16 row gains nothing in the projection, "
+              "16 % in the measurement)")
+_PP = "; the pipeline split and microbatches are assumed (TorchTitan's defaults of the period, see the TOML)"
+_CP = ("; with 32k tokens per GPU in every row, the measured throughput falls 1.5x / 3.6x / 7.1x from CP 1 to "
+       "CP 2 / 4 / 8, the projected 1.6x / 2.9x / 5.4x")
+
+# name -> None (within LIMIT) or the strict-xfail reason, as measured 2026-11-30
+PERFORMANCE: dict[str, str | None] = {
+    "T1 8B fsdp8": "projected 9,054.6 tokens/s/GPU (1.809 s per step) against 5,762 measured: +57.1 %" + _H100,
+    "T1 8B fsdp8 compile": "projected 9,054.6 tokens/s/GPU (1.809 s) against 6,667 measured: +35.8 %" + _EAGER,
+    "T1 8B fsdp8 compile fp8": "projected 10,951.4 tokens/s/GPU (1.496 s) against 8,532 measured: +28.4 %" + _EAGER_FP8,
+    "T2 8B fsdp8 cp1 32k": "projected 5,376.7 tokens/s/GPU (6.094 s) against 3,890 measured: +38.2 %" + _H100,
+    "T2 8B fsdp4 cp2 64k": "projected 3,290.8 tokens/s/GPU (9.957 s) against 2,540 measured: +29.6 %" + _CP,
+    "T2 8B fsdp2 cp4 128k": "projected 1,853.0 tokens/s/GPU (17.683 s) against 1,071 measured: +73.0 %" + _CP,
+    "T2 8B fsdp1 cp8 256k": "projected 987.8 tokens/s/GPU (33.173 s) against 548 measured: +80.3 %" + _CP,
+    "T3 8B fsdp128": "projected 9,091.9 tokens/s/GPU (1.802 s) against 5,605 measured: +62.2 %" + _H100,
+    "T3 8B fsdp128 compile": "projected 9,091.9 tokens/s/GPU (1.802 s) against 6,514 measured: +39.6 %" + _EAGER,
+    "T3 8B fsdp128 compile fp8": ("projected 11,006.5 tokens/s/GPU (1.489 s) against 8,380 measured: +31.3 %"
+                                  + _EAGER_FP8),
+    "T4 70B fsdp32 tp8": None,  # +19.3 % (989.2 projected, 829 measured), 2026-11-30
+    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,173.9 tokens/s/GPU (13.957 s) against 876 measured: +34.0 %; async TP "
+                                  "gains 18.7 % in the projection and 5.7 % in the measurement" + _H100),
+    "T5 405B 3D 1F1B": "projected 145.7 tokens/s/GPU (28.111 s) against 100 measured: +45.7 %" + _PP + _H100,
+    "T5 405B 3D interleaved": ("projected 226.1 tokens/s/GPU (18.117 s) against 128 measured: +76.6 %; Interleaved "
+                               "1F1B gains 55 % over 1F1B in the projection and 28 % in the measurement" + _PP),
+    "T6 405B 4D fsdp8 cp1 32k": "projected 105.5 tokens/s/GPU (38.840 s) against 76 measured: +38.8 %" + _PP + _H100,
+    "T6 405B 4D fsdp4 cp2 64k": "projected 77.1 tokens/s/GPU (53.146 s) against 47 measured: +64.0 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "projected 50.1 tokens/s/GPU (81.756 s) against 31 measured: +61.6 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "projected 29.4 tokens/s/GPU (139.463 s) against 16 measured: +83.6 %" + _PP,
+    "A 8B fsdp64 sel layer": ("projected 3,691.7 tokens/s/GPU (2.219 s) against 2,904 measured on 64 A100 80 GB: "
+                              "+27.1 %; eager FSDP2, no compile; the sequence (8192) and the layer frequency (every "
+                              "other layer) are the period's defaults, not the table's"),
+    "A 8B fsdp64 sel op": ("projected 3,852.9 tokens/s/GPU (2.126 s) against 2,973 measured on 64 A100 80 GB: "
+                           "+29.6 %; eager FSDP2, no compile, op-level SAC"),
+    "A 70B fsdp64 full": ("projected 398.4 tokens/s/GPU (20.564 s) against 331 measured on 64 A100 80 GB: +20.4 %; "
+                          "eager FSDP2, no compile, full AC"),
+}
+
+_FP8_MEM = ("; Float8 lowers the projection by 19 GiB against the compiled bf16 row while the measured reserved "
+            "memory does not move (77.0 / 62.0 -> 76.8 / 61.8 GiB)")
+_RESERVED = ("; reserved bytes are projected with expandable segments (the loader's TorchTitan default: no "
+             "fragmentation allowance); nothing here measures the runs' allocator settings")
+
+# name -> the strict-xfail reason of the memory comparison (None: within MEMORY_LIMIT), as measured 2026-11-30
+MEMORY: dict[str, str | None] = {
+    "T1 8B fsdp8": "82.4 GiB max reserved measured, projected 67.3 GiB: -18.3 %" + _RESERVED,
+    "T1 8B fsdp8 compile": "77.0 GiB measured, projected 63.3 GiB: -17.8 %" + _RESERVED,
+    "T1 8B fsdp8 compile fp8": "76.8 GiB measured, projected 44.1 GiB: -42.6 %" + _FP8_MEM,
+    "T2 8B fsdp8 cp1 32k": "83.9 GiB measured, projected 63.8 GiB: -23.9 %" + _RESERVED,
+    "T2 8B fsdp4 cp2 64k": "84.2 GiB measured, projected 63.8 GiB: -24.2 %" + _RESERVED,
+    "T2 8B fsdp2 cp4 128k": "84.0 GiB measured, projected 63.8 GiB: -24.0 %" + _RESERVED,
+    "T2 8B fsdp1 cp8 256k": "84.5 GiB measured, projected 64.1 GiB: -24.2 %" + _RESERVED,
+    "T3 8B fsdp128": "67.0 GiB measured, projected 53.3 GiB: -20.5 %" + _RESERVED,
+    "T3 8B fsdp128 compile": "62.0 GiB measured, projected 49.3 GiB: -20.5 %" + _RESERVED,
+    "T3 8B fsdp128 compile fp8": "61.8 GiB measured, projected 30.1 GiB: -51.3 %" + _FP8_MEM,
+    "T4 70B fsdp32 tp8": "71.9 GiB measured, projected 46.3 GiB: -35.5 %" + _RESERVED,
+    "T4 70B fsdp32 tp8 asyncTP": ("67.6 GiB measured, projected 46.3 GiB: -31.4 %; async TP changes no projected "
+                                  "byte while the measurement drops 4.3 GiB" + _RESERVED),
+    "T5 405B 3D 1F1B": "82.5 GiB measured (largest GPU), projected 57.5 GiB (largest rank): -30.3 %" + _PP,
+    "T5 405B 3D interleaved": "72.7 GiB measured (largest GPU), projected 51.4 GiB: -29.3 %" + _PP,
+    "T6 405B 4D fsdp8 cp1 32k": "75.3 GiB measured (largest GPU), projected 57.5 GiB: -23.6 %" + _PP,
+    "T6 405B 4D fsdp4 cp2 64k": "75.9 GiB measured (largest GPU), projected 57.5 GiB: -24.2 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "77.1 GiB measured (largest GPU), projected 57.5 GiB: -25.4 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "84.9 GiB measured (largest GPU), projected 63.1 GiB: -25.7 %" + _PP,
+}
+
+
+def _params(table: dict[str, str | None]) -> list[object]:
+    return [pytest.param(name, id=name.replace(" ", "-")) if reason is None else
+            pytest.param(name, id=name.replace(" ", "-"), marks=pytest.mark.xfail(
+                strict=True, reason=f"measured 2026-11-30: {name}: {reason}"))
+            for name, reason in table.items()]
+
+
+def _case(name: str) -> object:
+    mod = load_benchmark("accuracy_torchtitan")
+    (case,) = [c for c in mod.cases() if c.name == name]
+    return case
+
+
+def test_every_published_row_is_listed() -> None:
+    mod = load_benchmark("accuracy_torchtitan")
+    assert [c.name for c in mod.cases()] == list(PERFORMANCE)
+    assert list(mod.measured_memory_gib()) == list(MEMORY)
+
+
+@pytest.mark.parametrize("name", _params(PERFORMANCE))
+def test_tokens_per_second(name: str) -> None:
+    mod = load_benchmark("accuracy_torchtitan")
+    case = _case(name)
+    (row,) = mod.evaluate([case])
+    print(f"\n{case.name} on {case.gpus} x {case.hardware}: measured {case.measured:.1f} tokens/s/GPU, projected "
+          f"{row.projected:.1f} ({row.error:+.1%}), step {row.step_time_s:.3f} s ({case.note})")
+    assert abs(row.error) <= LIMIT
+
+
+@pytest.mark.parametrize("name", _params(MEMORY))
+def test_max_reserved_memory(name: str) -> None:
+    mod = load_benchmark("accuracy_torchtitan")
+    case = _case(name)
+    measured = mod.measured_memory_gib()[name]
+    projected = mod.projected_reserved_gib(case)
+    print(f"\n{name}: max reserved measured {measured:.1f} GiB, projected {projected:.1f} GiB "
+          f"({projected / measured - 1:+.1%})")
+    assert abs(projected / measured - 1) <= MEMORY_LIMIT
