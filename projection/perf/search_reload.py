@@ -37,7 +37,7 @@ not have.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from projection.errors import COMMAND_LINE, Problem
 from projection.specs.plan import RecomputeSpec, ShardingSpec
@@ -51,23 +51,41 @@ FRAMEWORK_AXIS_KEYS = {"tensor_model_parallel_size": "tp", "pipeline_model_paral
                        "num_virtual_stages_per_pipeline_rank": "vpp"}
 
 
+class _Own(NamedTuple):
+    """The scenario's own layout that layout_overrides writes keys against (all None: write every key)."""
+
+    tp: int | None
+    pp: int | None
+    cp: int | None
+    ep: int | None
+    vpp: int | None
+    dp: int | None
+    mbs: int | None
+
+
 def needs_reload(sc: Scenario) -> bool:
     """Whether the search builds this framework's candidates by loading the config again (module docstring)."""
     return "torchtitan" in sc.framework or sc.framework.startswith("primus")
 
 
 def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
-                     recompute: RecomputeSpec, zero: int | None = None) -> dict[str, Any] | list[Problem]:
+                     recompute: RecomputeSpec, zero: int | None = None,
+                     every: bool = False) -> dict[str, Any] | list[Problem]:
     """The framework's own keys that turn the config into this layout (module docstring), or why it cannot.
-    vpp / mbs / zero None: not searched (the config's own; for TorchTitan, what it derives for the layout)."""
+    vpp / mbs / zero None: not searched (the config's own; for TorchTitan, what it derives for the layout).
+    every: the layout keys even where the value is the scenario's own (the search's starting layout, when `sc` was
+    loaded with projection's keys, whose framework rules saw the file's values: `starting_keys`)."""
     base, gbs = sc.plan, sc.training.resolved_global_batch(sc.plan.dp_())
+    # every: compare against nothing, so each layout key is written (None never equals a size)
+    own = _Own(None, None, None, None, None, None, None) if every else \
+        _Own(base.tp, base.pp, base.cp, base.ep, base.vpp_, base.dp_(), sc.training.micro_batch_size)
     if zero == base.sharding.zero_stage:
         zero = None
     if "torchtitan" in sc.framework:
         if zero in (1, 2):
             return [Problem(f"ZeRO stage {zero}: TorchTitan shards with FSDP2 (stage 3) or replicates (DDP, stage 0)",
                             key="--zero", file=COMMAND_LINE, fix="search --zero 0,3 on a TorchTitan job")]
-        titan = _torchtitan(sc, tp, pp, vpp, cp, ep, mbs, recompute, gbs)
+        titan = _torchtitan(sc, tp, pp, vpp, cp, ep, mbs, recompute, gbs, own)
         if isinstance(titan, dict) and zero is not None:
             dp = sc.world_size // (tp * pp * cp)
             p = "parallelism"
@@ -78,13 +96,13 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
     out: dict[str, Any] = {"global_batch_size": gbs}
     if zero is not None:
         out.update(_primus_sharding(base.sharding, zero, sc.framework))
-    for key, value, own in (("tensor_model_parallel_size", tp, base.tp), ("pipeline_model_parallel_size", pp, base.pp),
-                            ("context_parallel_size", cp, base.cp), ("expert_model_parallel_size", ep, base.ep),
-                            ("micro_batch_size", mbs, sc.training.micro_batch_size)):
-        if value is not None and value != own:
+    for key, value, mine in (("tensor_model_parallel_size", tp, own.tp), ("pipeline_model_parallel_size", pp, own.pp),
+                             ("context_parallel_size", cp, own.cp), ("expert_model_parallel_size", ep, own.ep),
+                             ("micro_batch_size", mbs, own.mbs)):
+        if value is not None and value != mine:
             out[key] = value
     vpp = base.vpp_ if vpp is None else vpp
-    if (pp, vpp) != (base.pp, base.vpp_):
+    if (pp, vpp) != (own.pp, own.vpp):
         out.update(num_virtual_stages_per_pipeline_rank=vpp if vpp > 1 else None,
                    num_layers_per_virtual_pipeline_stage=None, pipeline_model_parallel_layout=None,
                    decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None)
@@ -133,15 +151,15 @@ def derived_vpp_problem(sc: Scenario, asked: int, derived: int) -> Problem | Non
 
 
 def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
-                recompute: RecomputeSpec, gbs: int) -> dict[str, Any] | list[Problem]:
+                recompute: RecomputeSpec, gbs: int, own: _Own) -> dict[str, Any] | list[Problem]:
     base, p = sc.plan, "parallelism"
     if ep != base.ep and not sc.model.moe:
         return [Problem(f"ep {ep} on a dense model: it has no experts", key="--ep", file=COMMAND_LINE,
                         fix="search ep on a MoE model only")]
     out: dict[str, Any] = {"training.global_batch_size": gbs}
-    for key, value, own in (("tensor_parallel_degree", tp, base.tp), ("pipeline_parallel_degree", pp, base.pp),
-                            ("context_parallel_degree", cp, base.cp), ("expert_parallel_degree", ep, base.ep)):
-        if value != own:
+    for key, value, mine in (("tensor_parallel_degree", tp, own.tp), ("pipeline_parallel_degree", pp, own.pp),
+                             ("context_parallel_degree", cp, own.cp), ("expert_parallel_degree", ep, own.ep)):
+        if value != mine:
             out[f"{p}.{key}"] = value
     if mbs is not None:  # TorchTitan's micro batch: the pipeline microbatch with a pipeline, else the local batch
         out[f"{p}.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"] = mbs
@@ -153,7 +171,7 @@ def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: in
                         "asserts it)", key="--mbs", file=COMMAND_LINE,
                         fix=f"search --mbs with a divisor of {gbs // dp}" if gbs >= dp else
                         f"fewer data-parallel ranks: the global batch {gbs} is below dp {dp}")]
-    if pp > 1 and (base.pp == 1 or dp != base.dp_()) and dp > 0 and gbs % dp == 0:
+    if pp > 1 and (own.pp in (1, None) or dp != own.dp) and dp > 0 and gbs % dp == 0:
         # another pipeline or data-parallel size: each DP rank's local batch is its share of the global batch, split
         # into pipeline microbatches (no gradient accumulation; the file's local batch was chosen for its own dp)
         out["training.local_batch_size"] = gbs // dp
