@@ -85,16 +85,29 @@ def _searched_base(args: argparse.Namespace, env: Mapping[str, str] | None,
                    values: Mapping[str, list[Any] | None]) -> tuple[Any, dict[str, Any]]:
     """The scenario with the searched axes set to the first of their combinations under which the file loads (its
     own layout, e.g. tp 3 on 8 GPUs, fails on this cluster, but every value it holds for a searched axis is
-    replaced by the search anyway), and the canonical keys that set them; (None, {}) when none loads, or the format
-    takes no canonical plan keys (TorchTitan: its own keys only), or no layout axis is searched. At most 64
-    combinations are tried."""
+    replaced by the search anyway), and the keys that set them; (None, {}) when none loads, or no layout axis is
+    searched. At most 64 combinations are tried. A framework file (Primus, TorchTitan: perf/search_reload.py) is
+    loaded again with the framework's own keys for that layout (`layout_overrides(every=True)`): projection's keys
+    (plan.tp) apply after the framework's rules, which would then be checked against the file's values (Primus's
+    zero-bubble schedule and its refusals from pp, the DeepEP dispatcher from tp), not the layout shown."""
+    from projection.perf.search_reload import layout_overrides, needs_reload
+
     axes = [a for a in _CANONICAL if values.get(a)]
     if not axes:
         return None, {}
     for combo in itertools.islice(itertools.product(*(values[a] or () for a in axes)), 64):
         extra = {_CANONICAL[a]: v for a, v in zip(axes, combo, strict=True)}
         try:
-            return load_scenario(args, env, extra=extra), extra
+            scenario = load_scenario(args, env, extra=extra)
+            if not needs_reload(scenario):
+                return scenario, extra
+            plan, picked = scenario.plan, dict(zip(axes, combo, strict=True))
+            keys = layout_overrides(scenario, picked.get("tp", plan.tp), picked.get("pp", plan.pp), picked.get("vpp"),
+                                    picked.get("cp", plan.cp), picked.get("ep", plan.ep), picked.get("mbs"),
+                                    plan.recompute, every=True)
+            if isinstance(keys, list):  # the framework cannot take this layout: try the next
+                continue
+            return load_scenario(args, env, extra=keys), keys
         except ProjectionError:
             continue
     return None, {}
@@ -102,13 +115,11 @@ def _searched_base(args: argparse.Namespace, env: Mapping[str, str] | None,
 
 def _reload_keys(base_extra: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """A candidate's keys when the search started from a searched base (`_searched_base`): the framework keys of
-    what the candidate changes (perf/search_reload.layout_overrides, relative to the base), over the base's own
-    canonical keys for the axes it keeps (without them the reload would fall back to the file's own values, which
-    do not hold on this cluster, while the search takes them for the base's)."""
-    from projection.perf.search_reload import FRAMEWORK_AXIS_KEYS
-
-    changed = {_CANONICAL[FRAMEWORK_AXIS_KEYS[k]] for k in over if k in FRAMEWORK_AXIS_KEYS}
-    return {**{k: v for k, v in base_extra.items() if k not in changed}, **over}
+    what the candidate changes (perf/search_reload.layout_overrides, relative to the base) over the base's own
+    framework keys, so every axis, shared with the base or not, reaches the framework's rules (without the base's
+    keys the reload would fall back to the file's own values, which do not hold on this cluster). Only a framework
+    file reloads, and its base's keys are the framework's (`_searched_base`)."""
+    return {**base_extra, **over}
 
 
 def _base_layout_note(args: argparse.Namespace, problems: list[Problem]) -> list[Problem]:
