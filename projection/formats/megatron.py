@@ -35,6 +35,7 @@ from projection.errors import ConfigError
 from projection.formats.common import one_slip
 from projection.formats.megatron_args import (
     DESTS,
+    to_list,
 )
 from projection.formats.megatron_model import MegatronArgs, model_section
 from projection.specs.scenario import Origin, RawScenario
@@ -175,6 +176,9 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
                       ("microbatch_group_size_per_vp_stage", "microbatch_group_size")):
         if a.given(dest):
             raw.set(f"plan.{key}", a.get(dest), a.origin(dest))
+    if a.given("cp_comm_type"):  # arguments.py --cp-comm-type, nargs='+': one type, or one per layer
+        kinds = list(dict.fromkeys(to_list(a.get("cp_comm_type")))) or ["p2p"]
+        raw.set("plan.cp_comm", " ".join(kinds), a.origin("cp_comm_type"))
     vpp = _vpp(a)
     pp = a.get("pipeline_model_parallel_size")
     if a.given("decoder_pipeline_manual_split_list"):  # Primus-only: layers per pipeline stage, stage-major

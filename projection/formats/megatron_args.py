@@ -112,6 +112,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "account_for_embedding_in_pipeline_split": ("bool", False),
     "account_for_loss_in_pipeline_split": ("bool", False),
     "context_parallel_size": ("int", 1),
+    "cp_comm_type": ("list", None),  # nargs="+", default ["p2p"]; one per layer when several
     "expert_model_parallel_size": ("int", 1),
     "expert_tensor_parallel_size": ("int", None),
     "microbatch_group_size_per_vp_stage": ("int", None),

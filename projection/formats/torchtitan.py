@@ -145,6 +145,10 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     raw.set("plan.schedule_style", "torch", job.origin(f"{p}.pipeline_parallel_schedule"))
     raw.set("plan.pp", pp, job.origin(f"{p}.pipeline_parallel_degree"))
     raw.set("plan.cp", cp, job.origin(f"{p}.context_parallel_degree"))
+    # torch's context parallel: "allgather" gathers K/V (the default), "alltoall" passes them round a ring
+    rotate = job.choice(f"{p}.context_parallel_rotate_method", "allgather", ("allgather", "alltoall"))
+    raw.set("plan.cp_comm", "all_gather" if rotate == "allgather" else "p2p",
+            job.origin(f"{p}.context_parallel_rotate_method"))
     rep = job.integer(f"{p}.data_parallel_replicate_degree", 1)
     shard = job.integer(f"{p}.data_parallel_shard_degree", -1, also=(-1,))
     if shard != -1:  # -1 = the ranks left over, resolved from the world size later

@@ -106,6 +106,10 @@ class ParallelPlan(Spec):
     account_for_loss: bool = False
     dp: int | None = Field(None, gt=0)
     cp: int = Field(1, gt=0)
+    cp_comm: str = Field("p2p", description="how context parallelism exchanges K/V: Megatron's --cp-comm-type "
+                         "(p2p, all_gather, a2a, a2a+p2p; space-separated when it differs by layer), TorchTitan's "
+                         "context_parallel_rotate_method (allgather -> all_gather; alltoall -> p2p, a ring of "
+                         "all-to-all steps); priced as the p2p ring whatever it is (a note says so)")
     ep: int = Field(1, gt=0)
     etp: int | None = Field(None, gt=0, description="None = tp (Megatron default)")
     sharding: ShardingSpec = ShardingSpec()

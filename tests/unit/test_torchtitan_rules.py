@@ -163,3 +163,28 @@ def test_a_scaling_count_whose_share_is_below_the_pipeline_microbatch_says_so(
     assert "each rank's share of the global batch, 32 / dp 32 = 1, is not a multiple of the pipeline microbatch " \
            "size 2" in err
     assert "local batch * dp" not in err and "--set training.global_batch_size=64" in err
+
+
+@pytest.mark.parametrize(("rotate", "cp_comm"), [(None, "all_gather"), ("allgather", "all_gather"),
+                                                 ("alltoall", "p2p")])
+def test_context_parallel_rotate_method(tmp_path: Path, rotate: str | None, cp_comm: str) -> None:
+    """TorchTitan's default rotate method is allgather (JobConfig); alltoall passes K/V round a ring as p2p does.
+    Anything but the ring is priced as the ring, and the projection's notes say so."""
+    from projection.perf import project
+
+    sets = ["parallelism.context_parallel_degree=2", "parallelism.pipeline_parallel_degree=1"]
+    if rotate is not None:
+        sets.append(f"parallelism.context_parallel_rotate_method={rotate}")
+    sc = api.load(_toml(tmp_path, LLAMA_8B), hardware="h100-sxm", nodes=1, overrides=sets)
+    assert sc.plan.cp_comm == cp_comm
+    noted = [n for n in project(sc).notes if n.startswith("context parallelism")]
+    assert bool(noted) == (cp_comm != "p2p")
+
+
+def test_megatron_cp_comm_type_is_read(tmp_path: Path) -> None:
+    args = tmp_path / "args.txt"
+    args.write_text("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+                    "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 "
+                    "--context-parallel-size 2 --cp-comm-type a2a a2a p2p p2p --bf16\n")
+    sc = api.load(args, hardware="h100-sxm", nodes=1, fmt="megatron")
+    assert sc.plan.cp_comm == "a2a p2p"
