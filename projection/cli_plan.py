@@ -95,6 +95,7 @@ def _searched_base(args: argparse.Namespace, env: Mapping[str, str] | None,
     axes = [a for a in _CANONICAL if values.get(a)]
     if not axes:
         return None, {}
+    fallback: tuple[Any, dict[str, Any]] = (None, {})
     for combo in itertools.islice(itertools.product(*(values[a] or () for a in axes)), 64):
         extra = {_CANONICAL[a]: v for a, v in zip(axes, combo, strict=True)}
         try:
@@ -107,10 +108,14 @@ def _searched_base(args: argparse.Namespace, env: Mapping[str, str] | None,
                                     plan.recompute, every=True)
             if isinstance(keys, list):  # the framework cannot take this layout: try the next
                 continue
+            if fallback[0] is None:
+                fallback = (scenario, keys)
             return load_scenario(args, env, extra=keys), keys
         except ProjectionError:
             continue
-    return None, {}
+    # the framework refuses every searched layout (e.g. zero bubble without gradient-accumulation fusion): search
+    # anyway, so each candidate, reloaded with the framework's keys, is refused with the framework's own reasons
+    return fallback
 
 
 def _reload_keys(base_extra: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -160,8 +165,11 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2
     fits = [c for c in found if c.status == "fits"]
+    # --top K: the K fastest fitting layouts, whatever the format (README "projection plan"); the out-of-memory and
+    # refused ones are all listed, in the table and in JSON alike
+    shown = fits[:args.top] + [c for c in found if c.status != "fits"]
     if args.format == "json":
-        print(json.dumps({"world_size": scenario.world_size, "candidates": [_row(c) for c in found]}, indent=2))
+        print(json.dumps({"world_size": scenario.world_size, "candidates": [_row(c) for c in shown]}, indent=2))
         return 0
     print(f"layouts of {scenario.model.name} on {scenario.world_size} x {scenario.cluster.device.name}, global batch "
           f"{scenario.training.resolved_global_batch(scenario.plan.dp_())}: {len(fits)} fit, "
@@ -170,14 +178,14 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'recompute':<9} {'zero':>4} "
           f"{'schedule':<17} "
           f"{'step s':>9} {'tokens/s/GPU':>13} {'MFU':>6} {'vs':>4} {'peak GiB':>9}")
-    for c in fits[:args.top] + [c for c in found if c.status == "out of memory"]:
+    for c in (c for c in shown if c.status != "refused"):
         r = _row(c)
         step = f"{r['step_time_s']:>9.4g} {r['tokens_per_s_per_gpu']:>13.1f} {r['mfu']:>6.1%} {r['peak_dtype']:>4}" \
             if c.projection else f"{'-':>9} {'-':>13} {'-':>6} {'-':>4}"
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp:>3} {c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {r['dp']:>4} "
               f"{c.recompute:<9} {c.zero:>4} {r['schedule']:<17} {step} {r['peak_gib']:>9.2f}"
               + (f"  {r['memory_verdict']}" if r['memory_verdict'] != "fits" else ""))
-    for c in (c for c in found if c.status == "refused"):
+    for c in (c for c in shown if c.status == "refused"):
         print(f"refused tp {c.tp} pp {c.pp} vpp {c.vpp} cp {c.cp} ep {c.ep} mbs {c.micro_batch_size} "
               f"recompute {c.recompute} zero {c.zero}: "
               + "; ".join(p.message + (f" (fix: {p.fix})" if p.fix else "") for p in c.problems))

@@ -118,18 +118,18 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
 
     world, base = sc.world_size, sc.plan
     divides = world % (tp * cp * pp) == 0
-    if not divides and reload is not None:  # the framework's loader would stop at it: say only this
-        return refused([_world_problem(world, tp, cp, pp)])
     if reload is not None:
         spec = _recompute(base.recompute, recompute)
         over = layout_overrides(sc, tp, pp, vpp if given["vpp"] else None, cp, ep, mbs if given["mbs"] else None,
                                 spec, zero if given["zero"] else None)
         if isinstance(over, list):
-            return refused(over)
+            return refused(([] if divides else [_world_problem(world, tp, cp, pp)]) + over)
         try:
             cand = reload(over)
-        except ProjectionError as err:
+        except ProjectionError as err:  # every reason the loader gives, as `projection memory --set` lists them
             return refused(err.problems)
+        if not divides:  # a loader that took it anyway: the world-size rule (specs/validate.py) still holds
+            return refused([_world_problem(world, tp, cp, pp)])
         derived = derived_vpp_problem(sc, vpp, cand.plan.vpp_) if given["vpp"] else None
         if derived is not None:
             return refused([derived])

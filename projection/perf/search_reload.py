@@ -163,7 +163,8 @@ def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: in
             out[f"{p}.{key}"] = value
     if mbs is not None:  # TorchTitan's micro batch: the pipeline microbatch with a pipeline, else the local batch
         out[f"{p}.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"] = mbs
-    dp = sc.world_size // (tp * pp * cp)
+    # dp 0 where tp pp cp do not divide the world: the loader then refuses the layout with every reason
+    dp = sc.world_size // (tp * pp * cp) if sc.world_size % (tp * pp * cp) == 0 else 0
     local = sc.training.local_batch_size or sc.training.micro_batch_size
     if pp == 1 and mbs is None and dp > 0 and gbs % (local * dp):
         # without a pipeline the local batch is the micro batch: the search keeps the file's, so say which to search
