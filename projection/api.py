@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR, is_device_path
 from projection.report.inspect import InspectReport, build_inspect_report
 from projection.specs.hardware import load_device
-from projection.specs.scenario import Origin, Scenario, build_scenario
+from projection.specs.scenario import Origin, RawScenario, Scenario, build_scenario
 
 DEFAULT_HARDWARE = "mi300x"
 
@@ -62,7 +62,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     job_env = {str(k): v for k, v in ov.items() if str(k).startswith("env.")}
     ov = {k: v for k, v in ov.items() if str(k) not in cluster and str(k) not in job_env}
     command_line, problems = _job_env_vars(job_env)
-    def read(ov: Mapping[str, Any]) -> Any:
+    def read(ov: Mapping[str, Any]) -> RawScenario:
         try:
             return load_raw(Path(config), ov, fmt=fmt, primus_root=Path(primus_root) if primus_root else None,
                             models_dir=models_dir, env=env or {})
@@ -108,7 +108,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     return scenario
 
 
-def _torchtitan_schedule(read: Any, ov: Mapping[str, Any], schedule: str) -> Any:
+def _torchtitan_schedule(read: Callable[[Mapping[str, Any]], RawScenario], ov: Mapping[str, Any],
+                         schedule: str) -> RawScenario:
     """A TorchTitan job read again with --schedule NAME as its parallelism.pipeline_parallel_schedule; problems
     about that key are --schedule's."""
     from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES as NAMES

@@ -89,7 +89,9 @@ def _searched_base(args: argparse.Namespace, env: Mapping[str, str] | None,
     searched. At most 64 combinations are tried. A framework file (Primus, TorchTitan: perf/search_reload.py) is
     loaded again with the framework's own keys for that layout (`layout_overrides(every=True)`): projection's keys
     (plan.tp) apply after the framework's rules, which would then be checked against the file's values (Primus's
-    zero-bubble schedule and its refusals from pp, the DeepEP dispatcher from tp), not the layout shown."""
+    zero-bubble schedule and its refusals from pp, the DeepEP dispatcher from tp), not the layout shown. Where the
+    framework refuses every such reload, the first layout that loaded with projection's keys is the base, so each
+    candidate is refused with the framework's own reasons."""
     from projection.perf.search_reload import layout_overrides, needs_reload
 
     axes = [a for a in _CANONICAL if values.get(a)]

@@ -110,7 +110,7 @@ def read_fp8(job: JobReader, fsdp: bool, mla: bool = False, tp: int = 1) -> dict
                if job.get(f"quantize.grouped_mm.{c.rsplit('.', 1)[-1]}.fqns", []) or c.startswith("quantize.moe")]
     if fp8 is not None:
         fp8["grouped_experts"] = bool(grouped)
-    elif grouped and not job.problems:
+    elif grouped:
         # experts in fp8 and every nn.Linear in bf16: Fp8Spec has no scope without the linears (training.py)
         job.problem("model.converters", f"{', '.join(sorted(grouped))} without a float8 or MX linear converter (the "
                     "routed experts' grouped GEMMs in fp8, the dense linears in bf16) is not modelled",

@@ -115,7 +115,9 @@ def _not_finite(sc: Scenario, what: str) -> ConfigError:
 def compare_schedules(scenario: Scenario, cost_model: CostModel | None = None, *,
                       engine: Engine = "des") -> list[Projection]:
     """A projection per schedule applicable to the plan's pp, vpp and microbatches (interleaved_1f1b only with
-    vpp > 1, where it differs from 1f1b), sorted by step time."""
+    vpp > 1, where it differs from 1f1b), sorted by step time. The stages stay the scenario's: a TorchTitan job
+    derives its stages per rank from its schedule, so compare its schedules as `projection performance --schedule
+    all` does, one `api.load(..., schedule=NAME)` per name (TorchTitan's pipeline_parallel_schedule)."""
     out = [project(scenario, cost_model, schedule=name, engine=engine) for name in applicable_schedules(scenario)]
     return sorted(out, key=lambda p: p.step_time_s)
 
