@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
+from projection.formats.bridge_fields import is_bridge
 from projection.formats.common import load_yaml, read_text
 from projection.paths import MODELS_DIR
 from projection.specs.scenario import RawScenario
 
-FORMATS = ("primus", "megatron", "torchtitan", "hf", "native")
+FORMATS = ("primus", "megatron", "megatron-bridge", "torchtitan", "hf", "native")
 
 
 def detect_format(path: Path) -> str:
@@ -37,6 +38,8 @@ def detect_format(path: Path) -> str:
                 return "primus"  # an experiment, or a model preset that pulls in others (formats/primus_preset.py)
             if "MODEL_ARGS" in data:
                 return "megatron"
+            if is_bridge(data):
+                return "megatron-bridge"  # a ConfigContainer: run_config.yaml, or the sections it holds
             if "model" in data and ({"training", "plan", "cluster"} & set(data) or len(data) == 1):
                 return "native"
             if "num_layers" in data and "hidden_size" in data:
@@ -44,7 +47,8 @@ def detect_format(path: Path) -> str:
         raise ConfigError(Problem(
             "cannot tell which format this YAML is", file=str(path),
             fix="a Primus experiment has 'modules:' (a Primus model preset 'extends:' or num_layers / hidden_size), "
-                "a Megatron test config 'MODEL_ARGS:', a native scenario 'model:' with 'training:'/'plan:'/'cluster:'"))
+                "a Megatron test config 'MODEL_ARGS:', a Megatron-Bridge config 'model:' with 'train:'/'ddp:'/"
+                "'dataset:', a native scenario 'model:' with 'training:'/'plan:'/'cluster:'"))
     if "--" in text:
         return "megatron"  # a plain file of Megatron flags
     raise ConfigError(Problem("unrecognised config file", file=str(path),
@@ -71,6 +75,10 @@ def load_raw(path: Path, overrides: Mapping[str, Any] | None = None, *, fmt: str
         from projection.formats.megatron_files import load_megatron
 
         return load_megatron(path, ov, env=env)
+    if fmt == "megatron-bridge":
+        from projection.formats.bridge import load_bridge
+
+        return load_bridge(path, ov)
     if fmt == "torchtitan":
         from projection.formats.torchtitan import load_torchtitan
 

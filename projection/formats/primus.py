@@ -238,9 +238,13 @@ def resolve_experiment(path: Path, overrides: Mapping[str, Any] | None = None, *
     fw = _FRAMEWORKS.get(raw_fw)
     if fw is None:
         what = "is not supported yet" if raw_fw in _UNSUPPORTED else "is not a Primus framework"
-        raise ConfigError(_problem(exp, (*at, "framework"), f"framework {raw_fw!r} {what}",
-                                   "projection reads Primus experiments with framework megatron or torchtitan; "
-                                   "describe other jobs in a native scenario YAML"))
+        fix = "projection reads Primus experiments with framework megatron or torchtitan; describe other jobs in " \
+              "a native scenario YAML"
+        if raw_fw == "megatron_bridge":  # Primus names a recipe (a Python function); its result is in the run's YAML
+            fix = "give the run_config.yaml Megatron-Bridge writes in each checkpoint (or the 'Task Configuration' " \
+                  "it logs), which projection reads as a Megatron-Bridge config; a Primus megatron_bridge module " \
+                  "names a Python recipe, which projection does not run"
+        raise ConfigError(_problem(exp, (*at, "framework"), f"framework {raw_fw!r} {what}", fix))
     config = _yaml_name(_required_str(exp, module, at, "config", "config: pre_trainer.yaml"))
     model_name = _yaml_name(_required_str(exp, module, at, "model", "model: llama3.1_8B.yaml"))
     block = module.get("overrides")

@@ -347,9 +347,9 @@ def _layout(raw: RawScenario, specs: dict[str, Any], cluster: ClusterSpec, devic
     return plan, training, as_loaded, problems
 
 
-# Scenario.framework values whose jobs run Megatron-Core's code (Megatron-LM launches and Primus's Megatron trainer);
-# "primus-torchtitan" runs TorchTitan's. The one list every framework-dependent rule reads.
-MEGATRON_FRAMEWORKS = ("megatron", "primus-megatron")
+# Scenario.framework values whose jobs run Megatron-Core's code (Megatron-LM launches, Primus's Megatron trainer and
+# Megatron-Bridge); "primus-torchtitan" runs TorchTitan's. The one list every framework-dependent rule reads.
+MEGATRON_FRAMEWORKS = ("megatron", "primus-megatron", "megatron-bridge")
 
 
 def runs_megatron(framework: str) -> bool:

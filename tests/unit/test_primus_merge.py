@@ -238,6 +238,9 @@ def test_unsupported_framework_and_missing_keys(tmp_path: Path, root: Path) -> N
     with pytest.raises(ConfigError) as err:
         resolve_experiment(experiment(tmp_path, "      a: 1\n", framework="maxtext"), primus_root=root, env={})
     assert "megatron or torchtitan" in (err.value.problems[0].fix or "")
+    with pytest.raises(ConfigError) as err:  # a recipe name: the run's own YAML is what projection reads
+        resolve_experiment(experiment(tmp_path, "      a: 1\n", framework="megatron_bridge"), primus_root=root, env={})
+    assert "run_config.yaml" in (err.value.problems[0].fix or "")
     write(tmp_path / "m.yaml", "modules:\n  pre_trainer:\n    framework: megatron\n    config: pre_trainer.yaml\n")
     with pytest.raises(ConfigError, match="needs a `model`"):
         resolve_experiment(tmp_path / "m.yaml", primus_root=root, env={})
