@@ -156,6 +156,11 @@ def _args(data: Mapping[str, Any], origins: Mapping[tuple[str, ...], Origin],
         put("ffn_hidden_size", 4 * model["hidden_size"],
             Origin("default (Megatron-Core TransformerConfig: 4 x hidden_size, gated or not)", None,
                    "model.hidden_size"))
+    ddp = data["ddp"]
+    if ddp.get("use_megatron_fsdp") and ddp.get("keep_fp8_transpose_cache") is False:
+        # DistributedDataParallelConfig.keep_fp8_transpose_cache: Megatron-FSDP's alone (default False): without it
+        # the fp8 weights' transposes are made again in each backward
+        put("fp8_weight_transpose_cache", False, origins[("ddp", "keep_fp8_transpose_cache")])
     fp32, o = _grad_reduce_in_fp32(data, origins)
     put("grad_reduce_in_bf16", not fp32, o)
     put("accumulate_allreduce_grads_in_fp32", fp32, o)

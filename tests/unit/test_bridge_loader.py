@@ -211,3 +211,15 @@ def test_cli_bad_bridge_file_exits_2_without_traceback(tmp_path: Path) -> None:
                          text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stdout == ""
     assert "model.num_layers" in res.stderr and "fix:" in res.stderr
+
+
+def test_keep_fp8_transpose_cache_is_megatron_fsdps_alone(tmp_path: Path) -> None:
+    """DistributedDataParallelConfig.keep_fp8_transpose_cache (default False) acts under Megatron-FSDP only: the
+    Llama-3.2-1B dump's `false` without FSDP leaves Transformer Engine's transpose cache alone."""
+    fp8 = SMALL.replace("mixed_precision: bf16_mixed", "mixed_precision: bf16_with_fp8_current_scaling_mixed")
+    plain = api.load(write(tmp_path, fp8.replace("ddp:\n", "ddp:\n  keep_fp8_transpose_cache: false\n")), **CLUSTER)
+    assert plain.training.fp8 is not None and plain.training.fp8.weight_transpose_cache is True
+    fsdp = fp8.replace("ddp:\n", "ddp:\n  keep_fp8_transpose_cache: false\n  use_megatron_fsdp: true\n"
+                       "  data_parallel_sharding_strategy: optim_grads_params\n")
+    sc = api.load(write(tmp_path, fsdp, "b.yaml"), **CLUSTER)
+    assert sc.training.fp8 is not None and sc.training.fp8.weight_transpose_cache is False
