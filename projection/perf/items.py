@@ -167,7 +167,12 @@ class ItemBuilder:
             elif group == "cp":
                 attn = _pair(ops, k, forward=op.recompute or not backward, kinds=("attention",))
                 a = self.compute_s(attn) / self.plan.cp if attn is not None else 0.0
-                out.append(blocking("cp", op.count * max(0.0, one - a), full, op.count))
+                if op.coll == "send_recv":  # ring steps: each hides behind a chunk of attention
+                    out.append(blocking("cp", op.count * max(0.0, one - a), full, op.count))
+                elif op.name.endswith(".overlap"):  # torch's all-gather: behind the local chunk only
+                    out.append(blocking("cp", max(0.0, full - a), full, op.count))
+                else:  # TE's all-gather / reduce-scatter, the all-to-alls: exposed (workload/ops_attention.py)
+                    out.append(blocking("cp", full, full, op.count))
             elif group == "ep" and self.plan.overlap.ep_comm:
                 out.append(launch("ep", full, self._next(), op.count))
             else:

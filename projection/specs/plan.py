@@ -109,7 +109,8 @@ class ParallelPlan(Spec):
     cp_comm: str = Field("p2p", description="how context parallelism exchanges K/V: Megatron's --cp-comm-type "
                          "(p2p, all_gather, a2a, a2a+p2p; space-separated when it differs by layer), TorchTitan's "
                          "context_parallel_rotate_method (allgather -> all_gather; alltoall -> p2p, a ring of "
-                         "all-to-all steps); priced as the p2p ring whatever it is (a note says so)")
+                         "all-to-all steps); a2a+p2p and per-layer mixes are priced as the p2p ring (a note says "
+                         "so), the rest as they run (workload/ops_attention.py)")
     ep: int = Field(1, gt=0)
     etp: int | None = Field(None, gt=0, description="None = tp (Megatron default)")
     sharding: ShardingSpec = ShardingSpec()

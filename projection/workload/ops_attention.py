@@ -12,7 +12,8 @@ The unfused backend computes the full s x s scores: two batched GEMMs per direct
 
 Context parallelism (Megatron/TE ring attention with load-balanced causal chunks, Liu et al. 2023): a rank holds
 s/cp queries and attends to all s keys over cp steps, so its core op is (sq = s/cp, skv = s, causal) and equals 1/cp
-of the causal total; the cp - 1 ring steps each pass a K/V chunk (forward) and K/V plus dK/dV (backward).
+of the causal total; the cp - 1 ring steps each pass a K/V chunk (forward) and K/V plus dK/dV (backward). The
+all-gather and all-to-all (Ulysses) exchanges are in `_cp_pieces`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name
     b, sq, skv, ab = d.b, d.tokens // d.b, d.s, d.act_bytes
     if not d.flash:
         return _unfused(d, heads, kv_heads, d_qk, d_v, name)
+    exchange = _cp_pieces(d, heads, kv_heads, d_qk, d_v)
+    if d.cp_exchange == "a2a":
+        # Ulysses: after the all-to-all a rank holds heads/cp heads of the whole sequence (the same FLOPs as 1/cp
+        # of the queries against every key)
+        sq, heads, kv_heads = skv, max(1, heads // d.cp), max(1, kv_heads // d.cp)
     # fwd: QK^T and PV over the attended keys, 2 FLOP per multiply-accumulate; bwd twice that (dQ, dK, dV, dP)
     full = 4.0 * b * heads * sq * keys_per_query(skv, window, causal=True) * (d_qk + d_v)
     q, o = b * heads * sq * d_qk * ab, b * heads * sq * d_v * ab
@@ -56,7 +62,7 @@ def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name
 
     fwd = op(name, "F", full / 2, q + kv, o + lse)
     bwd = op(f"{name}.bwd", "I", full, q + kv + 2 * o + lse, q + kv)
-    return join("core_attn", _cp_ring(d, kv_heads, d_qk, d_v), Piece("core_attn", (fwd,), (bwd,)))
+    return join("core_attn", exchange[0], Piece("core_attn", (fwd,), (bwd,)), exchange[1])
 
 
 def _unfused(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str) -> Piece:
@@ -80,15 +86,47 @@ def _unfused(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str)
            gemm(f"{name}.pv.dgrad_v", "I", d_v, skv, sq, dt, ab, layout="NT", batch=bh), *dropout_b, softmax_b,
            gemm(f"{name}.qk.dgrad_q", "I", d_qk, sq, skv, dt, ab, layout="NN", batch=bh),
            gemm(f"{name}.qk.dgrad_k", "I", d_qk, skv, sq, dt, ab, layout="NT", batch=bh))
-    return join("core_attn", _cp_ring(d, kv_heads, d_qk, d_v), Piece("core_attn", fwd, bwd))
+    exchange = _cp_pieces(d, heads, kv_heads, d_qk, d_v)
+    return join("core_attn", exchange[0], Piece("core_attn", fwd, bwd), exchange[1])
 
 
-def _cp_ring(d: Dims, kv_heads: int, d_qk: int, d_v: int) -> Piece:
+def _cp_pieces(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int) -> tuple[Piece, Piece]:
+    """The context-parallel exchange around the core attention, as (before, after) pieces (join runs the backward
+    of `after` first). Collective sizes follow ops_base's convention (an all-gather's output, a reduce-scatter's
+    input, an all-to-all's send buffer). The ring's steps overlap a chunk of attention each, torch's all-gather the
+    local chunk's (perf/items.py, ".overlap"); the rest is exposed.
+    - p2p (Megatron/TE ring, torch's alltoall rotater): cp - 1 steps of this rank's K/V forward, K/V and dK/dV
+      backward;
+    - all_gather (Transformer Engine AttnFuncWithCPAndKVAllGather, "KV all-gather between CP ranks is exposed"):
+      K/V gathered before the forward and again before the backward, dK/dV reduce-scattered after it;
+    - all_gather_torch (torch.distributed.tensor.experimental context parallel, _AllGatherRotater: one all-gather
+      of K/V waited for after the local chunk; the backward's dK/dV always pass round the ring (_AllToAllRotater), in
+      fp32 (_ContextParallelOptions.convert_to_f32));
+    - a2a (TE AttnFuncWithCPAndQKVOA2A, Ulysses): Q, K, V all-to-all before, the output after; backward the output
+      gradient before, dQ, dK, dV after."""
+    none = Piece("core_attn", (), ())
     if d.cp == 1:
-        return Piece("core_attn", (), ())
-    chunk = d.tokens * kv_heads * (d_qk + d_v) * d.act_bytes  # this rank's K and V: b * s/cp rows
-    return Piece("core_attn", (coll("attn.cp_ring", "F", "send_recv", chunk, "cp", count=d.cp - 1),),
-                 (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp", count=d.cp - 1),))
+        return none, none
+    ab, cp = d.act_bytes, d.cp
+    chunk = d.tokens * kv_heads * (d_qk + d_v) * ab  # this rank's K and V: b * s/cp rows
+    if d.cp_exchange == "all_gather":
+        return (Piece("core_attn", (coll("attn.cp_ag", "F", "all_gather", cp * chunk, "cp"),),
+                      (coll("attn.cp_rs.bwd", "I", "reduce_scatter", cp * chunk, "cp"),)),
+                Piece("core_attn", (), (coll("attn.cp_ag.bwd", "I", "all_gather", cp * chunk, "cp"),)))
+    if d.cp_exchange == "all_gather_torch":
+        dkv = chunk * 4 // ab
+        return (Piece("core_attn", (coll("attn.cp_ag.overlap", "F", "all_gather", cp * chunk, "cp"),),
+                      (coll("attn.cp_ring.dkv", "I", "send_recv", dkv, "cp", count=cp - 1),)),
+                Piece("core_attn", (), (coll("attn.cp_ag.bwd.overlap", "I", "all_gather", cp * chunk, "cp"),)))
+    if d.cp_exchange == "a2a":
+        qkv = d.tokens * (heads * d_qk + kv_heads * (d_qk + d_v)) * ab
+        out = d.tokens * heads * d_v * ab
+        return (Piece("core_attn", (coll("attn.cp_a2a.qkv", "F", "all_to_all", qkv, "cp"),),
+                      (coll("attn.cp_a2a.dqkv", "I", "all_to_all", qkv, "cp"),)),
+                Piece("core_attn", (coll("attn.cp_a2a.out", "F", "all_to_all", out, "cp"),),
+                      (coll("attn.cp_a2a.dout", "I", "all_to_all", out, "cp"),)))
+    return (Piece("core_attn", (coll("attn.cp_ring", "F", "send_recv", chunk, "cp", count=cp - 1),),
+                  (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp", count=cp - 1),)), none)
 
 
 def gqa_attention(model: ModelSpec, d: Dims, window: int | None = None) -> list[Piece]:

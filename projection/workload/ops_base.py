@@ -145,6 +145,9 @@ class Dims:
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
     unfused_permute: bool = False  # Megatron without --moe-permute-fusion: moe_utils' unfused permute / unpermute
     attn_dropout: bool = False  # dropout of the attention probabilities (a kernel of its own without flash)
+    # how context parallelism exchanges K/V (ops_attention._cp_pieces): "p2p" (the ring), "all_gather" (Transformer
+    # Engine's, exposed), "all_gather_torch" (torch's allgather rotater), "a2a" (Ulysses all-to-all of Q, K, V, O)
+    cp_exchange: str = "p2p"
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -174,7 +177,19 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 alltoall_metadata=training.kernels.moe_token_dispatcher == "alltoall"
                 and training.kernels.transformer_impl != "torchtitan",
                 sequential_experts=training.kernels.moe_grouped_gemm is False,
-                unfused_permute=training.kernels.moe_permute_fusion is False)
+                unfused_permute=training.kernels.moe_permute_fusion is False, cp_exchange=cp_exchange(plan))
+
+
+def cp_exchange(plan: ParallelPlan) -> str:
+    """The priced context-parallel exchange (Dims.cp_exchange). A per-layer mix of Megatron's --cp-comm-type and
+    the hierarchical a2a+p2p are priced as the ring (the projection's notes say so)."""
+    kinds = set(plan.cp_comm.split())
+    if plan.cp == 1 or len(kinds) != 1:
+        return "p2p"
+    kind = kinds.pop()
+    if kind == "all_gather":  # TorchTitan (DTensor TP) runs torch's context parallel, Megatron Transformer Engine's
+        return "all_gather_torch" if plan.tp_style == "dtensor" else "all_gather"
+    return "a2a" if kind == "a2a" else "p2p"
 
 
 def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes: float, *, layout: str,

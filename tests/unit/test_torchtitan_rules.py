@@ -169,16 +169,20 @@ def test_a_scaling_count_whose_share_is_below_the_pipeline_microbatch_says_so(
                                                  ("alltoall", "p2p")])
 def test_context_parallel_rotate_method(tmp_path: Path, rotate: str | None, cp_comm: str) -> None:
     """TorchTitan's default rotate method is allgather (JobConfig); alltoall passes K/V round a ring as p2p does.
-    Anything but the ring is priced as the ring, and the projection's notes say so."""
+    torch's all-gather is priced as it runs: one K/V all-gather that the local chunk's attention hides, dK/dV round
+    the ring in fp32 (tests/unit/test_cp_exchange.py), with no note."""
     from projection.perf import project
+    from projection.workload.ops import layer_ops
 
     sets = ["parallelism.context_parallel_degree=2", "parallelism.pipeline_parallel_degree=1"]
     if rotate is not None:
         sets.append(f"parallelism.context_parallel_rotate_method={rotate}")
     sc = api.load(_toml(tmp_path, LLAMA_8B), hardware="h100-sxm", nodes=1, overrides=sets)
     assert sc.plan.cp_comm == cp_comm
-    noted = [n for n in project(sc).notes if n.startswith("context parallelism")]
-    assert bool(noted) == (cp_comm != "p2p")
+    assert not [n for n in project(sc).notes if n.startswith("context parallelism")]
+    names = {o.name for o in layer_ops(sc.model, sc.training, sc.plan, 0) if o.group == "cp"}
+    assert names == ({"attn.cp_ag.overlap", "attn.cp_ag.bwd.overlap", "attn.cp_ring.dkv"} if cp_comm == "all_gather"
+                     else {"attn.cp_ring", "attn.cp_ring.bwd"})
 
 
 def test_megatron_cp_comm_type_is_read(tmp_path: Path) -> None:

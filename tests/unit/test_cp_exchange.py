@@ -1,0 +1,87 @@
+"""Context parallelism's exchanges as each implementation runs them (workload/ops_attention.py `_cp_pieces`,
+perf/items.py): the sizes are checked against the tensors written out here from the shapes, and the exposure
+against the rule each source states (Transformer Engine's all-gather "is exposed"; its all-to-all has nothing to hide
+behind; the ring's steps and torch's all-gather hide behind attention)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.perf import project
+from projection.workload.ops import layer_ops
+
+B, S, H, HEADS, KV, D, CP = 1, 8192, 4096, 32, 8, 128, 4
+ARGS = (f"--num-layers 4 --hidden-size {H} --ffn-hidden-size 14336 --num-attention-heads {HEADS} "
+        f"--group-query-attention --num-query-groups {KV} --swiglu --normalization RMSNorm --disable-bias-linear "
+        f"--position-embedding-type rope --seq-length {S} --max-position-embeddings {S} --micro-batch-size {B} "
+        f"--global-batch-size 8 --vocab-size 32000 --context-parallel-size {CP} --bf16 --use-flash-attn")
+
+
+def load(tmp_path: Path, comm: str):  # type: ignore[no-untyped-def]
+    path = tmp_path / f"args_{comm}.txt"
+    path.write_text(f"{ARGS} --cp-comm-type {comm}\n", encoding="utf-8")
+    return api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron")
+
+
+def colls(sc) -> dict[str, tuple[str, str, int, int]]:  # type: ignore[no-untyped-def]
+    ops = layer_ops(sc.model, sc.training, sc.plan, 0)
+    return {o.name: (o.phase, o.coll, o.coll_bytes, o.count) for o in ops if o.group == "cp"}
+
+
+def attention(sc):  # type: ignore[no-untyped-def]
+    return [o for o in layer_ops(sc.model, sc.training, sc.plan, 0) if o.kind == "attention"]
+
+
+def test_sizes_of_each_exchange(tmp_path: Path) -> None:
+    local = B * S // CP  # this rank's tokens
+    kv_chunk = local * KV * 2 * D * 2  # its K and V, bf16
+    assert colls(load(tmp_path, "p2p")) == {"attn.cp_ring": ("F", "send_recv", kv_chunk, CP - 1),
+                                            "attn.cp_ring.bwd": ("I", "send_recv", 2 * kv_chunk, CP - 1)}
+    assert colls(load(tmp_path, "all_gather")) == {
+        "attn.cp_ag": ("F", "all_gather", CP * kv_chunk, 1),  # every rank's K/V gathered (the output)
+        "attn.cp_ag.bwd": ("I", "all_gather", CP * kv_chunk, 1),
+        "attn.cp_rs.bwd": ("I", "reduce_scatter", CP * kv_chunk, 1)}  # the full dK/dV reduced to this rank's
+    qkv, out = local * (HEADS * D + 2 * KV * D) * 2, local * HEADS * D * 2  # the send buffers
+    assert colls(load(tmp_path, "a2a")) == {"attn.cp_a2a.qkv": ("F", "all_to_all", qkv, 1),
+                                            "attn.cp_a2a.out": ("F", "all_to_all", out, 1),
+                                            "attn.cp_a2a.dout": ("I", "all_to_all", out, 1),
+                                            "attn.cp_a2a.dqkv": ("I", "all_to_all", qkv, 1)}
+
+
+def test_order_around_the_attention(tmp_path: Path) -> None:
+    sc = load(tmp_path, "a2a")
+    names = [o.name for o in layer_ops(sc.model, sc.training, sc.plan, 0) if "core" in o.name or "cp_" in o.name]
+    assert names == ["attn.cp_a2a.qkv", "attn.core", "attn.cp_a2a.out", "attn.cp_a2a.dout", "attn.core.bwd",
+                     "attn.cp_a2a.dqkv"]
+    sc = load(tmp_path, "all_gather")
+    names = [o.name for o in layer_ops(sc.model, sc.training, sc.plan, 0) if "core" in o.name or "cp_" in o.name]
+    assert names == ["attn.cp_ag", "attn.core", "attn.cp_ag.bwd", "attn.core.bwd", "attn.cp_rs.bwd"]
+
+
+def test_ulysses_attention_has_the_rings_flops_on_heads_over_cp(tmp_path: Path) -> None:
+    (f_ring, b_ring), (f_a2a, b_a2a) = attention(load(tmp_path, "p2p")), attention(load(tmp_path, "a2a"))
+    assert (f_a2a.flop, b_a2a.flop) == pytest.approx((f_ring.flop, b_ring.flop))
+    assert (f_a2a.heads, f_a2a.kv_heads, f_a2a.m, f_a2a.n) == (HEADS // CP, KV // CP, S, S)
+    assert (f_ring.heads, f_ring.m, f_ring.n) == (HEADS, S // CP, S)
+
+
+def test_exposure(tmp_path: Path) -> None:
+    for comm in ("all_gather", "a2a"):
+        r = project(load(tmp_path, comm))
+        assert r.comm_total_s["cp"] > 0
+        assert r.breakdown_s["comm.cp"] == pytest.approx(r.comm_total_s["cp"], rel=1e-9), comm
+        assert not [n for n in r.notes if n.startswith("context parallelism")]
+    ring = project(load(tmp_path, "p2p"))
+    assert ring.breakdown_s["comm.cp"] < ring.comm_total_s["cp"]
+
+
+def test_hierarchical_and_mixed_exchanges_keep_the_note(tmp_path: Path) -> None:
+    for comm in ("a2a+p2p", "a2a a2a p2p p2p"):
+        path = tmp_path / "mixed.txt"
+        path.write_text(f"{ARGS} --cp-comm-type {comm}\n", encoding="utf-8")
+        sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron")
+        assert "cp_ring" in " ".join(colls(sc))
+        assert [n for n in project(sc).notes if n.startswith("context parallelism")]
