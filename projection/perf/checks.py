@@ -54,15 +54,21 @@ def token_count_syncs(scenario: Scenario) -> frozenset[str]:
     - TorchTitan with expert parallelism (torchtitan/distributed/expert_parallel.py, token dispatch): the output
       splits `.to("cpu", non_blocking=False)`, "this would incur a device-to-host sync"; without EP its grouped GEMM
       takes the counts on the device.
-    Not: the all-to-all dispatcher padding every expert to its capacity (`drop_and_pad`: the counts are known on the
-    host), nor Megatron's flex dispatcher (DeepEP / HybridEP), not modelled here. Native and HF scenarios follow
-    Megatron's rule."""
+    - Megatron's flex dispatcher: DeepEP's normal dispatch, which Megatron calls without `num_worst_tokens`
+      (megatron/core/transformer/moe/fused_a2a.py: "the CPU will wait for GPU's signal to arrive"; DeepEP
+      csrc/deep_ep.cpp busy-polls the received counts), and `tokens_per_expert.sum().item()` after it; HybridEP
+      without a static size ("None means no up-bound, will cause a CPU sync").
+    Not: a dispatcher padding every expert to its capacity (`drop_and_pad`: the counts are known on the host), nor
+    Primus-Turbo's DeepEP (Primus jobs with the flex dispatcher), priced sync-free as the README says. Native and
+    HF scenarios follow Megatron's rule."""
     model, training, plan = scenario.model, scenario.training, scenario.plan
     if model.moe is None:
         return frozenset()
     if "torchtitan" in scenario.framework:
         return frozenset({ROUTER_TOPK}) if plan.ep > 1 else frozenset()
     dispatcher = training.kernels.moe_token_dispatcher
-    if dispatcher == "flex" or (dispatcher == "alltoall" and model.moe.pad_to_capacity):
+    if dispatcher in ("alltoall", "flex") and model.moe.pad_to_capacity:
+        return frozenset()
+    if dispatcher == "flex" and scenario.framework.startswith("primus"):
         return frozenset()
     return frozenset({ROUTER_TOPK})

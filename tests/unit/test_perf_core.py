@@ -312,7 +312,9 @@ def test_notes_say_what_is_projected_as_something_else() -> None:
 def test_moe_forward_reads_its_token_counts_on_the_host_once_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Megatron's all-to-all and allgather dispatchers and TorchTitan's expert-parallel dispatch read the token
     counts on the host in every MoE forward (a synchronisation: one host-read item more per layer, in a recomputed
-    forward too); Megatron's flex dispatcher and TorchTitan without EP do not (perf/checks.token_count_syncs)."""
+    forward too), and so does Megatron's flex dispatcher (DeepEP's normal dispatch waits on the host for the
+    received counts); Primus-Turbo's DeepEP, TorchTitan without EP and drop-and-pad do not
+    (perf/checks.token_count_syncs)."""
     from projection.perf import checks, pricing
 
     base = scenario(hidden=256, layers=2, moe=True, gbs=16, recompute="full")
@@ -322,13 +324,16 @@ def test_moe_forward_reads_its_token_counts_on_the_host_once_per_layer(monkeypat
         return base.model_copy(update={"framework": framework, "plan": base.plan.model_copy(update={"ep": ep}),
                                        "training": base.training.model_copy(update={"kernels": kernels})})
 
-    syncing = [variant("megatron"), variant("megatron", "allgather"), variant("torchtitan")]
+    syncing = [variant("megatron"), variant("megatron", "allgather"), variant("torchtitan"),
+               variant("megatron", "flex"), variant("megatron-bridge", "flex")]
     assert all(checks.token_count_syncs(sc) == {"moe.router.topk"} for sc in syncing)
-    assert checks.token_count_syncs(variant("megatron", "flex")) == frozenset()
+    assert checks.token_count_syncs(variant("primus-megatron", "flex")) == frozenset()
     assert checks.token_count_syncs(variant("torchtitan", ep=1)) == frozenset()
     padded = base.model.moe.model_copy(update={"capacity_factor": 1.0, "pad_to_capacity": True})  # type: ignore[union-attr]
     drop_and_pad = variant("megatron").model_copy(update={"model": base.model.model_copy(update={"moe": padded})})
     assert checks.token_count_syncs(drop_and_pad) == frozenset()  # the counts are the capacity, known on the host
+    flex_padded = variant("megatron", "flex").model_copy(update={"model": drop_and_pad.model})
+    assert checks.token_count_syncs(flex_padded) == frozenset()
 
     def counts(sc: Scenario) -> tuple[int, int]:
         stage = price_stages(sc, default_cost_model(sc)).stages[0]
