@@ -24,3 +24,14 @@ def load_benchmark(stem: str) -> ModuleType:
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def case_error(stem: str, prefix: str) -> float:
+    """The relative error of the one case of benchmarks/<stem>.py whose name starts with `prefix`, projected as the
+    benchmark projects it, with the row printed (the oracle tests' table line)."""
+    mod = load_benchmark(stem)
+    (case,) = [c for c in mod.cases() if c.name.startswith(prefix)]
+    (row,) = mod.evaluate([case])
+    print(f"\n{case.name} on {case.gpus} x {case.hardware} ({case.note}): measured {case.measured:.1f} "
+          f"{case.metric}, projected {row.projected:.1f} ({row.error:+.1%}), step {row.step_time_s:.3f} s")
+    return float(row.error)

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.oracle.bench_modules import load_benchmark
+from tests.oracle.bench_modules import case_error
 
 LIMIT = 0.20  # issue 6: no case beyond 20 %
 
 
-def _error(name: str) -> float:
-    mod = load_benchmark("accuracy_amd")
-    (case,) = [c for c in mod.cases() if c.name.startswith(name)]
-    (row,) = mod.evaluate([case])
-    print(f"\n{case.name} on {case.gpus} x {case.hardware}: measured {case.measured:.1f} tokens/s/GPU, projected "
-          f"{row.projected:.1f} ({row.error:+.1%}), step {row.step_time_s:.3f} s ({case.note})")
-    return float(row.error)
+def _error(prefix: str) -> float:
+    return case_error("accuracy_amd", prefix)
 
 
 @pytest.mark.parametrize("name", ["U4", "U1", "U2"])

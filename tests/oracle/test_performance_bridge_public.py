@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.oracle.bench_modules import load_benchmark
+from tests.oracle.bench_modules import case_error
 
 LIMIT = 0.20  # issue 6: no case beyond 20 %
 
 
 def _error(prefix: str) -> float:
-    mod = load_benchmark("accuracy_bridge")
-    (case,) = [c for c in mod.cases() if c.name.startswith(prefix)]
-    (row,) = mod.evaluate([case])
-    print(f"\n{case.name} on {case.gpus} x h100-sxm ({case.note}): measured {case.measured:.0f} tokens/s/GPU, "
-          f"projected {row.projected:.0f} ({row.error:+.1%}), step {row.step_time_s:.3f} s")
-    return float(row.error)
+    return case_error("accuracy_bridge", prefix)
 
 
 @pytest.mark.parametrize("prefix", ["B1", "B2", "B3"])
