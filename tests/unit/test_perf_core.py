@@ -300,13 +300,16 @@ def test_w_actions_add_one_hook_kernel_per_hooked_tensor(zero: int) -> None:
 
 def test_notes_say_what_is_projected_as_something_else() -> None:
     moe = scenario(hidden=256, layers=2, moe=True, gbs=16)
-    assert project(moe).notes == ()  # native: the all-to-all dispatcher, no framework flag
+    dense = scenario(hidden=256, layers=2, gbs=16)
+    assert project(dense).notes == ()
+    (optimistic,) = project(moe).notes  # native: the all-to-all dispatcher, no framework flag; every MoE job says
+    assert optimistic.startswith("MoE: projections of published MoE runs have all been fast, by 30 % to 193 %")
     kernels = moe.training.kernels.model_copy(update={"moe_token_dispatcher": "flex"})
     other = moe.model_copy(update={"training": moe.training.model_copy(update={"kernels": kernels}),
                                    "framework": "megatron"})
     notes = project(other).notes
-    assert notes == ("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
-                     "dispatcher: the same bytes, not the same kernels",)
+    assert notes == (optimistic, "MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL "
+                     "all-to-all dispatcher: the same bytes, not the same kernels")
 
 
 def test_moe_forward_reads_its_token_counts_on_the_host_once_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
