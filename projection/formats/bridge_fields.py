@@ -14,19 +14,21 @@ SECTIONS = ("model", "train", "dataset", "ddp", "optimizer", "mixed_precision", 
             "logger")
 # sections nothing here reads (checkpointing, schedules of the learning rate, logging sinks, fault tolerance)
 IGNORED_SECTIONS = ("checkpoint", "scheduler", "rng", "profiling", "peft", "validation", "ft", "straggler",
-                    "nvrx_straggler", "inprocess_restart", "rerun_state_machine", "env_vars", "tensor_inspect")
+                    "nvrx_straggler", "inprocess_restart", "rerun_state_machine", "env_vars", "tensor_inspect",
+                    "optimizer_config_override_provider")  # the last: every run_config.yaml from Bridge 0.3.0 on
 
 _SAME = {
     "model": (
         "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
         "normalization", "add_bias_linear", "add_qkv_bias", "qk_layernorm", "position_embedding_type", "rotary_base",
-        "max_position_embeddings", "make_vocab_size_divisible_by", "vocab_size", "seq_length",
+        "make_vocab_size_divisible_by", "vocab_size", "seq_length",
         "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
         "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
         "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split", "microbatch_group_size_per_vp_stage", "cp_comm_type",
         "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-        "distribute_saved_activations", "cpu_offloading", "cpu_offloading_num_layers", "moe_ffn_hidden_size",
+        "distribute_saved_activations", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
+        "offload_modules", "moe_ffn_hidden_size",
         "moe_router_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "moe_layer_freq",
         "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_dispatcher_type",
         "moe_grouped_gemm", "moe_permute_fusion", "moe_enable_deepep", "moe_layer_recompute",
@@ -55,6 +57,9 @@ _RENAMED = {
     ("model", "num_layers_in_last_pipeline_stage"): "decoder_last_pipeline_num_layers",
     ("model", "fp8_param"): "fp8_param_gather",
     ("ddp", "fp8_param_gather"): "fp8_param_gather",
+    # the grad-bucket NaN checks (DistributedDataParallelConfig, default False); the loss's check is the rerun state
+    # machine's, not read
+    ("ddp", "check_for_nan_in_grad"): "check_for_nan_in_loss_and_grad",
     ("dataset", "sequence_length"): "seq_length",
 }
 FIELDS: dict[tuple[str, str], str] = {
@@ -64,7 +69,12 @@ FIELDS: dict[tuple[str, str], str] = {
 
 # Megatron-Bridge / Megatron-Core dataclass defaults that differ from Megatron-LM's argparse defaults
 BRIDGE_DEFAULTS: dict[str, tuple[Any, str]] = {
-    "gradient_accumulation_fusion": (False, "Megatron-Core ModelParallelConfig gradient_accumulation_fusion False"),
+    # GPTModelProvider: field(default_factory=fusions.can_enable_gradient_accumulation_fusion), True wherever
+    # Transformer Engine (0.4 on) or apex's fused wgrad kernel (0.2, 0.3) imports; Megatron-FSDP turns it off
+    "gradient_accumulation_fusion": (True, "Megatron-Bridge GPTModelProvider gradient_accumulation_fusion, True "
+                                           "with Transformer Engine"),
+    "check_for_nan_in_loss_and_grad": (False, "Megatron-Core DistributedDataParallelConfig check_for_nan_in_grad "
+                                              "False"),
     "cross_entropy_loss_fusion": (True, "Megatron-Bridge GPTModelProvider cross_entropy_loss_fusion True"),
     "data_parallel_sharding_strategy": ("no_shard", "Megatron-Core DistributedDataParallelConfig "
                                         "data_parallel_sharding_strategy 'no_shard'"),
@@ -81,6 +91,32 @@ ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu", "quick_gelu": "qu
 # megatron.core.transformer.enums.AttnBackend values, as `{_target_: ...AttnBackend, _args_: [n]}` serialises them
 _ATTN_BACKENDS = {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}
+
+
+# Megatron dest -> the Bridge field(s) a layout search sets for it (perf/search_reload.py): the distributed optimizer
+# and Megatron-FSDP on both tables validate() synchronises; what Bridge has no field for, dropped
+_SEARCH_KEYS: dict[str, tuple[str, ...]] = {
+    "use_distributed_optimizer": ("ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer"),
+    "use_megatron_fsdp": ("ddp.use_megatron_fsdp", "dist.use_megatron_fsdp"),
+    "global_batch_size": ("train.global_batch_size",), "micro_batch_size": ("train.micro_batch_size",),
+    "recompute_activations": (), "num_layers_per_virtual_pipeline_stage": (), "ckpt_format": (),
+}
+
+
+def bridge_keys(megatron: Mapping[str, Any]) -> dict[str, Any]:
+    """Megatron argparse dests and values -> the Megatron-Bridge fields that set them."""
+    names = {dest: f"{section}.{field}" for (section, field), dest in reversed(list(FIELDS.items()))}
+    out: dict[str, Any] = {}
+    for dest, value in megatron.items():
+        for key in _SEARCH_KEYS.get(dest, (names.get(dest, f"model.{dest}"),)):
+            out[key] = value
+    return out
+
+
+def section(data: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A section's table, or an empty one where it is absent or not a table (bridge_checks reports the latter)."""
+    value = data.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def is_bridge(data: Mapping[str, Any]) -> bool:

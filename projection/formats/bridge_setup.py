@@ -6,8 +6,9 @@ wheels; README "Config formats").
 1. mixed_precision (a MixedPrecisionConfig table, or a recipe name) overwrites every field of the same name on model,
    optimizer and ddp, None and False included (`update_config_with_precision_overrides`);
 2. comm_overlap, when given, sets its computed defaults and the user's non-None values on model and ddp: the p2p
-   overlap with a virtual pipeline, TP overlap only with tp >= 2 and sequence parallelism, and, with the distributed
-   optimizer, grad-reduce and param-gather overlap (data-parallel size > 1 is assumed: at 1 they change nothing);
+   overlap with a virtual pipeline, TP overlap only with tp >= 2 and sequence parallelism, and, with ddp's
+   distributed optimizer (read before validate() synchronises it with optimizer's), grad-reduce and param-gather
+   overlap (data-parallel size > 1 is assumed: at 1 they change nothing);
 3. validate(): the distributed optimizer is on for both ddp and optimizer if either asks for it, Megatron-FSDP for
    both dist and ddp, and Megatron-FSDP turns gradient-accumulation fusion off."""
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from projection.errors import Problem
+from projection.formats.megatron_args import ArgValueError, to_bool
 from projection.specs.scenario import Origin
 
 Table = MutableMapping[str, Any]
@@ -42,11 +44,33 @@ MIXED_PRECISION_RECIPES: dict[str, dict[str, Any]] = {
     "bf16_with_mxfp8_mixed": {**_BF16, **_MX}, "fp16_with_mxfp8_mixed": {**_FP16, **_MX},
     "bf16_with_fp8_subchannel_scaling_mixed": {**_BF16, **_SUBCHANNEL},
     "fp16_with_fp8_subchannel_scaling_mixed": {**_FP16, **_SUBCHANNEL},
+    # Nemotron recipes: current scaling / blockwise with the first and last two layers in bf16 (not modelled)
+    "nemotron_h_bf16_with_fp8_current_scaling_mixed": {**_BF16, **_CURRENT},
+    "nanov2_bf16_with_fp8_current_scaling_mixed": {**_BF16, **_CURRENT, "fp8_recipe": "blockwise"},
 }
 _NOT_MODELLED = ("nvfp4",)  # bf16_with_nvfp4_mixed and the Nemotron variants: fp4 GEMMs are not priced
-# the MixedPrecisionConfig fields each target has (megatron-core TransformerConfig / DistributedDataParallelConfig)
-_MP_TARGETS = {"model": ("bf16", "fp16", "fp8", "fp8_recipe", "fp8_amax_history_len"),
-               "ddp": ("grad_reduce_in_fp32", "fp8_param_gather")}
+# the MixedPrecisionConfig fields each target has (megatron-core TransformerConfig / DistributedDataParallelConfig),
+# as (the target's field, the MixedPrecisionConfig field it takes): fp8_param is kept equal to fp8_param_gather
+_MP_TARGETS = {"model": (("bf16", "bf16"), ("fp16", "fp16"), ("fp8", "fp8"), ("fp8_recipe", "fp8_recipe"),
+                         ("fp8_amax_history_len", "fp8_amax_history_len"), ("fp8_param", "fp8_param_gather")),
+               "ddp": (("grad_reduce_in_fp32", "grad_reduce_in_fp32"), ("fp8_param_gather", "fp8_param_gather"))}
+_BOOLS = {"model": ("sequence_parallel",), "ddp": ("use_distributed_optimizer", "use_megatron_fsdp"),
+          "optimizer": ("use_distributed_optimizer",), "dist": ("use_megatron_fsdp", "use_torch_fsdp2"),
+          "comm_overlap": ("tp_comm_overlap",)}
+
+
+def recipe_name(mp: Any) -> str | None:
+    """The recipe a `mixed_precision` value names: a string, or a table that is a recipe function's `_target_`."""
+    if isinstance(mp, str):
+        return mp.replace("-", "_")
+    if isinstance(mp, dict) and str(mp.get("_target_", "")).rsplit(".", 1)[-1] in MIXED_PRECISION_RECIPES:
+        return str(mp["_target_"]).rsplit(".", 1)[-1]
+    return None
+
+
+def recipe_table(name: str) -> dict[str, Any] | None:
+    """MixedPrecisionConfig's fields (those read) for a recipe name; None when unknown."""
+    return {**MP_DEFAULTS, **MIXED_PRECISION_RECIPES[name]} if name in MIXED_PRECISION_RECIPES else None
 
 
 def apply_setup(data: Table, origins: Origins, file: str) -> list[Problem]:
@@ -55,6 +79,7 @@ def apply_setup(data: Table, origins: Origins, file: str) -> list[Problem]:
     for section in ("model", "ddp", "optimizer", "dist"):
         if not isinstance(data.get(section), dict):
             data[section] = {}
+    _coerce_bools(data, origins, file, problems)
     _mixed_precision(data, origins, file, problems)
     _comm_overlap(data, origins, file)
     _sync(data, origins, "use_distributed_optimizer", ("ddp", "optimizer"))
@@ -74,8 +99,8 @@ def _mixed_precision(data: Table, origins: Origins, file: str, problems: list[Pr
     if mp is None:
         return
     here = origins.get(("mixed_precision",), Origin(file, None, "mixed_precision"))
-    if isinstance(mp, str):
-        name = mp.replace("-", "_")
+    name = recipe_name(mp)
+    if name is not None:
         if any(n in name for n in _NOT_MODELLED):
             problems.append(Problem(f"mixed-precision recipe {mp!r}: fp4 GEMMs are not modelled", file=here.file,
                                     line=here.line, key="mixed_precision",
@@ -86,7 +111,7 @@ def _mixed_precision(data: Table, origins: Origins, file: str, problems: list[Pr
             problems.append(Problem(f"unknown mixed-precision recipe {mp!r}", file=here.file, line=here.line,
                                     key="mixed_precision", fix="use one of " + ", ".join(MIXED_PRECISION_RECIPES)))
             return
-        values = {**MP_DEFAULTS, **MIXED_PRECISION_RECIPES[name]}
+        values = recipe_table(name) or {}
         where: Callable[[str], Origin] = lambda _f: here  # noqa: E731
     elif isinstance(mp, dict):
         values = {**MP_DEFAULTS, **{k: v for k, v in mp.items() if k in MP_DEFAULTS}}
@@ -104,9 +129,9 @@ def _mixed_precision(data: Table, origins: Origins, file: str, problems: list[Pr
         problems.append(Problem("mixed_precision must be a recipe name or a table", file=here.file, line=here.line,
                                 key="mixed_precision", fix="e.g. mixed_precision: bf16_mixed"))
         return
-    for section, names in _MP_TARGETS.items():
-        for f in names:
-            _set(data, origins, section, f, values[f], where(f))
+    for section, pairs in _MP_TARGETS.items():
+        for target, f in pairs:
+            _set(data, origins, section, target, values[f], where(f))
 
 
 def _comm_overlap(data: Table, origins: Origins, file: str) -> None:
@@ -133,9 +158,26 @@ def _comm_overlap(data: Table, origins: Origins, file: str) -> None:
         _set(data, origins, "model", field, *pick(field, default))
     if co.get("wgrad_deferral_limit") is not None:
         _set(data, origins, "model", "wgrad_deferral_limit", *pick("wgrad_deferral_limit", 0))
-    if ddp.get("use_distributed_optimizer") or data["optimizer"].get("use_distributed_optimizer"):
+    if ddp.get("use_distributed_optimizer"):  # setup() reads ddp's flag, before validate() synchronises the two
         for field in ("overlap_grad_reduce", "overlap_param_gather"):
             _set(data, origins, "ddp", field, *pick(field, True))
+
+
+def _coerce_bools(data: Table, origins: Origins, file: str, problems: list[Problem]) -> None:
+    """The flags the start-up rules branch on, as booleans ('false' is false); anything else is a problem."""
+    for section, names in _BOOLS.items():
+        table = data.get(section)
+        if not isinstance(table, dict):
+            continue
+        for f in names:
+            if table.get(f) is None or isinstance(table[f], bool):
+                continue
+            try:
+                table[f] = to_bool(table[f])
+            except ArgValueError:
+                o = origins.get((section, f), Origin(file, None, f"{section}.{f}"))
+                problems.append(Problem(f"{section}.{f} must be true or false, not {table[f]!r}", file=o.file,
+                                        line=o.line, key=f"{section}.{f}", fix="write true or false"))
 
 
 def _sync(data: Table, origins: Origins, field: str, sections: tuple[str, str]) -> None:

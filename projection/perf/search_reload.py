@@ -20,6 +20,11 @@ Keys per candidate (`layout_overrides`), each only where the value differs from 
   refused (TorchTitan has neither). Otherwise a file that fixes `data_parallel_shard_degree` keeps
   it (a layout it no longer fills is refused by the loader, saying so); the stages per rank follow the schedule and
   `pipeline_parallel_layers_per_stage`, so an asked vpp stands only where it is what TorchTitan derives.
+- Megatron-Bridge: the same Megatron keys written as the Bridge fields that set them (formats/bridge_fields.py
+  `bridge_keys`: `model.tensor_model_parallel_size`, `train.micro_batch_size`, the distributed optimizer on both
+  `ddp` and `optimizer`, ...), so Bridge's start-up rules (comm_overlap's TP overlap only at tp >= 2 with sequence
+  parallelism, the p2p overlap with a virtual pipeline) see each candidate; sequence parallelism follows tp where
+  the file has it on.
 - Primus (Megatron argument names): `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
   `context_parallel_size`, `expert_model_parallel_size`, `micro_batch_size`, `global_batch_size`; for another
   pipeline, `num_virtual_stages_per_pipeline_rank` (the other two vpp spellings and the first/last-stage layer counts
@@ -40,6 +45,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from projection.errors import COMMAND_LINE, Problem
+from projection.formats.bridge_fields import bridge_keys
 from projection.specs.plan import RecomputeSpec, ShardingSpec
 from projection.specs.scenario import Scenario
 
@@ -65,7 +71,7 @@ class _Own(NamedTuple):
 
 def needs_reload(sc: Scenario) -> bool:
     """Whether the search builds this framework's candidates by loading the config again (module docstring)."""
-    return "torchtitan" in sc.framework or sc.framework.startswith("primus")
+    return "torchtitan" in sc.framework or sc.framework.startswith("primus") or sc.framework == "megatron-bridge"
 
 
 def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
@@ -114,6 +120,10 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
                    recompute_num_layers=recompute.num_layers)
         if recompute.granularity == "selective":
             out["recompute_modules"] = list(recompute.modules)
+    if sc.framework == "megatron-bridge":
+        if tp != own.tp and base.sp:  # Megatron-Core refuses sequence parallelism at tp 1; Bridge's scripts: tp > 1
+            out["sequence_parallel"] = tp > 1
+        return bridge_keys(out)
     return out
 
 

@@ -72,16 +72,21 @@ def test_fields_map_to_the_scenario(tmp_path: Path) -> None:
 
 def test_dataclass_defaults_differ_from_argparse(tmp_path: Path) -> None:
     """Without ffn_hidden_size a gated TransformerConfig gets 4h (Megatron-LM's CLI would give 8h/3 rounded to 64);
-    the vocabulary is not padded unless should_pad_vocab; gradient-accumulation fusion is off; main grads follow
-    grad_reduce_in_fp32, whose DDP default is False (with no mixed_precision recipe, which sets it)."""
-    text = SMALL.replace("  ffn_hidden_size: 14336\n", "").replace("  vocab_size: 128256\n", "  vocab_size: 128257\n")
+    the vocabulary is not padded unless should_pad_vocab (and an unpadded one tp does not divide is refused, as
+    Megatron-Core's vocab-parallel embedding cannot split it); gradient-accumulation fusion is on (GPTModelProvider
+    with Transformer Engine); main grads follow grad_reduce_in_fp32, whose DDP default is False (with no
+    mixed_precision recipe, which sets it)."""
+    text = SMALL.replace("  ffn_hidden_size: 14336\n", "").replace("  vocab_size: 128256\n", "  vocab_size: 128258\n")
     text = text.replace("  grad_reduce_in_fp32: true\n", "").replace("mixed_precision: bf16_mixed", "")
-    text = text.replace("  vocab_size: 128257\n", "  vocab_size: 128257\n  bf16: true\n")
+    text = text.replace("  vocab_size: 128258\n", "  vocab_size: 128258\n  bf16: true\n")
     sc = api.load(write(tmp_path, text), **CLUSTER)
     assert sc.model.ffn_hidden_size == 4 * 4096
-    assert sc.model.padded_vocab(sc.plan.tp) == 128257
-    assert sc.training.gradient_accumulation_fusion is False
+    assert sc.model.padded_vocab(sc.plan.tp) == 128258
+    assert sc.training.gradient_accumulation_fusion is True
     assert sc.training.optimizer.main_grads_dtype == "bf16"
+    msg = problems(write(tmp_path, text.replace("128258", "128257"), "odd.yaml"))
+    assert "128257 rows unpadded" in msg and "model.vocab_size" in msg
+    text = text.replace("128258", "128257")
     padded = api.load(write(tmp_path, text.replace("  vocab_size: 128257\n",
                                                    "  vocab_size: 128257\n  should_pad_vocab: true\n"), "pad.yaml"),
                       **CLUSTER)
@@ -160,16 +165,21 @@ def test_layout_rules_still_apply(tmp_path: Path) -> None:
 
 def test_start_up_changes_are_applied(tmp_path: Path) -> None:
     """Megatron-Bridge's runtime_config_update / validate(): comm_overlap turns the data-parallel overlaps on with
-    the distributed optimizer (here asked for by the optimizer table only, which validate() copies to ddp), the p2p
-    overlap with a virtual pipeline, and TP overlap only with sequence parallelism."""
-    text = SMALL.replace("ddp:\n  use_distributed_optimizer: true\n", "optimizer:\n  use_distributed_optimizer: true\n"
-                         "ddp:\n").replace("  pipeline_model_parallel_size: 2\n", "  pipeline_model_parallel_size: 2\n"
-                                           "  virtual_pipeline_model_parallel_size: 2\n")
-    text += "comm_overlap:\n  tp_comm_overlap: true\n"
-    sc = api.load(write(tmp_path, text), **CLUSTER)
+    ddp's distributed optimizer (read before validate() copies optimizer's to ddp: asked for by the optimizer
+    table only, the optimizer is distributed but the overlaps stay off), the p2p overlap with a virtual pipeline, and
+    TP overlap only with sequence parallelism."""
+    vp = SMALL.replace("  pipeline_model_parallel_size: 2\n", "  pipeline_model_parallel_size: 2\n"
+                       "  virtual_pipeline_model_parallel_size: 2\n") + "comm_overlap:\n  tp_comm_overlap: true\n"
+    sc = api.load(write(tmp_path, vp, "ddp.yaml"), **CLUSTER)
     ov = sc.plan.overlap
     assert (sc.plan.sharding.zero_stage, ov.grad_reduce, ov.param_gather, ov.p2p_comm, ov.tp_comm) == \
         (1, True, True, True, True)
+    text = vp.replace("ddp:\n  use_distributed_optimizer: true\n", "optimizer:\n  use_distributed_optimizer: true\n"
+                      "ddp:\n")
+    sc = api.load(write(tmp_path, text), **CLUSTER)
+    ov = sc.plan.overlap
+    assert (sc.plan.sharding.zero_stage, ov.grad_reduce, ov.param_gather, ov.p2p_comm, ov.tp_comm) == \
+        (1, False, False, True, True)
     no_sp = api.load(write(tmp_path, text.replace("sequence_parallel: true", "sequence_parallel: false"), "b.yaml"),
                      **CLUSTER)
     assert no_sp.plan.overlap.tp_comm is False
