@@ -167,7 +167,9 @@ class ItemBuilder:
             elif group == "cp":
                 attn = _pair(ops, k, forward=op.recompute or not backward, kinds=("attention",))
                 a = self.compute_s(attn) / self.plan.cp if attn is not None else 0.0
-                if op.coll == "send_recv":  # ring steps: each hides behind a chunk of attention
+                if op.name.endswith(".exposed"):  # a last ring step nothing is left to hide
+                    out.append(blocking("cp", full, full, op.count))
+                elif op.coll == "send_recv":  # ring steps: each hides behind a chunk of attention
                     out.append(blocking("cp", op.count * max(0.0, one - a), full, op.count))
                 elif op.name.endswith(".overlap"):  # torch's all-gather: behind the local chunk only
                     out.append(blocking("cp", max(0.0, full - a), full, op.count))

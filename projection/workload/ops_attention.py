@@ -99,9 +99,11 @@ def _cp_pieces(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int) -> tuple
       backward;
     - all_gather (Transformer Engine AttnFuncWithCPAndKVAllGather, "KV all-gather between CP ranks is exposed"):
       K/V gathered before the forward and again before the backward, dK/dV reduce-scattered after it;
-    - all_gather_torch (torch.distributed.tensor.experimental context parallel, _AllGatherRotater: one all-gather
-      of K/V waited for after the local chunk; the backward's dK/dV always pass round the ring (_AllToAllRotater), in
-      fp32 (_ContextParallelOptions.convert_to_f32));
+    - p2p_torch and all_gather_torch (torch.distributed.tensor.experimental context parallel,
+      _templated_ring_attention[_backward]): K/V pass round the ring (_AllToAllRotater, cp - 1 steps) or are
+      all-gathered once (_AllGatherRotater), waited for after the local chunk, in the forward and again in the
+      backward; the backward's dK/dV always pass round the ring in fp32 (_ContextParallelOptions.convert_to_f32), cp
+      sends of which the last is waited for after the loop, with no attention left to hide it (".exposed");
     - a2a (TE AttnFuncWithCPAndQKVOA2A, Ulysses): Q, K, V all-to-all before, the output after; backward the output
       gradient before, dQ, dK, dV after."""
     none = Piece("core_attn", (), ())
@@ -113,10 +115,14 @@ def _cp_pieces(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int) -> tuple
         return (Piece("core_attn", (coll("attn.cp_ag", "F", "all_gather", cp * chunk, "cp"),),
                       (coll("attn.cp_rs.bwd", "I", "reduce_scatter", cp * chunk, "cp"),)),
                 Piece("core_attn", (), (coll("attn.cp_ag.bwd", "I", "all_gather", cp * chunk, "cp"),)))
-    if d.cp_exchange == "all_gather_torch":
+    if d.cp_exchange in ("all_gather_torch", "p2p_torch"):
         dkv = chunk * 4 // ab
-        return (Piece("core_attn", (coll("attn.cp_ag.overlap", "F", "all_gather", cp * chunk, "cp"),),
-                      (coll("attn.cp_ring.dkv", "I", "send_recv", dkv, "cp", count=cp - 1),)),
+        dkv_ring = (coll("attn.cp_ring.dkv", "I", "send_recv", dkv, "cp", count=cp - 1),
+                    coll("attn.cp_ring.dkv.exposed", "I", "send_recv", dkv, "cp"))
+        if d.cp_exchange == "p2p_torch":
+            return (Piece("core_attn", (coll("attn.cp_ring", "F", "send_recv", chunk, "cp", count=cp - 1),),
+                          (coll("attn.cp_ring.bwd", "I", "send_recv", chunk, "cp", count=cp - 1), *dkv_ring)), none)
+        return (Piece("core_attn", (coll("attn.cp_ag.overlap", "F", "all_gather", cp * chunk, "cp"),), dkv_ring),
                 Piece("core_attn", (), (coll("attn.cp_ag.bwd.overlap", "I", "all_gather", cp * chunk, "cp"),)))
     if d.cp_exchange == "a2a":
         qkv = d.tokens * (heads * d_qk + kv_heads * (d_qk + d_v)) * ab
@@ -140,6 +146,13 @@ def gqa_attention(model: ModelSpec, d: Dims, window: int | None = None) -> list[
     if model.qk_norm:
         pieces.append(pointwise("attn.qk_norm", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn", fn=d.norm,
                                 width=hd))
+    if d.repeat_kv and kv < heads:
+        # repeat_kv: K and V copied to every local query head (a copy forward; backward sums the copies' gradients),
+        # so the attention kernel and torch's context-parallel exchanges move the query heads' K/V
+        small, big = t * kv * 2 * hd * d.act_bytes, t * heads * 2 * hd * d.act_bytes
+        pieces.append(Piece("attn", (mem("attn.repeat_kv", "F", small, big, d.act, "attn"),),
+                            (mem("attn.repeat_kv.bwd", "I", big, small, d.act, "attn"),)))
+        kv = heads
     pieces += [core_attention(d, heads, kv, hd, hd, window=window),
                row_linear("attn.proj", d, t, h, heads * hd, tag="attn")]
     return pieces

@@ -145,9 +145,13 @@ class Dims:
     sequential_experts: bool = False  # Megatron SequentialMLP: each local expert's GEMMs launched on their own
     unfused_permute: bool = False  # Megatron without --moe-permute-fusion: moe_utils' unfused permute / unpermute
     attn_dropout: bool = False  # dropout of the attention probabilities (a kernel of its own without flash)
-    # how context parallelism exchanges K/V (ops_attention._cp_pieces): "p2p" (the ring), "all_gather" (Transformer
-    # Engine's, exposed), "all_gather_torch" (torch's allgather rotater), "a2a" (Ulysses all-to-all of Q, K, V, O)
+    # how context parallelism exchanges K/V (ops_attention._cp_pieces): "p2p" (Megatron/TE's ring), "p2p_torch"
+    # (torch's ring), "all_gather" (Transformer Engine's, exposed), "all_gather_torch" (torch's allgather rotater),
+    # "a2a" (Ulysses all-to-all of Q, K, V, O)
     cp_exchange: str = "p2p"
+    # eager TorchTitan copies K and V to every query head before SDPA (torchtitan models/llama3/model/model.py
+    # `repeat_kv`), unless an attention kernel takes GQA as it is (KernelSpec.gqa_native_attention)
+    repeat_kv: bool = False
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -177,7 +181,9 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 alltoall_metadata=training.kernels.moe_token_dispatcher == "alltoall"
                 and training.kernels.transformer_impl != "torchtitan",
                 sequential_experts=training.kernels.moe_grouped_gemm is False,
-                unfused_permute=training.kernels.moe_permute_fusion is False, cp_exchange=cp_exchange(plan))
+                unfused_permute=training.kernels.moe_permute_fusion is False, cp_exchange=cp_exchange(plan),
+                repeat_kv=training.kernels.transformer_impl == "torchtitan"
+                and not training.kernels.gqa_native_attention)
 
 
 def cp_exchange(plan: ParallelPlan) -> str:
@@ -186,10 +192,12 @@ def cp_exchange(plan: ParallelPlan) -> str:
     kinds = set(plan.cp_comm.split())
     if plan.cp == 1 or len(kinds) != 1:
         return "p2p"
-    kind = kinds.pop()
-    if kind == "all_gather":  # TorchTitan (DTensor TP) runs torch's context parallel, Megatron Transformer Engine's
-        return "all_gather_torch" if plan.tp_style == "dtensor" else "all_gather"
-    return "a2a" if kind == "a2a" else "p2p"
+    kind, torch = kinds.pop(), plan.tp_style == "dtensor"  # TorchTitan runs torch's context parallel, Megatron TE's
+    if kind == "all_gather":
+        return "all_gather_torch" if torch else "all_gather"
+    if kind == "a2a":
+        return "a2a"
+    return "p2p_torch" if torch else "p2p"
 
 
 def gemm(name: str, phase: Phase, m: int, n: int, k: int, dtype: str, out_bytes: float, *, layout: str,

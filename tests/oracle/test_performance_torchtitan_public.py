@@ -32,33 +32,33 @@ _CP = ("; with 32k tokens per GPU in every row, the measured throughput falls 1.
 
 # name -> None (within LIMIT) or the strict-xfail reason, as measured 2026-11-30
 PERFORMANCE: dict[str, str | None] = {
-    "T1 8B fsdp8": "projected 9,054.6 tokens/s/GPU (1.809 s per step) against 5,762 measured: +57.1 %" + _H100,
-    "T1 8B fsdp8 compile": "projected 9,054.6 tokens/s/GPU (1.809 s) against 6,667 measured: +35.8 %" + _EAGER,
-    "T1 8B fsdp8 compile fp8": "projected 10,951.4 tokens/s/GPU (1.496 s) against 8,532 measured: +28.4 %" + _EAGER_FP8,
-    "T2 8B fsdp8 cp1 32k": "projected 5,376.7 tokens/s/GPU (6.094 s) against 3,890 measured: +38.2 %" + _H100,
-    "T2 8B fsdp4 cp2 64k": "projected 3,290.8 tokens/s/GPU (9.957 s) against 2,540 measured: +29.6 %" + _CP,
-    "T2 8B fsdp2 cp4 128k": "projected 1,853.0 tokens/s/GPU (17.683 s) against 1,071 measured: +73.0 %" + _CP,
-    "T2 8B fsdp1 cp8 256k": "projected 987.8 tokens/s/GPU (33.173 s) against 548 measured: +80.3 %" + _CP,
-    "T3 8B fsdp128": "projected 9,091.9 tokens/s/GPU (1.802 s) against 5,605 measured: +62.2 %" + _H100,
-    "T3 8B fsdp128 compile": "projected 9,091.9 tokens/s/GPU (1.802 s) against 6,514 measured: +39.6 %" + _EAGER,
-    "T3 8B fsdp128 compile fp8": ("projected 11,006.5 tokens/s/GPU (1.489 s) against 8,380 measured: +31.3 %"
+    "T1 8B fsdp8": "projected 8,999.7 tokens/s/GPU (1.821 s per step) against 5,762 measured: +56.2 %" + _H100,
+    "T1 8B fsdp8 compile": "projected 8,999.7 tokens/s/GPU (1.821 s) against 6,667 measured: +35.0 %" + _EAGER,
+    "T1 8B fsdp8 compile fp8": "projected 10,871.3 tokens/s/GPU (1.507 s) against 8,532 measured: +27.4 %" + _EAGER_FP8,
+    "T2 8B fsdp8 cp1 32k": "projected 5,357.5 tokens/s/GPU (6.116 s) against 3,890 measured: +37.7 %" + _H100,
+    "T2 8B fsdp4 cp2 64k": "projected 3,253.3 tokens/s/GPU (10.072 s) against 2,540 measured: +28.1 %" + _CP,
+    "T2 8B fsdp2 cp4 128k": "projected 1,841.1 tokens/s/GPU (17.798 s) against 1,071 measured: +71.9 %" + _CP,
+    "T2 8B fsdp1 cp8 256k": "projected 984.4 tokens/s/GPU (33.288 s) against 548 measured: +79.6 %" + _CP,
+    "T3 8B fsdp128": "projected 9,036.6 tokens/s/GPU (1.813 s) against 5,605 measured: +61.2 %" + _H100,
+    "T3 8B fsdp128 compile": "projected 9,036.6 tokens/s/GPU (1.813 s) against 6,514 measured: +38.7 %" + _EAGER,
+    "T3 8B fsdp128 compile fp8": ("projected 10,925.6 tokens/s/GPU (1.500 s) against 8,380 measured: +30.4 %"
                                   + _EAGER_FP8),
-    "T4 70B fsdp32 tp8": None,  # +19.3 % (989.2 projected, 829 measured), 2026-11-30
-    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,173.9 tokens/s/GPU (13.957 s) against 876 measured: +34.0 %; async TP "
-                                  "gains 18.7 % in the projection and 5.7 % in the measurement" + _H100),
-    "T5 405B 3D 1F1B": "projected 145.7 tokens/s/GPU (28.111 s) against 100 measured: +45.7 %" + _PP + _H100,
-    "T5 405B 3D interleaved": ("projected 226.1 tokens/s/GPU (18.117 s) against 128 measured: +76.6 %; Interleaved "
+    "T4 70B fsdp32 tp8": None,  # +19.0 % (986.3 projected, 829 measured), 2026-11-30
+    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,169.7 tokens/s/GPU (14.007 s) against 876 measured: +33.5 %; async TP "
+                                  "gains 18.6 % in the projection and 5.7 % in the measurement" + _H100),
+    "T5 405B 3D 1F1B": "projected 145.3 tokens/s/GPU (28.181 s) against 100 measured: +45.3 %" + _PP + _H100,
+    "T5 405B 3D interleaved": ("projected 225.5 tokens/s/GPU (18.160 s) against 128 measured: +76.2 %; Interleaved "
                                "1F1B gains 55 % over 1F1B in the projection and 28 % in the measurement" + _PP),
-    "T6 405B 4D fsdp8 cp1 32k": "projected 105.5 tokens/s/GPU (38.840 s) against 76 measured: +38.8 %" + _PP + _H100,
-    "T6 405B 4D fsdp4 cp2 64k": "projected 77.1 tokens/s/GPU (53.146 s) against 47 measured: +64.0 %" + _PP,
-    "T6 405B 4D fsdp2 cp4 128k": "projected 50.1 tokens/s/GPU (81.756 s) against 31 measured: +61.6 %" + _PP,
-    "T6 405B 4D fsdp1 cp8 256k": "projected 29.4 tokens/s/GPU (139.463 s) against 16 measured: +83.6 %" + _PP,
-    "A 8B fsdp64 sel layer": ("projected 3,691.7 tokens/s/GPU (2.219 s) against 2,904 measured on 64 A100 80 GB: "
-                              "+27.1 %; eager FSDP2, no compile; the sequence (8192) and the layer frequency (every "
+    "T6 405B 4D fsdp8 cp1 32k": "projected 105.3 tokens/s/GPU (38.910 s) against 76 measured: +38.5 %" + _PP + _H100,
+    "T6 405B 4D fsdp4 cp2 64k": "projected 73.3 tokens/s/GPU (55.867 s) against 47 measured: +56.0 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "projected 47.1 tokens/s/GPU (86.880 s) against 31 measured: +52.1 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "projected 25.5 tokens/s/GPU (160.506 s) against 16 measured: +59.5 %" + _PP,
+    "A 8B fsdp64 sel layer": ("projected 3,677.9 tokens/s/GPU (2.227 s) against 2,904 measured on 64 A100 80 GB: "
+                              "+26.6 %; eager FSDP2, no compile; the sequence (8192) and the layer frequency (every "
                               "other layer) are the period's defaults, not the table's"),
-    "A 8B fsdp64 sel op": ("projected 3,852.9 tokens/s/GPU (2.126 s) against 2,973 measured on 64 A100 80 GB: "
-                           "+29.6 %; eager FSDP2, no compile, op-level SAC"),
-    "A 70B fsdp64 full": ("projected 398.4 tokens/s/GPU (20.564 s) against 331 measured on 64 A100 80 GB: +20.4 %; "
+    "A 8B fsdp64 sel op": ("projected 3,834.8 tokens/s/GPU (2.136 s) against 2,973 measured on 64 A100 80 GB: "
+                           "+29.0 %; eager FSDP2, no compile, op-level SAC"),
+    "A 70B fsdp64 full": ("projected 397.5 tokens/s/GPU (20.609 s) against 331 measured on 64 A100 80 GB: +20.1 %; "
                           "eager FSDP2, no compile, full AC"),
 }
 

@@ -168,9 +168,10 @@ def test_a_scaling_count_whose_share_is_below_the_pipeline_microbatch_says_so(
 @pytest.mark.parametrize(("rotate", "cp_comm"), [(None, "all_gather"), ("allgather", "all_gather"),
                                                  ("alltoall", "p2p")])
 def test_context_parallel_rotate_method(tmp_path: Path, rotate: str | None, cp_comm: str) -> None:
-    """TorchTitan's default rotate method is allgather (JobConfig); alltoall passes K/V round a ring as p2p does.
-    torch's all-gather is priced as it runs: one K/V all-gather that the local chunk's attention hides, dK/dV round
-    the ring in fp32 (tests/unit/test_cp_exchange.py), with no note."""
+    """TorchTitan's default rotate method is allgather (JobConfig); alltoall passes K/V round a ring. Both are priced
+    as torch runs them (torch.distributed.tensor.experimental context parallel): K/V all-gathered once or passed
+    round the ring in forward and again in backward, dK/dV round the ring in fp32, cp sends with the last exposed;
+    the K/V are TorchTitan's repeat_kv copies, one per query head (32 for Llama-3-8B, not its 8 KV heads)."""
     from projection.perf import project
     from projection.workload.ops import layer_ops
 
@@ -180,9 +181,15 @@ def test_context_parallel_rotate_method(tmp_path: Path, rotate: str | None, cp_c
     sc = api.load(_toml(tmp_path, LLAMA_8B), hardware="h100-sxm", nodes=1, overrides=sets)
     assert sc.plan.cp_comm == cp_comm
     assert not [n for n in project(sc).notes if n.startswith("context parallelism")]
-    names = {o.name for o in layer_ops(sc.model, sc.training, sc.plan, 0) if o.group == "cp"}
-    assert names == ({"attn.cp_ag.overlap", "attn.cp_ag.bwd.overlap", "attn.cp_ring.dkv"} if cp_comm == "all_gather"
-                     else {"attn.cp_ring", "attn.cp_ring.bwd"})
+    got = {o.name: (o.coll, o.coll_bytes, o.count) for o in layer_ops(sc.model, sc.training, sc.plan, 0)
+           if o.group == "cp"}
+    chunk = 8 * 8192 // 2 * 32 * (128 + 128) * 2  # local batch x s/cp tokens x 32 repeated heads x (K + V) x bf16
+    dkv = {"attn.cp_ring.dkv": ("send_recv", 2 * chunk, 1), "attn.cp_ring.dkv.exposed": ("send_recv", 2 * chunk, 1)}
+    if cp_comm == "all_gather":
+        assert got == {"attn.cp_ag.overlap": ("all_gather", 2 * chunk, 1),
+                       "attn.cp_ag.bwd.overlap": ("all_gather", 2 * chunk, 1), **dkv}
+    else:
+        assert got == {"attn.cp_ring": ("send_recv", chunk, 1), "attn.cp_ring.bwd": ("send_recv", chunk, 1), **dkv}
 
 
 def test_megatron_cp_comm_type_is_read(tmp_path: Path) -> None:
@@ -192,3 +199,23 @@ def test_megatron_cp_comm_type_is_read(tmp_path: Path) -> None:
                     "--context-parallel-size 2 --cp-comm-type a2a a2a p2p p2p --bf16\n")
     sc = api.load(args, hardware="h100-sxm", nodes=1, fmt="megatron")
     assert sc.plan.cp_comm == "a2a p2p"
+
+
+def test_repeat_kv_is_priced_for_eager_torchtitan(tmp_path: Path) -> None:
+    """TorchTitan's Llama attention copies K and V to every query head before SDPA (`repeat_kv`): a copy kernel in
+    forward, the copies' gradients summed in backward, and an attention kernel reading the query heads' K/V. A
+    Megatron job (Transformer Engine takes GQA as it is) has neither."""
+    from projection.workload.ops import layer_ops
+
+    sc = api.load(_toml(tmp_path, LLAMA_8B), hardware="h100-sxm", nodes=1,
+                  overrides=["parallelism.pipeline_parallel_degree=1"])
+    ops = {o.name: o for o in layer_ops(sc.model, sc.training, sc.plan, 0)}
+    tokens = sc.training.micro_batch_size * 8192
+    small, big = tokens * 8 * 2 * 128 * 2, tokens * 32 * 2 * 128 * 2  # K and V of 8 heads, of 32, bf16
+    assert (ops["attn.repeat_kv"].bytes_read, ops["attn.repeat_kv"].bytes_written) == (small, big)
+    assert (ops["attn.repeat_kv.bwd"].bytes_read, ops["attn.repeat_kv.bwd"].bytes_written) == (big, small)
+    assert ops["attn.core"].kv_heads == 32
+    mega = api.load(Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml", hardware="h100-sxm",
+                    nodes=1)
+    names = {o.name: o for o in layer_ops(mega.model, mega.training, mega.plan, 0)}
+    assert "attn.repeat_kv" not in names and names["attn.core"].kv_heads == 8 // mega.plan.tp
