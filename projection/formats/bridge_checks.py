@@ -144,12 +144,26 @@ def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], 
                                 f"{given['sequence_length']} disagree (one field: seq_length from Megatron-Bridge "
                                 "0.6, sequence_length before)", file=file, line=at("dataset", "seq_length"),
                                 key="dataset.seq_length", fix="keep one of them"))
+    rows = model.get("seq_length") or 1024  # GPTModelProvider: the position table has seq_length rows
+    if model.get("position_embedding_type", "learned_absolute") == "learned_absolute" and given and \
+            isinstance(rows, int) and all(isinstance(v, int) and v > rows for v in given.values()):
+        tokens = next(iter(given.values()))
+        problems.append(Problem(f"learned positions: the table has model.seq_length = {rows} rows, fewer than the "
+                                f"dataset's {tokens} tokens per sample (Megatron-Bridge asserts model.seq_length "
+                                "equals the dataset's)", file=file, line=at("model", "seq_length") or at("model"),
+                                key="model.seq_length", fix=f"set model.seq_length: {tokens}"))
     if not given and model.get("seq_length") is None:
         problems.append(Problem("no sequence length: neither dataset.seq_length (Megatron-Bridge 0.6; "
                                 "dataset.sequence_length before) nor model.seq_length is given", file=file,
                                 line=at("dataset"), key="dataset.seq_length",
                                 fix="give the tokens per sample as dataset.seq_length (or --set dataset.seq_length=N)"))
     return problems
+
+
+def _one_letter(a: str, b: str) -> bool:
+    """One character replaced by another, not a digit by a digit (fp4_param / fp8_param are both real fields)."""
+    diff = [(x, y) for x, y in zip(a, b, strict=False) if x != y] if len(a) == len(b) else []
+    return len(diff) == 1 and not (diff[0][0].isdigit() and diff[0][1].isdigit())
 
 
 def _near_misses(data: Mapping[str, Any], at: Any, file: str) -> list[Problem]:
@@ -162,7 +176,7 @@ def _near_misses(data: Mapping[str, Any], at: Any, file: str) -> list[Problem]:
     for s, names in read.items():
         table = data.get(s)
         for f in table if isinstance(table, dict) else ():
-            meant = sorted(n for n in names if one_slip(str(f), n))
+            meant = sorted(n for n in names if one_slip(str(f), n) or _one_letter(str(f), n))
             if str(f) not in names and meant:
                 problems.append(Problem(f"unknown field {s}.{f} (Megatron-Bridge would refuse it)", file=file,
                                         line=at(s, str(f)), key=f"{s}.{f}", fix=f"did you mean {s}.{meant[0]}?"))

@@ -10,7 +10,8 @@ wheels; README "Config formats").
    distributed optimizer (read before validate() synchronises it with optimizer's), grad-reduce and param-gather
    overlap (data-parallel size > 1 is assumed: at 1 they change nothing);
 3. validate(): the distributed optimizer is on for both ddp and optimizer if either asks for it, Megatron-FSDP for
-   both dist and ddp, and Megatron-FSDP turns gradient-accumulation fusion off."""
+   both dist and ddp, and Megatron-FSDP turns gradient-accumulation fusion off (so does PyTorch FSDP2 here: its
+   wrapper has no main-grad buffer to accumulate into)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,10 @@ def apply_setup(data: Table, origins: Origins, file: str) -> list[Problem]:
     _sync(data, origins, "use_megatron_fsdp", ("dist", "ddp"))
     if data["ddp"].get("use_megatron_fsdp"):  # validate(): Megatron-FSDP runs without gradient-accumulation fusion
         _set(data, origins, "model", "gradient_accumulation_fusion", False, origins[("ddp", "use_megatron_fsdp")])
+    elif data["dist"].get("use_torch_fsdp2"):
+        # Megatron-Core's TorchFullyShardedDataParallel keeps no main_grad buffer for the fused weight-gradient
+        # accumulation (Megatron-LM's validate_args refuses the two together)
+        _set(data, origins, "model", "gradient_accumulation_fusion", False, origins[("dist", "use_torch_fsdp2")])
     return problems
 
 

@@ -62,6 +62,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "moe_expert_capacity_factor": ("float", None),
     "moe_token_dispatcher_type": ("str", "allgather"),
     "moe_enable_deepep": ("bool", False),
+    "moe_flex_dispatcher_backend": ("str", "deepep"),
     "moe_pad_expert_input_to_capacity": ("bool", False),
     "moe_layer_freq": ("freq", 1),
     # training and precision (§1.3, §1.6)
@@ -113,6 +114,8 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "account_for_loss_in_pipeline_split": ("bool", False),
     "context_parallel_size": ("int", 1),
     "cp_comm_type": ("list", None),  # nargs="+", default ["p2p"]; one per layer when several
+    "window_size": ("list", None),  # nargs=2 (left, right): sliding-window attention
+    "window_attn_skip_freq": ("str", None),  # full-attention layers among the windowed ones (not modelled)
     "expert_model_parallel_size": ("int", 1),
     "expert_tensor_parallel_size": ("int", None),
     "microbatch_group_size_per_vp_stage": ("int", None),

@@ -92,6 +92,7 @@ def model_section(a: MegatronArgs, raw: RawScenario, *, null_tokenizer_adds_eod:
     _attention(a, raw)
     _block(a, raw)
     _positions(a, raw)
+    _window(a, raw)
     if a.given("mtp_num_layers"):
         raw.set("model.mtp_num_layers", a.get("mtp_num_layers"), a.origin("mtp_num_layers"))
     _moe(a, raw)
@@ -135,6 +136,22 @@ def _attention(a: MegatronArgs, raw: RawScenario) -> None:
     # so an explicit kv_channels = h / heads gives the same canonical model as an omitted one.
     if kv is not None and not (h and heads and h % heads == 0 and kv == h // heads):
         raw.set("model.head_dim", kv, a.origin("kv_channels"))
+
+
+def _window(a: MegatronArgs, raw: RawScenario) -> None:
+    """--window-size left right: each query attends to the `left` keys before it and itself (right 0, causal), the
+    canonical sliding window of left + 1 keys (TransformerConfig.window_size)."""
+    if not a.given("window_size"):
+        return
+    size = a.int_list("window_size")
+    if len(size) != 2 or size[0] < 0 or size[1] != 0:
+        a.problem("window_size", f"--window-size {size}: only a causal window (left, 0) is modelled",
+                  "give --window-size LEFT 0, or drop it")
+    elif a.given("window_attn_skip_freq"):
+        a.problem("window_attn_skip_freq", "full-attention layers among sliding-window ones are not modelled",
+                  "drop --window-attn-skip-freq (every layer windowed) or --window-size (none)")
+    else:
+        raw.set("model.sliding_window", size[0] + 1, a.origin("window_size"))
 
 
 def _block(a: MegatronArgs, raw: RawScenario) -> None:

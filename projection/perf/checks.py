@@ -58,17 +58,17 @@ def token_count_syncs(scenario: Scenario) -> frozenset[str]:
       (megatron/core/transformer/moe/fused_a2a.py: "the CPU will wait for GPU's signal to arrive"; DeepEP
       csrc/deep_ep.cpp busy-polls the received counts), and `tokens_per_expert.sum().item()` after it; HybridEP
       without a static size ("None means no up-bound, will cause a CPU sync").
-    Not: a dispatcher padding every expert to its capacity (`drop_and_pad`: the counts are known on the host), nor
-    Primus-Turbo's DeepEP (Primus jobs with the flex dispatcher), priced sync-free as the README says. Native and
-    HF scenarios follow Megatron's rule."""
+    Not: the all-to-all dispatcher or HybridEP padding every expert to its capacity (`drop_and_pad`: the counts are
+    known on the host; DeepEP with padding is refused, validate_kernels.py), nor Primus-Turbo's DeepEP, priced
+    sync-free as the README says. Native and HF scenarios follow Megatron's rule."""
     model, training, plan = scenario.model, scenario.training, scenario.plan
     if model.moe is None:
         return frozenset()
     if "torchtitan" in scenario.framework:
         return frozenset({ROUTER_TOPK}) if plan.ep > 1 else frozenset()
-    dispatcher = training.kernels.moe_token_dispatcher
-    if dispatcher in ("alltoall", "flex") and model.moe.pad_to_capacity:
+    dispatcher, backend = training.kernels.moe_token_dispatcher, training.kernels.moe_flex_backend
+    if dispatcher == "flex" and backend == "turbo_deepep":
         return frozenset()
-    if dispatcher == "flex" and scenario.framework.startswith("primus"):
+    if model.moe.pad_to_capacity and (dispatcher == "alltoall" or (dispatcher == "flex" and backend == "hybridep")):
         return frozenset()
     return frozenset({ROUTER_TOPK})

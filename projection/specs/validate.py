@@ -12,6 +12,7 @@ from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import runs_megatron
 from projection.specs.training import TrainingSpec
+from projection.specs.validate_kernels import kernel_problems
 from projection.workload.stages import LayoutError, layer_counts
 
 if TYPE_CHECKING:
@@ -232,6 +233,7 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                 "schedule for vpp 2), or change vpp")
     _megatron_rules(raw, model, plan, bad)
     _torchtitan_rules(raw, model, training, plan, bad)
+    kernel_problems(raw, model, training, plan, bad)
     r = plan.recompute
     if r.granularity == "full" and r.layer_ids is None and (r.method is None or r.num_layers is None):
         bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "

@@ -125,7 +125,8 @@ def test_learned_positions_take_the_models_sequence(tmp_path: Path) -> None:
     """GPTModelProvider.provide builds the position table with max_sequence_length = model.seq_length (1024 by
     default); Bridge has no max_position_embeddings."""
     text = SMALL.replace("position_embedding_type: rope", "position_embedding_type: learned_absolute")
-    assert "longer than max_position_embeddings 1024" in problems(write(tmp_path, text))
+    msg = problems(write(tmp_path, text))
+    assert "key 'model.seq_length'" in msg and "set model.seq_length: 8192" in msg
     longer = text.replace("  num_layers: 32\n", "  num_layers: 32\n  seq_length: 8192\n")
     sc = api.load(write(tmp_path, longer, "b.yaml"), **CLUSTER)
     assert sc.model.max_position_embeddings == 8192
@@ -202,3 +203,16 @@ def test_plan_reloads_a_bridge_file_with_bridges_keys(tmp_path: Path, capsys: py
     assert main(["performance", "--config", str(path), *cluster, "--set", "model.tensor_model_parallel_size=1",
                  "--set", "model.sequence_parallel=false", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(tp1["step_time_s"], rel=1e-9)
+
+
+def test_fsdp2_runs_without_gradient_accumulation_fusion(tmp_path: Path) -> None:
+    text = SMALL.replace("ddp:\n  use_distributed_optimizer: true\n", "ddp:\n") + "dist:\n  use_torch_fsdp2: true\n"
+    sc = api.load(write(tmp_path, text), **CLUSTER)
+    assert sc.plan.sharding.fsdp == "torch_fsdp2" and sc.training.gradient_accumulation_fusion is False
+
+
+def test_a_one_letter_slip_is_refused_but_not_digits(tmp_path: Path) -> None:
+    msg = problems(write(tmp_path, SMALL.replace("use_distributed_optimizer", "use_distributed_optimiser")))
+    assert "did you mean ddp.use_distributed_optimizer?" in msg
+    fp4 = SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n  fp4_param: false\n")  # a real field, fp8_param's twin
+    assert api.load(write(tmp_path, fp4, "fp4.yaml"), **CLUSTER).model.num_layers == 32

@@ -85,3 +85,49 @@ def test_hierarchical_and_mixed_exchanges_keep_the_note(tmp_path: Path) -> None:
         sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron")
         assert "cp_ring" in " ".join(colls(sc))
         assert [n for n in project(sc).notes if n.startswith("context parallelism")]
+
+
+def refused(tmp_path: Path, extra: str, nodes_gpus: tuple[int, int] = (1, CP)) -> str:
+    from projection.errors import ProjectionError
+
+    path = tmp_path / "refused.txt"
+    path.write_text(f"{ARGS} {extra}\n", encoding="utf-8")
+    with pytest.raises(ProjectionError) as e:
+        api.load(path, hardware="h100-sxm", nodes=nodes_gpus[0], gpus_per_node=nodes_gpus[1], fmt="megatron")
+    return "\n".join(p.render() for p in e.value.problems)
+
+
+def test_what_transformer_engine_refuses_under_context_parallelism(tmp_path: Path) -> None:
+    """Ulysses needs the heads and KV heads of a TP rank divisible by cp (TE asserts it); an unknown exchange, a
+    per-layer list of the wrong length, a sliding window on the ring, and attention TE does not run are refused."""
+    assert "8 KV heads (Transformer Engine asserts both divide by cp)" in refused(
+        tmp_path, "--cp-comm-type a2a --context-parallel-size 16", (2, 8))
+    assert "unknown context-parallel exchange ring" in refused(tmp_path, "--cp-comm-type ring")
+    assert "2 context-parallel exchange types for 4 layers" in refused(tmp_path, "--cp-comm-type a2a p2p")
+    assert "sliding window with the p2p" in refused(tmp_path, "--cp-comm-type p2p --window-size 4096,0")
+    assert "needs Transformer Engine's fused or flash attention" in refused(tmp_path, "--transformer-impl local")
+    path = tmp_path / "ok.txt"  # a sliding window under all_gather runs
+    path.write_text(f"{ARGS} --cp-comm-type all_gather --window-size 4096,0\n", encoding="utf-8")
+    # --window-size 4096 0: the 4096 keys before a query and itself (TransformerConfig.window_size)
+    assert api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron").model.sliding_window == 4097
+    assert "only a causal window" in refused(tmp_path, "--cp-comm-type a2a --window-size 4096 16")
+    assert "full-attention layers among sliding-window ones" in refused(
+        tmp_path, "--cp-comm-type a2a --window-size 4096 0 --window-attn-skip-freq 4")
+
+
+def test_deepep_with_padded_experts_is_refused_and_hybridep_padded_reads_no_counts(tmp_path: Path) -> None:
+    from projection.errors import ProjectionError
+    from projection.perf import checks
+
+    moe = ("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+           "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 --num-experts 8 --moe-router-topk 2 "
+           "--expert-model-parallel-size 2 --moe-token-dispatcher-type flex --moe-expert-capacity-factor 1.0 "
+           "--moe-pad-expert-input-to-capacity")
+    path = tmp_path / "moe.txt"
+    path.write_text(moe + "\n", encoding="utf-8")
+    with pytest.raises(ProjectionError) as e:
+        api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=2, fmt="megatron")
+    assert "DeepEP backend with experts padded" in e.value.problems[0].render()
+    path.write_text(moe + " --moe-flex-dispatcher-backend hybridep\n", encoding="utf-8")
+    sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=2, fmt="megatron")
+    assert sc.training.kernels.moe_flex_backend == "hybridep" and checks.token_count_syncs(sc) == frozenset()

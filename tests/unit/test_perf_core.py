@@ -316,7 +316,7 @@ def test_moe_forward_reads_its_token_counts_on_the_host_once_per_layer(monkeypat
     """Megatron's all-to-all and allgather dispatchers and TorchTitan's expert-parallel dispatch read the token
     counts on the host in every MoE forward (a synchronisation: one host-read item more per layer, in a recomputed
     forward too), and so does Megatron's flex dispatcher (DeepEP's normal dispatch waits on the host for the
-    received counts); Primus-Turbo's DeepEP, TorchTitan without EP and drop-and-pad do not
+    received counts); Primus-Turbo's DeepEP, TorchTitan without EP and drop-and-pad (all-to-all, HybridEP) do not
     (perf/checks.token_count_syncs)."""
     from projection.perf import checks, pricing
 
@@ -330,13 +330,20 @@ def test_moe_forward_reads_its_token_counts_on_the_host_once_per_layer(monkeypat
     syncing = [variant("megatron"), variant("megatron", "allgather"), variant("torchtitan"),
                variant("megatron", "flex"), variant("megatron-bridge", "flex")]
     assert all(checks.token_count_syncs(sc) == {"moe.router.topk"} for sc in syncing)
-    assert checks.token_count_syncs(variant("primus-megatron", "flex")) == frozenset()
+    turbo = variant("primus-megatron", "flex")
+    kernels = turbo.training.kernels.model_copy(update={"moe_flex_backend": "turbo_deepep"})
+    turbo = turbo.model_copy(update={"training": turbo.training.model_copy(update={"kernels": kernels})})
+    assert checks.token_count_syncs(turbo) == frozenset()
+    assert checks.token_count_syncs(variant("primus-megatron", "flex")) == {"moe.router.topk"}  # Megatron's DeepEP
     assert checks.token_count_syncs(variant("torchtitan", ep=1)) == frozenset()
     padded = base.model.moe.model_copy(update={"capacity_factor": 1.0, "pad_to_capacity": True})  # type: ignore[union-attr]
     drop_and_pad = variant("megatron").model_copy(update={"model": base.model.model_copy(update={"moe": padded})})
     assert checks.token_count_syncs(drop_and_pad) == frozenset()  # the counts are the capacity, known on the host
-    flex_padded = variant("megatron", "flex").model_copy(update={"model": drop_and_pad.model})
-    assert checks.token_count_syncs(flex_padded) == frozenset()
+    hybrid = variant("megatron", "flex")
+    kernels = hybrid.training.kernels.model_copy(update={"moe_flex_backend": "hybridep"})
+    hybrid = hybrid.model_copy(update={"model": drop_and_pad.model, "training": hybrid.training.model_copy(
+        update={"kernels": kernels})})
+    assert checks.token_count_syncs(hybrid) == frozenset()  # HybridEP sized by the capacity
 
     def counts(sc: Scenario) -> tuple[int, int]:
         stage = price_stages(sc, default_cost_model(sc)).stages[0]

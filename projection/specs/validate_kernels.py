@@ -1,0 +1,59 @@
+"""What the attention and MoE kernels of a Megatron-family job refuse at start-up (called by
+specs/validate.layout_problems with its `bad`): context-parallel exchanges Transformer Engine does not run, and the
+DeepEP dispatcher with experts padded to capacity. Other jobs (TorchTitan's torch attention and dispatch, native
+and HF scenarios) have only the exchange's name checked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from projection.specs.model import ModelSpec
+from projection.specs.plan import ParallelPlan
+from projection.specs.scenario import RawScenario, runs_megatron
+from projection.specs.training import TrainingSpec
+
+CP_KINDS = ("p2p", "all_gather", "a2a", "a2a+p2p")  # megatron/core/transformer/transformer_config.py cp_comm_type
+
+
+def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                    bad: Callable[[str, str, str], None]) -> None:
+    kinds = plan.cp_comm.split()
+    unknown = [k for k in kinds if k not in CP_KINDS]
+    if unknown:
+        # TE attn_forward_func_with_cp: "Unsupported communication type"
+        bad("plan.cp_comm", f"unknown context-parallel exchange {', '.join(unknown)} (Transformer Engine raises "
+            "'Unsupported communication type')", f"use one of {', '.join(CP_KINDS)}")
+    if not runs_megatron(raw.framework):  # Transformer Engine's and Megatron-Core's rules
+        return
+    if plan.cp > 1:
+        _cp(model, training, plan, kinds, bad)
+    k = training.kernels
+    if model.moe is not None and k.moe_token_dispatcher == "flex" and k.moe_flex_backend == "deepep" \
+            and model.moe.pad_to_capacity:
+        # megatron/core/transformer/transformer_config.py __post_init__: DeepEP does not pad experts to capacity
+        bad("model.moe.pad_to_capacity", "the flex dispatcher's DeepEP backend with experts padded to their capacity "
+            "(Megatron-Core TransformerConfig refuses it)", "drop --moe-pad-expert-input-to-capacity, or use "
+            "--moe-flex-dispatcher-backend hybridep or the alltoall dispatcher")
+
+
+def _cp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, kinds: list[str],
+        bad: Callable[[str, str, str], None]) -> None:
+    if training.kernels.transformer_impl == "local" or training.attention_backend == "unfused":
+        # megatron/core/transformer/dot_product_attention.py: "Context parallelism is only supported by
+        # TEDotProductAttention!"; TE disables its unfused backend under context parallelism
+        bad("plan.cp", f"context parallelism (cp = {plan.cp}) needs Transformer Engine's fused or flash attention "
+            "(Megatron's own attention and TE's unfused one do not run it)",
+            "use --transformer-impl transformer_engine with a fused or flash attention backend, or cp 1")
+    if "a2a" in kinds:
+        # TE AttnFuncWithCPAndQKVOA2A: "The number of attention heads needs to be divisible by CP size!" (the heads
+        # and the KV heads of a TP rank)
+        heads = model.num_attention_heads // plan.tp
+        kv = heads if model.mla is not None else max(1, model.kv_heads // plan.tp)
+        if heads % plan.cp or kv % plan.cp:
+            bad("plan.cp_comm", f"the Ulysses all-to-all (a2a) splits heads over cp = {plan.cp}: a tensor-parallel "
+                f"rank holds {heads} heads and {kv} KV heads (Transformer Engine asserts both divide by cp)",
+                "use p2p or all_gather, or a cp that divides the heads and KV heads of a TP rank")
+    if model.sliding_window and "p2p" in kinds:
+        # TE attn_forward_func_with_cp: sliding window attention only with cp_comm_type a2a or all_gather
+        bad("plan.cp_comm", "a sliding window with the p2p context-parallel ring (Transformer Engine runs sliding "
+            "windows under context parallelism with a2a or all_gather only)", "use --cp-comm-type a2a or all_gather")
