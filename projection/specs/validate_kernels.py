@@ -1,7 +1,7 @@
 """What the attention and MoE kernels of a Megatron-family job refuse at start-up (called by
-specs/validate.layout_problems with its `bad`): context-parallel exchanges Transformer Engine does not run, and the
-DeepEP dispatcher with experts padded to capacity. Other jobs (TorchTitan's torch attention and dispatch, native
-and HF scenarios) have only the exchange's name checked."""
+specs/validate.layout_problems with its `bad`): context-parallel exchanges Transformer Engine does not run, the
+DeepEP dispatcher with experts padded to capacity, and what Megatron-LM refuses beside PyTorch FSDP2. Other jobs
+(TorchTitan's torch attention and dispatch, native and HF scenarios) have only the exchange's name checked."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         return
     if plan.cp > 1:
         _cp(model, training, plan, kinds, bad)
+    if raw.framework == "megatron" and plan.sharding.fsdp == "torch_fsdp2":
+        _fsdp2(model, training, plan, bad)
     k = training.kernels
     if model.moe is not None and k.moe_token_dispatcher == "flex" and k.moe_flex_backend == "deepep" \
             and model.moe.pad_to_capacity:
@@ -34,6 +36,22 @@ def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         bad("model.moe.pad_to_capacity", "the flex dispatcher's DeepEP backend with experts padded to their capacity "
             "(Megatron-Core TransformerConfig refuses it)", "drop --moe-pad-expert-input-to-capacity, or use "
             "--moe-flex-dispatcher-backend hybridep or the alltoall dispatcher")
+
+
+def _fsdp2(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+           bad: Callable[[str, str, str], None]) -> None:
+    """megatron/training/arguments.py validate_args under --use-torch-fsdp2 (Megatron-LM's own launches; Primus wraps
+    FSDP2 in its own class, Megatron-Bridge its own checks)."""
+    for ok, key, what, fix in (
+            (plan.pp == 1, "plan.pp", "pipeline parallelism", "use --pipeline-model-parallel-size 1"),
+            (plan.ep == 1, "plan.ep", "expert parallelism", "use --expert-model-parallel-size 1"),
+            (not training.gradient_accumulation_fusion, "training.gradient_accumulation_fusion",
+             "gradient accumulation fusion (on by default)", "add --no-gradient-accumulation-fusion"),
+            (not model.tie_embeddings, "model.tie_embeddings", "tied embeddings (the default)",
+             "add --untie-embeddings-and-output-weights"),
+            (training.params_dtype != "fp16", "training.params_dtype", "fp16", "train in bf16")):
+        if not ok:
+            bad(key, f"--use-torch-fsdp2 is not supported with {what} (Megatron-LM validate_args)", fix)
 
 
 def _cp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, kinds: list[str],

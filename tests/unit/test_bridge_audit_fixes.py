@@ -214,5 +214,6 @@ def test_fsdp2_runs_without_gradient_accumulation_fusion(tmp_path: Path) -> None
 def test_a_one_letter_slip_is_refused_but_not_digits(tmp_path: Path) -> None:
     msg = problems(write(tmp_path, SMALL.replace("use_distributed_optimizer", "use_distributed_optimiser")))
     assert "did you mean ddp.use_distributed_optimizer?" in msg
-    fp4 = SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n  fp4_param: false\n")  # a real field, fp8_param's twin
+    # fp4_param: a real field, fp8_param's twin
+    fp4 = SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n  fp4_param: false\n")
     assert api.load(write(tmp_path, fp4, "fp4.yaml"), **CLUSTER).model.num_layers == 32

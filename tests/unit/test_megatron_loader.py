@@ -542,3 +542,23 @@ def test_torchrun_flags_give_the_cluster(tmp_path: Path) -> None:
     elastic = write(tmp_path, "torchrun --nproc-per-node $GPUS --nnodes 1:4 " + flags, "elastic.sh")
     sc = api.load(elastic, hardware="h100-sxm")
     assert (sc.cluster.nodes, sc.cluster.gpus_per_node) == (1, 8)
+
+
+def test_torch_fsdp2_refusals_of_megatron_lm(tmp_path: Path) -> None:
+    """megatron/training/arguments.py validate_args under --use-torch-fsdp2: no pipeline or expert parallelism, no
+    gradient-accumulation fusion (on by default), untied embeddings, not fp16; every violation listed at once."""
+    from projection import api
+    from projection.errors import ProjectionError
+
+    base = ("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+            "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 --use-torch-fsdp2")
+    path = tmp_path / "fsdp2.txt"
+    path.write_text(base + " --pipeline-model-parallel-size 2\n", encoding="utf-8")
+    with pytest.raises(ProjectionError) as e:
+        api.load(path, hardware="h100-sxm", nodes=1, fmt="megatron")
+    keys = {p.key for p in e.value.problems}
+    assert {"--pipeline-model-parallel-size", "--gradient-accumulation-fusion",
+            "--untie-embeddings-and-output-weights"} <= keys, keys
+    path.write_text(base + " --no-gradient-accumulation-fusion --untie-embeddings-and-output-weights\n",
+                    encoding="utf-8")
+    assert api.load(path, hardware="h100-sxm", nodes=1, fmt="megatron").plan.sharding.fsdp == "torch_fsdp2"
