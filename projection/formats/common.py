@@ -10,7 +10,14 @@ from typing import Any
 import yaml
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
-from projection.fileio import DuplicateJsonKey, loads_json_unique, require_regular
+from projection.fileio import (
+    MAX_YAML_DEPTH,
+    YAML_LOADER,
+    DuplicateJsonKey,
+    loads_json_unique,
+    require_regular,
+    yaml_depth,
+)
 
 KeyPath = tuple[str, ...]
 
@@ -42,8 +49,10 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, i
     """Parse YAML safely; also return the 1-based line of every mapping key, keyed by its path of keys."""
     text = read_text(path) if text is None else text
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=YAML_LOADER)
+        if yaml_depth(node) > MAX_YAML_DEPTH:
+            raise too_deep(path, "the YAML")
+        data = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

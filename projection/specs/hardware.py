@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from projection.errors import ConfigError, Problem
-from projection.fileio import not_regular, require_regular
+from projection.fileio import MAX_YAML_DEPTH, YAML_LOADER, not_regular, require_regular, yaml_depth
 from projection.paths import HARDWARE_DIR, is_device_path
 from projection.specs.base import Spec
 from projection.units import parse_bandwidth, parse_bytes, parse_duration, parse_flop_rate
@@ -277,7 +277,7 @@ def _resolve(name_or_path: str | Path, search_dir: Path, *, key: str = "device",
     matches = []
     for stem in stems:
         try:
-            header = yaml.safe_load((search_dir / f"{stem}.yaml").read_text(encoding="utf-8"))
+            header = yaml.load((search_dir / f"{stem}.yaml").read_text(encoding="utf-8"), Loader=YAML_LOADER)
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue  # a broken file is reported when it is loaded by path or by its own name
         if isinstance(header, dict):
@@ -308,8 +308,12 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
                                       f"device name: {', '.join(list_devices())}")) from None
         raise ConfigError(Problem(f"cannot read device file: {err}", file=file, fix="give a UTF-8 YAML file")) from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=YAML_LOADER)
+        if yaml_depth(root) > MAX_YAML_DEPTH:
+            raise ConfigError(Problem("the device YAML is nested too deeply to read (hundreds of levels of lists or "
+                                      "mappings)", file=file, fix="flatten the nesting (a device file needs a few "
+                                      "levels); check that this is the file you meant"))
+        data = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or str(err)
