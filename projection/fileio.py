@@ -39,16 +39,35 @@ from projection.errors import ConfigError, Problem
 # faster than the pure-Python one, which dominated a CLI run's start (every device YAML is read to resolve aliases)
 YAML_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_YAML_DEPTH = 100  # a config is a few levels deep; libyaml parses far deeper than Python's recursion would
+MAX_YAML_KEYS = 200_000  # key paths a config may expand to (anchors and aliases); a real one has a few hundred
+
+
+def flow_depth(text: str) -> int:
+    """The deepest nesting of YAML flow collections ([ ] and { }) in the text, brackets inside strings included: an
+    upper bound checked before libyaml's composer, which recurses in C and would crash the interpreter on a file of
+    thousands of levels (block nesting that deep needs a line of thousands of spaces per level)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}" and depth:
+            depth -= 1
+    return deepest
 
 
 def yaml_depth(node: yaml.Node | None) -> int:
-    """How deeply a composed YAML document nests its lists and mappings (iteratively: no recursion limit)."""
-    deepest, stack = 0, [(node, 1)] if node is not None else []
+    """How deeply a composed YAML document nests its lists and mappings (iteratively: no recursion limit; a node an
+    alias shares is walked once)."""
+    deepest, stack, seen = 0, [(node, 1)] if node is not None else [], set()
     while stack:
         current, depth = stack.pop()
         deepest = max(deepest, depth)
         if depth > MAX_YAML_DEPTH:
             break
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
         if isinstance(current, yaml.MappingNode):
             stack += [(v, depth + 1) for _, v in current.value]
         elif isinstance(current, yaml.SequenceNode):

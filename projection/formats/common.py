@@ -12,8 +12,10 @@ import yaml
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.fileio import (
     MAX_YAML_DEPTH,
+    MAX_YAML_KEYS,
     YAML_LOADER,
     DuplicateJsonKey,
+    flow_depth,
     loads_json_unique,
     require_regular,
     yaml_depth,
@@ -25,7 +27,7 @@ KeyPath = tuple[str, ...]
 def too_deep(path: Path | str, what: str) -> ConfigError:
     """The error of a file nested deeper than the parser's recursion allows (it raised RecursionError): a config is
     a few levels deep, so this is a generated or damaged file, not one to support."""
-    return ConfigError(Problem(f"{what} is nested too deeply to read (hundreds of levels of lists or mappings)",
+    return ConfigError(Problem(f"{what} is nested too deeply to read (more than 100 levels of lists or mappings)",
                                file=str(path), fix="flatten the nesting (a config needs a few levels); check that "
                                "this is the file you meant"))
 
@@ -49,6 +51,8 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, i
     """Parse YAML safely; also return the 1-based line of every mapping key, keyed by its path of keys."""
     text = read_text(path) if text is None else text
     try:
+        if flow_depth(text) > MAX_YAML_DEPTH:
+            raise too_deep(path, "the YAML")
         node = yaml.compose(text, Loader=YAML_LOADER)
         if yaml_depth(node) > MAX_YAML_DEPTH:
             raise too_deep(path, "the YAML")
@@ -87,6 +91,11 @@ def _walk(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int], duplicate
                                               fix="keep one of the two entries (merge their contents)"))
                 seen.setdefault(path[-1], line)
                 lines[path] = line
+                if len(lines) > MAX_YAML_KEYS:  # aliases of aliases expand without bound (a "billion laughs" file)
+                    raise ConfigError(Problem(f"the YAML expands to more than {MAX_YAML_KEYS:,} keys (anchors and "
+                                              "aliases repeated into each other)", file=file,
+                                              fix="write the config out without nested aliases; a config has a few "
+                                                  "hundred keys"))
                 _walk(v, path, lines, duplicates, file)
 
 

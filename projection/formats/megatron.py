@@ -141,11 +141,8 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set("training.kernels.moe_token_dispatcher", dispatcher, o or Origin(a.source, None, "use_turbo_deepep"))
     else:
         raw.set("training.kernels.moe_token_dispatcher", dispatcher, a.origin(deepep or "moe_token_dispatcher_type"))
-    backend = "turbo_deepep" if turbo_deepep else a.get("moe_flex_dispatcher_backend")
-    if backend not in ("deepep", "hybridep", "turbo_deepep"):
-        a.problem("moe_flex_dispatcher_backend", f"unknown flex dispatcher backend {backend!r}",
-                  "use deepep or hybridep")
-    elif dispatcher == "flex":
+    backend = "turbo_deepep" if turbo_deepep else str(a.get("moe_flex_dispatcher_backend"))
+    if dispatcher == "flex":  # other backends (ncclep, ...) read their counts on the host as DeepEP's does
         turbo = a.origins.get("use_turbo_deepep") if turbo_deepep else None
         raw.set("training.kernels.moe_flex_backend", backend, turbo or a.origin("moe_flex_dispatcher_backend"))
     for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("moe_permute_fusion", "moe_permute_fusion"),
@@ -186,7 +183,8 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
     if a.given("cp_comm_type"):  # arguments.py --cp-comm-type, nargs='+': one type, or one per layer
         listed = to_list(a.get("cp_comm_type"))
         layers = a.get("num_layers")
-        if len(listed) > 1 and isinstance(layers, int) and len(listed) != layers:
+        if len(listed) > 1 and isinstance(layers, int) and len(listed) != layers \
+                and (a.get("context_parallel_size") or 1) > 1:
             # transformer_config.py __post_init__: a list of cp_comm_type has one entry per layer
             a.problem("cp_comm_type", f"{len(listed)} context-parallel exchange types for {layers} layers "
                       "(Megatron-Core wants one type, or one per layer)", "give one type, or one per layer")

@@ -143,7 +143,14 @@ def _window(a: MegatronArgs, raw: RawScenario) -> None:
     canonical sliding window of left + 1 keys (TransformerConfig.window_size)."""
     if not a.given("window_size"):
         return
-    size = a.int_list("window_size")
+    raw_size = a.args["window_size"]  # Megatron's tuple_type: "4096,0" or "(4096,0)"
+    text = " ".join(map(str, raw_size)) if isinstance(raw_size, list | tuple) else str(raw_size)
+    try:
+        size = [int(v) for v in text.replace("(", " ").replace(")", " ").replace(",", " ").split()]
+    except ValueError:
+        size = []
+    if size[:1] == [-1]:  # Transformer Engine's (-1, 0): no window
+        return
     if len(size) != 2 or size[0] < 0 or size[1] != 0:
         a.problem("window_size", f"--window-size {size}: only a causal window (left, 0) is modelled",
                   "give --window-size LEFT 0, or drop it")

@@ -19,7 +19,15 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from projection.errors import ConfigError, Problem
-from projection.fileio import MAX_YAML_DEPTH, YAML_LOADER, not_regular, require_regular, yaml_depth
+from projection.fileio import (
+    MAX_YAML_DEPTH,
+    MAX_YAML_KEYS,
+    YAML_LOADER,
+    flow_depth,
+    not_regular,
+    require_regular,
+    yaml_depth,
+)
 from projection.paths import HARDWARE_DIR, is_device_path
 from projection.specs.base import Spec
 from projection.units import parse_bandwidth, parse_bytes, parse_duration, parse_flop_rate
@@ -308,10 +316,11 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
                                       f"device name: {', '.join(list_devices())}")) from None
         raise ConfigError(Problem(f"cannot read device file: {err}", file=file, fix="give a UTF-8 YAML file")) from None
     try:
-        root = yaml.compose(text, Loader=YAML_LOADER)
-        if yaml_depth(root) > MAX_YAML_DEPTH:
-            raise ConfigError(Problem("the device YAML is nested too deeply to read (hundreds of levels of lists or "
-                                      "mappings)", file=file, fix="flatten the nesting (a device file needs a few "
+        deep = flow_depth(text) > MAX_YAML_DEPTH
+        root = None if deep else yaml.compose(text, Loader=YAML_LOADER)
+        if deep or yaml_depth(root) > MAX_YAML_DEPTH:
+            raise ConfigError(Problem("the device YAML is nested too deeply to read (more than 100 levels of lists "
+                                      "or mappings)", file=file, fix="flatten the nesting (a device file needs a few "
                                       "levels); check that this is the file you meant"))
         data = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as err:
@@ -342,6 +351,10 @@ def _index_lines(node: yaml.Node, path: tuple[str, ...], lines: dict[tuple[str, 
                 duplicates.append(Problem("duplicate key", key=".".join(sub), file=file,
                                           line=key_node.start_mark.line + 1, fix="keep only one of them"))
             lines.setdefault(sub, key_node.start_mark.line + 1)
+            if len(lines) > MAX_YAML_KEYS:  # aliases of aliases expand without bound
+                raise ConfigError(Problem(f"the device YAML expands to more than {MAX_YAML_KEYS:,} keys (anchors and "
+                                          "aliases repeated into each other)", file=file,
+                                          fix="write the device out without nested aliases"))
             _index_lines(value_node, sub, lines, duplicates, file)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):

@@ -142,10 +142,10 @@ class KernelSpec(Spec):
         None, description="Megatron --moe-grouped-gemm: True = one grouped GEMM per expert linear (TE GroupedLinear), "
         "False = Megatron's SequentialMLP, each local expert's linears as GEMMs of their own; None = not a Megatron "
         "setting (TorchTitan's grouped_mm, HF, native scenarios): grouped")
-    moe_flex_backend: Literal["deepep", "hybridep", "turbo_deepep"] = Field(
+    moe_flex_backend: str = Field(
         "deepep", description="the kernels of the flex dispatcher (Megatron --moe-flex-dispatcher-backend, default "
-        "deepep; turbo_deepep: Primus-Turbo's DeepEP, which Primus selects with use_turbo_deepep at tp 1): which of "
-        "them read the token counts on the host (perf/checks.token_count_syncs)")
+        "deepep, or hybridep, ncclep, ...; turbo_deepep: Primus-Turbo's DeepEP, which Primus selects with "
+        "use_turbo_deepep at tp 1): which of them read the token counts on the host (perf/checks.token_count_syncs)")
     moe_permute_fusion: bool | None = Field(
         None, description="Megatron --moe-permute-fusion: True = Transformer Engine's fused permute / unpermute, "
         "False = moe_utils' unfused path (routing-map and probability transposes, two masked_selects, index_select, "

@@ -19,7 +19,7 @@ def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                     bad: Callable[[str, str, str], None]) -> None:
     kinds = plan.cp_comm.split()
     unknown = [k for k in kinds if k not in CP_KINDS]
-    if unknown:
+    if unknown and plan.cp > 1:  # Megatron-Core and TE read the exchange only under context parallelism
         # TE attn_forward_func_with_cp: "Unsupported communication type"
         bad("plan.cp_comm", f"unknown context-parallel exchange {', '.join(unknown)} (Transformer Engine raises "
             "'Unsupported communication type')", f"use one of {', '.join(CP_KINDS)}")

@@ -164,3 +164,19 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, command: tuple[str, ...
     assert_user_error(res, "File too large", out.split("/")[0] if "{relative}" in command else str(tmp_path))
     assert path.read_text() == OLD
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    # libyaml's composer recurses in C: a flow nesting of 100,000 levels is refused before it (it crashed the
+    # interpreter), as are 101 levels; aliases repeated into each other stop at a key count, in under a second
+    ("flow.yaml", "model: " + "[" * 100_000 + "]" * 100_000, "more than 100 levels"),
+    ("map.yaml", "model: " + "{a: " * 101 + "1" + "}" * 101, "more than 100 levels"),
+    ("laughs.yaml", "a: &a {x: 1, y: 1, z: 1, w: 1}\n" + "".join(
+        f"{c}: &{c} {{p: *{p}, q: *{p}, r: *{p}, s: *{p}, t: *{p}, u: *{p}}}\n"
+        for p, c in zip("abcdefghij", "bcdefghijk", strict=True)), "expands to more than 200,000 keys"),
+], ids=["flow-100000", "map-101", "billion-laughs"])
+def test_yaml_that_would_crash_or_hang_libyaml(tmp_path: Path, name: str, text: str, needle: str) -> None:
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    res = run("inspect", "--config", str(path), cwd=tmp_path)
+    assert_user_error(res, str(path), needle)

@@ -131,3 +131,29 @@ def test_deepep_with_padded_experts_is_refused_and_hybridep_padded_reads_no_coun
     path.write_text(moe + " --moe-flex-dispatcher-backend hybridep\n", encoding="utf-8")
     sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=2, fmt="megatron")
     assert sc.training.kernels.moe_flex_backend == "hybridep" and checks.token_count_syncs(sc) == frozenset()
+
+
+def test_window_size_spellings_and_exchange_names_outside_cp(tmp_path: Path) -> None:
+    """Megatron's --window-size is one tuple argument ("4096,0" or "(4096,0)"); TE's (-1, 0) is no window. An
+    exchange name or per-layer list is read only under context parallelism (at cp 1 nothing uses it)."""
+    for spelling, window in (("(4096,0)", 4097), ("4096,0", 4097), ("-1,0", None)):
+        path = tmp_path / "w.txt"
+        path.write_text(f"{ARGS} --cp-comm-type a2a --window-size {spelling}\n", encoding="utf-8")
+        sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron")
+        assert sc.model.sliding_window == window, spelling
+    cp1 = ARGS.replace(f"--context-parallel-size {CP}", "--context-parallel-size 1")
+    path = tmp_path / "cp1.txt"
+    path.write_text(f"{cp1} --cp-comm-type allgather p2p\n", encoding="utf-8")
+    assert api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=1, fmt="megatron").plan.cp == 1
+
+
+def test_other_flex_backends_load_and_read_their_counts(tmp_path: Path) -> None:
+    from projection.perf import checks
+
+    moe = ("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+           "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16 --num-experts 8 --moe-router-topk 2 "
+           "--expert-model-parallel-size 2 --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep\n")
+    path = tmp_path / "moe.txt"
+    path.write_text(moe, encoding="utf-8")
+    sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=2, fmt="megatron")
+    assert sc.training.kernels.moe_flex_backend == "ncclep" and checks.token_count_syncs(sc) == {"moe.router.topk"}
