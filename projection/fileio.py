@@ -46,6 +46,8 @@ def flow_depth(text: str) -> int:
     """The deepest nesting of YAML flow collections ([ ] and { }) in the text, brackets inside strings included: an
     upper bound checked before libyaml's composer, which recurses in C and would crash the interpreter on a file of
     thousands of levels (block nesting that deep needs a line of thousands of spaces per level)."""
+    if text.count("[") + text.count("{") <= MAX_YAML_DEPTH:  # the usual case: too few brackets to nest that deep
+        return 0
     depth = deepest = 0
     for ch in text:
         if ch in "[{":
@@ -54,6 +56,25 @@ def flow_depth(text: str) -> int:
         elif ch in "]}" and depth:
             depth -= 1
     return deepest
+
+
+class YamlTooDeep(ValueError):
+    """A YAML document nested deeper than MAX_YAML_DEPTH (the caller names the file in its error)."""
+
+
+def parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+    """Compose a YAML document once, depth-guarded, and construct its data from the same nodes (the nodes carry the
+    keys' lines). Raises YamlTooDeep, or yaml.YAMLError for a syntax error."""
+    if flow_depth(text) > MAX_YAML_DEPTH:
+        raise YamlTooDeep(text[:40])
+    loader = YAML_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if yaml_depth(node) > MAX_YAML_DEPTH:
+            raise YamlTooDeep(text[:40])
+        return node, loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
 
 
 def yaml_depth(node: yaml.Node | None) -> int:

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from projection.errors import ConfigError, Problem
-from projection.formats.bridge_args import BRIDGE_NAMES, activation, bridge_args, grad_reduce_in_fp32
+from projection.formats.bridge_args import activation, bridge_args, grad_reduce_in_fp32
 from projection.formats.bridge_checks import apply_overrides, structure_problems
-from projection.formats.bridge_fields import is_bridge, section
+from projection.formats.bridge_fields import BRIDGE_NAMES, is_bridge, section
 from projection.formats.bridge_setup import apply_setup
 from projection.formats.common import coerce_scalar, load_yaml
 from projection.formats.megatron import SET_ORIGIN, args_to_raw

@@ -21,16 +21,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from projection.errors import ConfigError, Problem
-from projection.formats.bridge_fields import ACTIVATIONS, BRIDGE_DEFAULTS, FIELDS, read_target
+from projection.formats.bridge_fields import ACTIVATIONS, BRIDGE_DEFAULTS, BRIDGE_NAMES, FIELDS, read_target
 from projection.specs.scenario import Origin
 from projection.workload.stages import LayoutError, expand_layout
 
 Put = Callable[[str, Any, Origin], None]
 Origins = Mapping[tuple[str, ...], Origin]
-# where each dest comes from in the file (the first of FIELDS that gives it), for origins and messages
-BRIDGE_NAMES: dict[str, tuple[str, str]] = {}
-for (_section, _field), _dest in FIELDS.items():
-    BRIDGE_NAMES.setdefault(_dest, (_section, _field))
 _LAYER_SYMBOLS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
 
 

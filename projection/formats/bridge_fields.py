@@ -94,6 +94,11 @@ _ATTN_BACKENDS = {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32"}
 
 
+# where each dest comes from in the file (the first of FIELDS that gives it): origins, messages, search keys
+BRIDGE_NAMES: dict[str, tuple[str, str]] = {}
+for (_section, _field), _dest in FIELDS.items():
+    BRIDGE_NAMES.setdefault(_dest, (_section, _field))
+
 # Megatron dest -> the Bridge field(s) a layout search sets for it (perf/search_reload.py): the distributed optimizer
 # and Megatron-FSDP on both tables validate() synchronises; what Bridge has no field for, dropped
 _SEARCH_KEYS: dict[str, tuple[str, ...]] = {
@@ -106,10 +111,9 @@ _SEARCH_KEYS: dict[str, tuple[str, ...]] = {
 
 def bridge_keys(megatron: Mapping[str, Any]) -> dict[str, Any]:
     """Megatron argparse dests and values -> the Megatron-Bridge fields that set them."""
-    names = {dest: f"{section}.{field}" for (section, field), dest in reversed(list(FIELDS.items()))}
     out: dict[str, Any] = {}
     for dest, value in megatron.items():
-        for key in _SEARCH_KEYS.get(dest, (names.get(dest, f"model.{dest}"),)):
+        for key in _SEARCH_KEYS.get(dest, (".".join(BRIDGE_NAMES.get(dest, ("model", dest))),)):
             out[key] = value
     return out
 

@@ -11,14 +11,12 @@ import yaml
 
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.fileio import (
-    MAX_YAML_DEPTH,
     MAX_YAML_KEYS,
-    YAML_LOADER,
     DuplicateJsonKey,
-    flow_depth,
+    YamlTooDeep,
     loads_json_unique,
+    parse_yaml,
     require_regular,
-    yaml_depth,
 )
 
 KeyPath = tuple[str, ...]
@@ -51,12 +49,9 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, i
     """Parse YAML safely; also return the 1-based line of every mapping key, keyed by its path of keys."""
     text = read_text(path) if text is None else text
     try:
-        if flow_depth(text) > MAX_YAML_DEPTH:
-            raise too_deep(path, "the YAML")
-        node = yaml.compose(text, Loader=YAML_LOADER)
-        if yaml_depth(node) > MAX_YAML_DEPTH:
-            raise too_deep(path, "the YAML")
-        data = yaml.load(text, Loader=YAML_LOADER)
+        node, data = parse_yaml(text)
+    except YamlTooDeep:
+        raise too_deep(path, "the YAML") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

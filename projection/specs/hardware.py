@@ -19,15 +19,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from projection.errors import ConfigError, Problem
-from projection.fileio import (
-    MAX_YAML_DEPTH,
-    MAX_YAML_KEYS,
-    YAML_LOADER,
-    flow_depth,
-    not_regular,
-    require_regular,
-    yaml_depth,
-)
+from projection.fileio import MAX_YAML_KEYS, YAML_LOADER, YamlTooDeep, not_regular, parse_yaml, require_regular
 from projection.paths import HARDWARE_DIR, is_device_path
 from projection.specs.base import Spec
 from projection.units import parse_bandwidth, parse_bytes, parse_duration, parse_flop_rate
@@ -316,13 +308,11 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
                                       f"device name: {', '.join(list_devices())}")) from None
         raise ConfigError(Problem(f"cannot read device file: {err}", file=file, fix="give a UTF-8 YAML file")) from None
     try:
-        deep = flow_depth(text) > MAX_YAML_DEPTH
-        root = None if deep else yaml.compose(text, Loader=YAML_LOADER)
-        if deep or yaml_depth(root) > MAX_YAML_DEPTH:
-            raise ConfigError(Problem("the device YAML is nested too deeply to read (more than 100 levels of lists "
-                                      "or mappings)", file=file, fix="flatten the nesting (a device file needs a few "
-                                      "levels); check that this is the file you meant"))
-        data = yaml.load(text, Loader=YAML_LOADER)
+        root, data = parse_yaml(text)
+    except YamlTooDeep:
+        raise ConfigError(Problem("the device YAML is nested too deeply to read (more than 100 levels of lists or "
+                                  "mappings)", file=file, fix="flatten the nesting (a device file needs a few levels); "
+                                  "check that this is the file you meant")) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or str(err)
