@@ -99,6 +99,10 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
                                  key=origin.key or "cluster.hardware", file=origin.file, line=origin.line)
         scenario = build_scenario(raw, device)
     except ProjectionError as err:  # the job environment's problems with the file's, all at once
+        if raw.framework == "megatron-bridge":  # the layout rules' Megatron-LM flags as Bridge's fields
+            from projection.formats.bridge_checks import bridge_spelling
+
+            err = type(err)(bridge_spelling(err.problems))
         raise _with(problems, err) from None
     hardware = str(raw.get("cluster.hardware"))
     if is_device_path(hardware):  # a device YAML named by path is read too (Scenario.input_files)

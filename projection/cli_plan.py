@@ -138,7 +138,9 @@ def _base_layout_note(args: argparse.Namespace, problems: list[Problem]) -> list
     return [Problem(f"plan searches from the file's own layout, which must hold on this cluster before "
                     f"{', '.join(searched)} replace it", key="--config", file=COMMAND_LINE,
                     fix="set the file's own sizes to one of the searched layouts with --set (e.g. --set "
-                        "plan.tp=4, or a Megatron/Primus/TorchTitan key), or give --nodes for which they divide")]
+                        "plan.tp=4, or the file's own key: tensor_model_parallel_size=4 in Megatron or Primus, "
+                        "model.tensor_model_parallel_size=4 in Megatron-Bridge, parallelism.tensor_parallel_degree=4 "
+                        "in TorchTitan), or give --nodes for which they divide")]
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from projection.errors import ConfigError, Problem
+from projection.errors import ConfigError, Problem, ProjectionError
 from projection.formats.bridge_args import activation, bridge_args, grad_reduce_in_fp32
-from projection.formats.bridge_checks import apply_overrides, structure_problems
+from projection.formats.bridge_checks import apply_overrides, bridge_spelling, structure_problems
 from projection.formats.bridge_fields import BRIDGE_NAMES, is_bridge, section
 from projection.formats.bridge_setup import apply_setup
 from projection.formats.common import coerce_scalar, load_yaml
@@ -47,8 +47,14 @@ Origins = Mapping[tuple[str, ...], Origin]
 def load_bridge(path: Path, overrides: Mapping[str, Any] | None = None) -> RawScenario:
     """Read a Megatron-Bridge ConfigContainer YAML. `overrides` (--set) use Bridge's Hydra spelling
     (`model.tensor_model_parallel_size=4`, `train.global_batch_size=512`, `mixed_precision=bf16_mixed`), or
-    projection's `training.*` / `plan.*`."""
-    path = Path(path)
+    projection's `training.*` / `plan.*`. Problems name Bridge's fields, not Megatron-LM's flags."""
+    try:
+        return _load(Path(path), overrides)
+    except ProjectionError as err:
+        raise type(err)(bridge_spelling(err.problems)) from None
+
+
+def _load(path: Path, overrides: Mapping[str, Any] | None) -> RawScenario:
     file = str(path)
     data, lines = load_yaml(path)
     if not isinstance(data, dict):

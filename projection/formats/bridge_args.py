@@ -44,6 +44,8 @@ def bridge_args(data: Mapping[str, Any], origins: Origins, file: str) -> tuple[d
 
     for (section, field), dest in FIELDS.items():
         table = data.get(section)
+        if isinstance(table, dict) and field in table and table[field] is None:
+            where.setdefault(dest, origin(section, field))  # written as null: the default, from the file's line
         if not isinstance(table, dict) or table.get(field) is None:
             continue
         try:
@@ -55,6 +57,10 @@ def bridge_args(data: Mapping[str, Any], origins: Origins, file: str) -> tuple[d
             continue
         if dest not in args or section == "dataset":
             put(dest, value, origin(section, field))
+    for dest in [d for d in where if d not in args]:  # a value elsewhere wins over a null (model over tokenizer)
+        if any(data.get(s, {}).get(f) is not None for (s, f), d in FIELDS.items() if d == dest
+               and isinstance(data.get(s), dict)):
+            del where[dest]
     model, ddp = data["model"], data["ddp"]
     _activation(model, origins, file, put, problems)
     if model.get("num_query_groups") is not None:  # TransformerConfig: num_query_groups alone is GQA

@@ -8,15 +8,18 @@ logging, kernels) are not read and not listed."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-from collections.abc import Mapping, MutableMapping
+import re
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from projection.errors import Problem
-from projection.formats.bridge_fields import FIELDS, IGNORED_SECTIONS, SECTIONS, section
+from projection.formats.bridge_fields import BRIDGE_NAMES, FIELDS, IGNORED_SECTIONS, SECTIONS, section
 from projection.formats.bridge_setup import MP_DEFAULTS, recipe_name, recipe_table
 from projection.formats.common import coerce_scalar, one_slip, set_nested
 from projection.formats.megatron import SET_ORIGIN
+from projection.formats.megatron_args import flag_to_dest
 from projection.specs.scenario import Origin
 
 Origins = MutableMapping[tuple[str, ...], Origin]
@@ -181,3 +184,43 @@ def _near_misses(data: Mapping[str, Any], at: Any, file: str) -> list[Problem]:
                 problems.append(Problem(f"unknown field {s}.{f} (Megatron-Bridge would refuse it)", file=file,
                                         line=at(s, str(f)), key=f"{s}.{f}", fix=f"did you mean {s}.{meant[0]}?"))
     return problems
+
+
+# a Megatron-LM flag in a message or fix, with the "Megatron's " that may name it
+_FLAG = re.compile(r"(?:Megatron(?:-LM)?'s )?--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+# Megatron-LM flags that no one Bridge field mirrors, as the fields that say the same (formats/bridge_args.py derives
+# the first five from them; TransformerConfig / DistributedDataParallelConfig hold the rest)
+_DERIVED = {
+    "group_query_attention": "model.num_query_groups",
+    "untie_embeddings_and_output_weights": "model.share_embeddings_and_output_weights false",
+    "swiglu": "model.gated_linear_unit true with activation_func silu",
+    "add_position_embedding": "model.position_embedding_type",
+    "max_position_embeddings": "model.seq_length",
+    "recompute_activations": "model.recompute_granularity selective",
+    "accumulate_allreduce_grads_in_fp32": "ddp.grad_reduce_in_fp32",
+    "grad_reduce_in_bf16": "ddp.grad_reduce_in_fp32 false",
+    "cpu_offloading": "model.cpu_offloading",
+    "window_size": "model.window_size",
+    "window_attn_skip_freq": "model.window_attn_skip_freq",
+}
+
+
+def bridge_spelling(problems: Sequence[Problem]) -> list[Problem]:
+    """Problems found by Megatron-LM's rules (shared with the Megatron loader and specs/validate.py) with each
+    Megatron-LM flag in their message and fix written as the Megatron-Bridge field that sets it
+    (`--pipeline-model-parallel-size` -> `model.pipeline_model_parallel_size`; an inverted flag as the field with
+    `false`). Flags Bridge has no field for, and projection's own options (--set, --nodes), are left as they are."""
+
+    def field(match: re.Match[str]) -> str:
+        dest, inverted = flag_to_dest(match.group(1))
+        if dest in _DERIVED:
+            return _DERIVED[dest]
+        if dest not in BRIDGE_NAMES:
+            return match.group(0)
+        name = ".".join(BRIDGE_NAMES[dest])
+        return f"{name} false" if inverted else name
+
+    def spell(text: str | None) -> str | None:
+        return None if text is None else _FLAG.sub(field, text)
+
+    return [dataclasses.replace(p, message=spell(p.message) or p.message, fix=spell(p.fix)) for p in problems]

@@ -67,6 +67,8 @@ class MegatronArgs:
     def origin(self, dest: str) -> Origin:
         if self.given(dest):
             return self.origins.get(dest) or Origin(self.source, None, self.key(dest))
+        if dest not in self.args and dest in self.origins:  # a file that wrote the field as null (Megatron-Bridge)
+            return self.origins[dest]
         return Origin(DEFAULT_FILE, None, self.key(dest))
 
     def problem(self, dest: str, message: str, fix: str, *, stands_in_for: str = "") -> None:

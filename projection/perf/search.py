@@ -1,19 +1,19 @@
 """`search_layouts`: the parallel layouts of one cluster and global batch, memory first, then time.
 
 For each combination of tp, pp, vpp, cp, ep, micro batch size, recompute granularity and ZeRO stage (the scenario's own
-value of any not given), the layout is built from the scenario's plan: dp = world / (tp cp pp); a pipeline layout, stage
-split or group size the file fixed for its own pp is dropped; recompute is one of RECOMPUTE (`_recompute`: the
-file's own selective modules or full method at the file's granularity, else the framework's defaults); the ZeRO stage
-is the file's sharding at its own stage, else the framework's way to the stage asked (`_sharding`); the schedule is
-the file's where it fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp 1 (a layout neither fits is refused
-with the schedule's reason). Native, HF and Megatron jobs are built from the scenario's plan; TorchTitan and Primus
-jobs, whose rules depend on the layout, from the config loaded again with the framework's own keys when a `reload`
-is given (perf/search_reload.py), else TorchTitan jobs and Primus pipeline changes are refused (_check_supported).
-The layout is checked with the rules a config file is checked with (specs.validate.layout_problems), its memory
-estimated (projection.memory), and only a layout that fits is projected (perf.project). Candidates come back fastest
-first, then the out-of-memory ones, then the refused ones with every reason. Nothing here is new arithmetic: each
-number is what `projection memory` and `projection performance` print for that layout loaded with its --set
-overrides at the same global batch (tests/unit/test_search_layouts.py).
+value of any not given; beside pipelines, pp 1 takes vpp 1 only: `_combos`), the layout is built from the scenario's
+plan: dp = world / (tp cp pp); a pipeline layout, stage split or group size the file fixed for its own pp is dropped;
+recompute is one of RECOMPUTE (`_recompute`: the file's own selective modules or full method at the file's granularity,
+else the framework's defaults); the ZeRO stage is the file's sharding at its own stage, else the framework's way to the
+stage asked (`_sharding`); the schedule is the file's where it fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp
+1 (a layout neither fits is refused with the schedule's reason). Native, HF and Megatron jobs are built from the
+scenario's plan; TorchTitan and Primus jobs, whose rules depend on the layout, from the config loaded again with the
+framework's own keys when a `reload` is given (perf/search_reload.py), else TorchTitan jobs and Primus pipeline changes
+are refused (_check_supported). The layout is checked with the rules a config file is checked with
+(specs.validate.layout_problems), its memory estimated (projection.memory), and only a layout that fits is projected
+(perf.project). Candidates come back fastest first, then the out-of-memory ones, then the refused ones with every
+reason. Nothing here is new arithmetic: each number is what `projection memory` and `projection performance` print for
+that layout loaded with its --set overrides at the same global batch (tests/unit/test_search_layouts.py).
 """
 
 from __future__ import annotations
@@ -104,10 +104,23 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
     given = {"vpp": vpp is not None, "mbs": micro_batch_size is not None, "zero": zero is not None}
     out = [_candidate(scenario, *combo, recompute=g, zero=z, cost_model=cost_model, engine=engine, reload=reload,
                       given=given)
-           for combo in itertools.product(*axes.values()) for g in granularities for z in stages]
+           for combo in _combos(axes) for g in granularities for z in stages]
     fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
     return fits + oom + [c for c in out if c.status == "refused"]
+
+
+def _combos(axes: Mapping[str, Sequence[int]]) -> list[tuple[int, ...]]:
+    """Every combination of the axes' values (tp, pp, vpp, cp, ep, mbs), except that a searched pp 1 beside pipelines
+    takes vpp 1 only: a virtual pipeline needs a pipeline, so `--pp 1,2 --vpp 1,2` means pp 1, pp 2 and pp 2
+    interleaved, not refusals of pp 1 with vpp 2 (a search whose every pp is 1 keeps them, saying why)."""
+    pipelines = any(p > 1 for p in axes["pp"])
+    out = []
+    for combo in itertools.product(*axes.values()):
+        if pipelines and combo[1] == 1 and combo[2] > 1:
+            combo = (*combo[:2], 1, *combo[3:])
+        out.append(combo)
+    return list(dict.fromkeys(out))
 
 
 def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, *, recompute: str, zero: int,

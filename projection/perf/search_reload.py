@@ -27,12 +27,13 @@ Keys per candidate (`layout_overrides`), each only where the value differs from 
   the file has it on.
 - Primus (Megatron argument names): `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
   `context_parallel_size`, `expert_model_parallel_size`, `micro_batch_size`, `global_batch_size`; for another
-  pipeline, `num_virtual_stages_per_pipeline_rank` (the other two vpp spellings and the first/last-stage layer counts
-  cleared, as the native search drops a split fixed for another pp); recompute as `recompute_granularity`,
-  `recompute_method`, `recompute_num_layers`, with `recompute_activations` and `moe_layer_recompute` off (Megatron's
-  defaults where the file has none: perf/search.py `_recompute`); the ZeRO stage as `use_distributed_optimizer` (1),
-  Megatron-FSDP's `optim_grads` (2), the experiment's FSDP (3: Megatron-FSDP's `optim_grads_params` where it runs
-  Megatron-FSDP, else `use_torch_fsdp2`) or none of them (0, with `overlap_param_gather` off).
+  pipeline, `num_virtual_stages_per_pipeline_rank` (the other two vpp spellings, the first/last-stage layer counts and
+  the microbatch group size cleared, as the native search drops a split or group size fixed for another pp); recompute
+  as `recompute_granularity`, `recompute_method`, `recompute_num_layers`, with `recompute_activations` and
+  `moe_layer_recompute` off (Megatron's defaults where the file has none: perf/search.py `_recompute`); the ZeRO stage
+  as `use_distributed_optimizer` (1), Megatron-FSDP's `optim_grads` (2), the experiment's FSDP (3: Megatron-FSDP's
+  `optim_grads_params` where it runs Megatron-FSDP, else `use_torch_fsdp2`) or none of them (0, with
+  `overlap_param_gather` off).
 
 A user's `--set` of a projection key (`plan.tp=2`) is applied after the framework's keys and would hold an axis the
 search sets: such a candidate is refused (perf/search.py `_held_by_overrides`), never shown under a layout it does
@@ -109,9 +110,12 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
             out[key] = value
     vpp = base.vpp_ if vpp is None else vpp
     if (pp, vpp) != (own.pp, own.vpp):
+        # the group size goes with them: Megatron-Core sets it to pp where unset (ModelParallelConfig), so a logged
+        # config holds its own pp there, and a value for another pp would refuse or reshape the new pipeline
         out.update(num_virtual_stages_per_pipeline_rank=vpp if vpp > 1 else None,
                    num_layers_per_virtual_pipeline_stage=None, pipeline_model_parallel_layout=None,
-                   decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None)
+                   decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
+                   microbatch_group_size_per_vp_stage=None)
     if recompute != base.recompute:
         # --moe-layer-recompute would turn a cleared granularity back into selective 'moe' (formats/megatron.py)
         out.update(recompute_activations=False, moe_layer_recompute=False,

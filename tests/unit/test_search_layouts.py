@@ -44,9 +44,12 @@ def test_out_of_memory_layouts_are_not_projected_and_refused_ones_say_why(found:
             assert c.projection is None and c.memory.verdict == "out of memory"
             assert api.estimate_memory(api.load(L70, overrides={"plan.tp": c.tp, "plan.pp": c.pp, "plan.vpp": (
                 c.vpp if c.vpp > 1 else None), "plan.schedule": c.scenario.plan.schedule})).verdict == "out of memory"
-    (pp1_vpp5,) = [c for c in found if (c.tp, c.pp, c.vpp) == (8, 1, 5)]
+    # beside pipelines, pp 1 is searched at vpp 1 only (a virtual pipeline needs one): one pp-1 row per tp
+    assert sorted((c.tp, c.vpp) for c in found if c.pp == 1) == [(2, 1), (4, 1), (8, 1)]
+    (pp1_vpp5,) = search_layouts(api.load(L70), tp=[8], pp=[1], vpp=[5])  # asked alone, it is refused, saying why
     with pytest.raises(PlanError) as err:  # the loader refuses the same layout for the same reason
         api.load(L70, overrides={"plan.tp": 8, "plan.pp": 1, "plan.vpp": 5})
+    assert pp1_vpp5.status == "refused"
     assert {p.message for p in pp1_vpp5.problems} <= {p.message for p in err.value.problems}
 
 

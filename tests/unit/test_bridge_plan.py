@@ -1,0 +1,71 @@
+"""`projection plan` and the layout rules on Megatron-Bridge files (the third audit's leftovers, each failing before
+its fix): a logged ConfigContainer searched on another pipeline, the search's vpp axis beside pp 1, problems spelled
+as Bridge's fields, and the origin of a field the file writes as null."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.errors import ProjectionError
+from projection.formats.detect import load_raw
+from projection.perf import default_cost_model, project
+from projection.perf.search import search_layouts
+from tests.unit.test_bridge_loader import CLUSTER, RUN, SMALL, write
+
+PP2_VPP2 = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}
+
+
+def _reload(path: Path):  # type: ignore[no-untyped-def]
+    return lambda ov: api.load(path, overrides=ov, **CLUSTER)  # type: ignore[arg-type]
+
+
+def test_a_logged_config_searched_on_another_pipeline_takes_that_pipelines_group_size() -> None:
+    """The logged run (pp 1) holds microbatch_group_size_per_vp_stage 1, which Megatron-Core set from its own pp
+    (ModelParallelConfig: None -> pp). An interleaved pp 2 row is what the same file gives with the group size
+    unset, not a refusal for a group size of 1."""
+    (cand,) = search_layouts(api.load(RUN, **CLUSTER), pp=[2], vpp=[2], reload=_reload(RUN))
+    assert cand.status == "fits", [p.render() for p in cand.problems]
+    sc = api.load(RUN, overrides={**PP2_VPP2, "model.microbatch_group_size_per_vp_stage": None}, **CLUSTER)
+    assert (sc.plan.pp, sc.plan.vpp_, sc.plan.schedule) == (2, 2, "interleaved_1f1b")
+    assert cand.projection is not None
+    assert cand.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
+
+
+def test_beside_pipelines_pp_1_is_searched_without_a_virtual_pipeline() -> None:
+    """`--pp 1,2 --vpp 2`: pp 1 (vpp 1) and pp 2 interleaved, no refusals of a virtual pipeline without one."""
+    found = search_layouts(api.load(RUN, **CLUSTER), pp=[1, 2], vpp=[2], reload=_reload(RUN))
+    assert sorted((c.pp, c.vpp, c.status) for c in found) == [(1, 1, "fits"), (2, 2, "fits")]
+
+
+def test_the_layout_rules_name_bridges_fields_not_megatron_lm_flags() -> None:
+    """The rules shared with Megatron-LM (formats/megatron.py, specs/validate.py) speak of its flags; on a Bridge
+    file each problem names the Bridge field that sets the value."""
+    with pytest.raises(ProjectionError) as e:
+        api.load(RUN, overrides={"model.virtual_pipeline_model_parallel_size": 2}, **CLUSTER)
+    text = "\n".join(p.render() for p in e.value.problems)
+    assert "model.pipeline_model_parallel_size" in text and "--pipeline-model-parallel-size" not in text, text
+    with pytest.raises(ProjectionError) as e:  # the logged group size 1 kept by hand on pp 2: refused at its line
+        api.load(RUN, overrides=PP2_VPP2, **CLUSTER)
+    (p,) = e.value.problems
+    assert p.key == "model.microbatch_group_size_per_vp_stage" and p.line is not None
+    assert "model.microbatch_group_size_per_vp_stage" in (p.fix or "") and "--" not in (p.fix or ""), p.render()
+
+
+def test_a_field_written_as_null_is_the_files_not_a_default(tmp_path: Path) -> None:
+    """`q_lora_rank: null` is the file's choice (MLA without query compression): its origin is the file's line."""
+    mla = "  multi_latent_attention: true\n  q_lora_rank: null\n  kv_lora_rank: 512\n"
+    text = SMALL.replace("  vocab_size: 128256\n", "  vocab_size: 128256\n" + mla)
+    with pytest.raises(ProjectionError) as e:  # SMALL's num_query_groups: refused as Bridge spells it
+        api.load(write(tmp_path, text), **CLUSTER)
+    assert "fix: drop model.num_query_groups" in e.value.problems[0].render()
+    text = text.replace("  num_query_groups: 8\n", "")
+    path = write(tmp_path, text)
+    raw = load_raw(path)
+    o = raw.origins["model.mla.q_lora_rank"]
+    line = text.splitlines().index("  q_lora_rank: null") + 1
+    assert (o.file, o.line, raw.get("model.mla.q_lora_rank")) == (str(path), line, 0)
+    # a null beside a value of the same setting elsewhere (tokenizer.vocab_size) does not take its origin
+    assert raw.origins["model.num_layers"].file == str(path)
