@@ -12,7 +12,8 @@ Where the dataclass path differs from the argparse path, Megatron-Bridge's rule 
   model.vocab_size is null and the tokenizer's size is taken (training setup), or with
   `tokenizer.use_tokenizer_vocab_size`;
 * gradient_accumulation_fusion defaults to True (GPTModelProvider, with Transformer Engine), cross_entropy_loss_fusion
-  to True, the grad buckets' NaN checks to False (DistributedDataParallelConfig.check_for_nan_in_grad);
+  to True, the grad buckets' NaN checks to False (DistributedDataParallelConfig.check_for_nan_in_grad) and the
+  loss's to True (RerunStateMachineConfig.check_for_nan_in_loss);
 * main gradients are fp32 only with `ddp.grad_reduce_in_fp32` (DistributedDataParallelConfig; default False), not
   forced on by bf16 as Megatron-LM's validate_args does;
 * the tokens per sample are the dataset's (`dataset.sequence_length` up to Bridge 0.5, `dataset.seq_length` from
@@ -113,6 +114,25 @@ def _after(data: Mapping[str, Any], origins: Origins, raw: RawScenario, file: st
         if o.file == DEFAULT_FILE:
             named = BRIDGE_NAMES.get(o.key or "")
             raw.origins[key] = Origin(BRIDGE_DEFAULT_FILE, o.line, ".".join(named) if named else o.key)
+    # the loss's NaN/Inf checks are the rerun state machine's (losses.masked_next_token_loss, called with
+    # cfg.rerun_state_machine.check_for_nan_in_loss; RerunStateMachineConfig default True), apart from the grad
+    # buckets' (ddp.check_for_nan_in_grad, read as check_for_nan_in_loss_and_grad)
+    rerun = section(data, "rerun_state_machine")
+    if "check_for_nan_in_loss" in rerun:
+        loss_checks = rerun["check_for_nan_in_loss"]
+        loss_checks = coerce_scalar(loss_checks) if isinstance(loss_checks, str) else loss_checks
+        if not isinstance(loss_checks, bool):
+            o = origins.get(("rerun_state_machine", "check_for_nan_in_loss"), Origin(file))
+            raise ConfigError(Problem(f"check_for_nan_in_loss must be true or false, got {loss_checks!r}",
+                                      file=o.file, line=o.line, key="rerun_state_machine.check_for_nan_in_loss",
+                                      fix="set rerun_state_machine.check_for_nan_in_loss: true or false"))
+        raw.set("training.check_for_nan_in_loss", loss_checks,
+                origins.get(("rerun_state_machine", "check_for_nan_in_loss"),
+                            Origin(file, None, "rerun_state_machine.check_for_nan_in_loss")))
+    else:
+        raw.set("training.check_for_nan_in_loss", True,
+                Origin("default (Megatron-Bridge RerunStateMachineConfig check_for_nan_in_loss True)", None,
+                       "rerun_state_machine.check_for_nan_in_loss"))
     if not raw.get("training.optimizer.precision_aware"):  # main grads: fp32 iff grad_reduce_in_fp32
         fp32, o = grad_reduce_in_fp32(data, origins)
         raw.set("training.optimizer.main_grads_dtype", "fp32" if fp32 else raw.get("training.params_dtype"), o)

@@ -32,6 +32,7 @@ _ALSO_READ = {"model": {"gated_linear_unit", "activation_func", "share_embedding
                         "position_embedding_type", "num_layers"},
               "tokenizer": {"use_tokenizer_vocab_size"}, "dataset": set(SEQUENCE),
               "mixed_precision": set(MP_DEFAULTS) | {"fp8_param", "fp4"},
+              "rerun_state_machine": {"check_for_nan_in_loss"},
               "comm_overlap": {"tp_comm_overlap", "overlap_p2p_comm", "overlap_grad_reduce", "overlap_param_gather",
                                "defer_embedding_wgrad_compute", "overlap_moe_expert_parallel_comm",
                                "wgrad_deferral_limit"}}

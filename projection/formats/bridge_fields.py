@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 SECTIONS = ("model", "train", "dataset", "ddp", "optimizer", "mixed_precision", "comm_overlap", "dist", "tokenizer",
-            "logger")
+            "logger", "rerun_state_machine")
 # sections nothing here reads (checkpointing, schedules of the learning rate, logging sinks, fault tolerance)
 IGNORED_SECTIONS = ("checkpoint", "scheduler", "rng", "profiling", "peft", "validation", "ft", "straggler",
-                    "nvrx_straggler", "inprocess_restart", "rerun_state_machine", "env_vars", "tensor_inspect",
+                    "nvrx_straggler", "inprocess_restart", "env_vars", "tensor_inspect",
                     "optimizer_config_override_provider")  # the last: every run_config.yaml from Bridge 0.3.0 on
 
 _SAME = {
@@ -59,7 +59,7 @@ _RENAMED = {
     ("model", "fp8_param"): "fp8_param_gather",
     ("ddp", "fp8_param_gather"): "fp8_param_gather",
     # the grad-bucket NaN checks (DistributedDataParallelConfig, default False); the loss's check is the rerun state
-    # machine's, not read
+    # machine's (formats/bridge.py reads rerun_state_machine.check_for_nan_in_loss)
     ("ddp", "check_for_nan_in_grad"): "check_for_nan_in_loss_and_grad",
     ("dataset", "sequence_length"): "seq_length",
 }

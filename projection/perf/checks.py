@@ -10,6 +10,9 @@ synchronisation (projection/perf/action_time.py `sync`).
   Megatron's training.py sets from the same flag): the bucket's L2 norm (`grad_data.norm(p=2)`), then the same two
   validate_result calls on it.
 Each check: one element-wise kernel on a scalar, then the host read (its device-to-host copy and the wait).
+Megatron-Bridge sets the two apart (`TrainingSpec.check_for_nan_in_loss`): the loss's from
+rerun_state_machine.check_for_nan_in_loss (default on; training/losses.py masked_next_token_loss), the buckets' from
+ddp.check_for_nan_in_grad (default off).
 """
 
 from __future__ import annotations

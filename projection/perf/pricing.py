@@ -239,7 +239,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             for o in ops:
                 label = _label(cost_model, o)
                 mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
-        checks = scalar_check_items("loss", compute_s) if slot.loss and training.check_for_nan_in_loss_and_grad else []
+        checks = scalar_check_items("loss", compute_s) if slot.loss and training.loss_nan_checks else []
         # the framework host factor is measured on a layer's compute kernels: collectives and copies keep host_s
         f = run_items(builder.items(fwd_units, False) + checks, host_s * host_f, host_s)
         i = run_items(builder.items(i_units[::-1], True), host_s * host_b, host_s)

@@ -192,6 +192,10 @@ class TrainingSpec(Spec):
     check_for_nan_in_loss_and_grad: bool = Field(
         False, description="Megatron's NaN/Inf checks (on by default there; the Megatron and Primus loaders set it): "
         "the host reads isnan/isinf of each microbatch's loss and of each gradient bucket's norm before its reduction")
+    check_for_nan_in_loss: bool | None = Field(
+        None, description="the loss's isnan/isinf host reads alone, where a framework sets them apart from the "
+        "gradient buckets' (Megatron-Bridge: rerun_state_machine.check_for_nan_in_loss, default on, beside "
+        "ddp.check_for_nan_in_grad, default off); None: check_for_nan_in_loss_and_grad decides both")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout after attention, the MLP and the embedding "
                            "(Megatron --hidden-dropout)")
     attention_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="dropout of the attention "
@@ -209,6 +213,11 @@ class TrainingSpec(Spec):
     @property
     def attention_dropout_(self) -> float:
         return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+    @property
+    def loss_nan_checks(self) -> bool:
+        """Whether each microbatch's loss is checked for NaN/Inf with host reads (perf/checks.py)."""
+        return self.check_for_nan_in_loss_and_grad if self.check_for_nan_in_loss is None else self.check_for_nan_in_loss
 
     def resolved_global_batch(self, dp: int) -> int:
         if self.global_batch_size is not None:

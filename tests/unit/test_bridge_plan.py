@@ -69,3 +69,25 @@ def test_a_field_written_as_null_is_the_files_not_a_default(tmp_path: Path) -> N
     assert (o.file, o.line, raw.get("model.mla.q_lora_rank")) == (str(path), line, 0)
     # a null beside a value of the same setting elsewhere (tokenizer.vocab_size) does not take its origin
     assert raw.origins["model.num_layers"].file == str(path)
+
+
+def test_the_loss_nan_checks_are_the_rerun_state_machines_apart_from_the_grad_buckets(tmp_path: Path) -> None:
+    """Bridge's loss function checks isnan and isinf of every microbatch's loss with
+    rerun_state_machine.check_for_nan_in_loss (default True), whatever ddp.check_for_nan_in_grad (default False) says
+    of the gradient buckets: the loss stage's forward holds the 2 checks' host reads (4 kernel issues) only with it."""
+    from projection.perf.pricing import price_stages
+
+    default = api.load(write(tmp_path, SMALL), **CLUSTER)
+    assert (default.training.check_for_nan_in_loss, default.training.check_for_nan_in_loss_and_grad) == (True, False)
+    off_text = SMALL + "rerun_state_machine:\n  check_for_nan_in_loss: false\n"
+    off = api.load(write(tmp_path, off_text, "off.yaml"), **CLUSTER)
+    assert off.training.check_for_nan_in_loss is False
+    assert api.load(write(tmp_path, SMALL), overrides={"rerun_state_machine.check_for_nan_in_loss": "false"},
+                    **CLUSTER).training.check_for_nan_in_loss is False
+    cm = default_cost_model(default)
+    on_stages, off_stages = price_stages(default, cm).stages, price_stages(off, cm).stages
+    assert [a.f.kernels - b.f.kernels for a, b in zip(on_stages, off_stages, strict=True)] == \
+        [4 if i == len(on_stages) - 1 else 0 for i in range(len(on_stages))]
+    with pytest.raises(ProjectionError, match="rerun_state_machine.check_for_nan_in_loss"):
+        api.load(write(tmp_path, SMALL + "rerun_state_machine:\n  check_for_nan_in_loss: maybe\n", "bad.yaml"),
+                 **CLUSTER)
