@@ -91,13 +91,15 @@ class GroupPlacement:
 
 
 def group_placement(cluster: ClusterSpec, tp: int, cp: int, ep: int, dp: int, pp: int, axis: str,
-                    order: str = "tp-cp-ep-dp-pp") -> GroupPlacement:
+                    order: str = "tp-cp-ep-dp-pp", cp_level: tuple[int, int] | None = None) -> GroupPlacement:
     """Placement of the communicators along `axis` ('tp', 'dp', ... or a combined group such as 'dp-cp' or 'tp-cp')
     for Megatron's rank order tp-cp-ep-dp-pp (tp innermost): rank = tp_i + tp (cp_i + cp (ep_i + ep (dp_i + dp pp_i))),
     node = rank // gpus_per_node (`order`: another order of the five axes, innermost first, e.g. tp-cp-ep-pp-dp with
     Megatron's --use-tp-pp-dp-mapping). For the expert grid pass tp=etp, cp=1, ep=ep, dp=expert dp. Of all the
     groups along the axis the one spanning the most nodes (then the fewest ranks per node) is returned: the slowest
-    sets the pace."""
+    sets the pace. `cp_level` = (a, level) with axis 'cp': one level of a cp group split into an all-to-all group of
+    a and a ring (Megatron-Core create_hierarchical_groups: level 0 groups a consecutive cp ranks, level 1 the ranks
+    of stride a)."""
     sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
     names = [a for a in axis.replace("_", "-").split("-") if a]
     problems = [Problem(f"{name} = {size} must be >= 1", key=name) for name, size in sizes.items() if size < 1]
@@ -119,6 +121,9 @@ def group_placement(cluster: ClusterSpec, tp: int, cp: int, ep: int, dp: int, pp
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank in range(world):
         key = tuple((rank // strides[a]) % sizes[a] for a in axes if a not in names)
+        if cp_level is not None and names == ["cp"]:  # one level of the cp group: cp_i = a2a index + a x ring index
+            cp_i = (rank // strides["cp"]) % cp
+            key += (cp_i // cp_level[0],) if cp_level[1] == 0 else (cp_i % cp_level[0],)
         groups.setdefault(key, []).append(rank)
     worst: tuple[int, int] = (0, 0)
     aligned = True
@@ -129,7 +134,7 @@ def group_placement(cluster: ClusterSpec, tp: int, cp: int, ep: int, dp: int, pp
         aligned = aligned and len(set(locals_by_node.values())) == 1
         candidate = (len(per_node), -max(per_node.values()))
         worst = max(worst, candidate)
-    n_ranks = math.prod(sizes[a] for a in set(names))
+    n_ranks = len(next(iter(groups.values())))
     return GroupPlacement(n_ranks=n_ranks, ranks_per_node=-worst[1], n_nodes=worst[0], rail_aligned=aligned)
 
 

@@ -43,12 +43,18 @@ def group_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, Grou
     """Placement of every group axis an op can name, for Megatron's rank order (plan.rank_order: tp-cp-ep-dp-pp, or
     tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping; tp innermost):
     tp, cp, dp, pp on the dense grid (tp x cp x dp x pp); ep and etp on the expert grid (etp x ep x edp x pp,
-    Megatron "parallel folding"). Raises PlanError when the plan does not fill the cluster."""
+    Megatron "parallel folding"); with hierarchical context parallelism the cp group's two levels, cp_a2a and
+    cp_ring. Raises PlanError when the plan does not fill the cluster."""
     dp, order = plan.dp_(), plan.rank_order
     out = {axis: group_placement(cluster, plan.tp, plan.cp, 1, dp, plan.pp, axis, order) for axis in DENSE_AXES}
     edp = plan.edp()
     for axis, grid_axis in EXPERT_AXES.items():
         out[axis] = group_placement(cluster, plan.etp_, 1, plan.ep, edp, plan.pp, grid_axis, order)
+    if plan.cp_hierarchy is not None and len(plan.cp_hierarchy) == 2 and plan.cp_hierarchy[0] * plan.cp_hierarchy[1] \
+            == plan.cp:  # a2a+p2p's two levels of the cp group
+        for level, axis in enumerate(("cp_a2a", "cp_ring")):
+            out[axis] = group_placement(cluster, plan.tp, plan.cp, 1, dp, plan.pp, "cp", order,
+                                        cp_level=(plan.cp_hierarchy[0], level))
     return out
 
 

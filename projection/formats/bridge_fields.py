@@ -26,6 +26,7 @@ _SAME = {
         "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
         "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split", "microbatch_group_size_per_vp_stage", "cp_comm_type",
+        "hierarchical_context_parallel_sizes",
         "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
         "distribute_saved_activations", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
         "offload_modules", "moe_ffn_hidden_size",

@@ -181,15 +181,13 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
         if a.given(dest):
             raw.set(f"plan.{key}", a.get(dest), a.origin(dest))
     if a.given("cp_comm_type"):  # arguments.py --cp-comm-type, nargs='+': one type, or one per layer
-        listed = to_list(a.get("cp_comm_type"))
-        layers = a.get("num_layers")
-        if len(listed) > 1 and isinstance(layers, int) and len(listed) != layers \
-                and (a.get("context_parallel_size") or 1) > 1:
-            # transformer_config.py __post_init__: a list of cp_comm_type has one entry per layer
-            a.problem("cp_comm_type", f"{len(listed)} context-parallel exchange types for {layers} layers "
-                      "(Megatron-Core wants one type, or one per layer)", "give one type, or one per layer")
-        kinds = list(dict.fromkeys(listed)) or ["p2p"]
-        raw.set("plan.cp_comm", " ".join(kinds), a.origin("cp_comm_type"))
+        # one type, or one per layer as given (each layer's exchange is priced; specs/validate_kernels.py checks
+        # the count as transformer_config.py __post_init__ does)
+        listed = to_list(a.get("cp_comm_type")) or ["p2p"]
+        raw.set("plan.cp_comm", " ".join(str(k) for k in listed), a.origin("cp_comm_type"))
+    if a.given("hierarchical_context_parallel_sizes"):  # arguments.py: nargs='+', type=int
+        raw.set("plan.cp_hierarchy", tuple(a.int_list("hierarchical_context_parallel_sizes")),
+                a.origin("hierarchical_context_parallel_sizes"))
     vpp = _vpp(a)
     pp = a.get("pipeline_model_parallel_size")
     if a.given("decoder_pipeline_manual_split_list"):  # Primus-only: layers per pipeline stage, stage-major

@@ -114,6 +114,7 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "account_for_loss_in_pipeline_split": ("bool", False),
     "context_parallel_size": ("int", 1),
     "cp_comm_type": ("list", None),  # nargs="+", default ["p2p"]; one per layer when several
+    "hierarchical_context_parallel_sizes": ("list", None),  # nargs="+", type=int: [a2a group, p2p ring] for a2a+p2p
     "window_size": ("list", None),  # nargs=2 (left, right): sliding-window attention
     "window_attn_skip_freq": ("str", None),  # full-attention layers among the windowed ones (not modelled)
     "expert_model_parallel_size": ("int", 1),

@@ -164,9 +164,13 @@ class ItemBuilder:
                 gemm = _pair(ops, k, forward=op.coll == "all_gather", kinds=GEMMS)
                 g = self.compute_s(gemm) if gemm is not None else 0.0
                 out.append(blocking("tp", pipelined_exposed_s(full, g, self.plan.tp), full, op.count))
-            elif group == "cp":
+            elif group in ("cp", "cp_a2a", "cp_ring"):
                 attn = _pair(ops, k, forward=op.recompute or not backward, kinds=("attention",))
-                a = self.compute_s(attn) / self.plan.cp if attn is not None else 0.0
+                # a ring step hides behind one of the ring's chunks of attention: cp of them, or the hierarchical
+                # ring's cp / cp_a2a (ParallelPlan.cp_hierarchy)
+                steps = self.plan.cp // self.plan.cp_hierarchy[0] if group == "cp_ring" and self.plan.cp_hierarchy \
+                    else self.plan.cp
+                a = self.compute_s(attn) / steps if attn is not None else 0.0
                 if op.name.endswith(".exposed"):  # a last ring step nothing is left to hide
                     out.append(blocking("cp", full, full, op.count))
                 elif op.coll == "send_recv":  # ring steps: each hides behind a chunk of attention

@@ -39,7 +39,6 @@ from projection.specs.accumulation import one_round, rounds, schedule_microbatch
 from projection.specs.plan import ScheduleName
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
-from projection.workload.ops_base import cp_exchange
 
 Engine = Literal["des", "dag"]
 
@@ -160,12 +159,6 @@ def _unmodelled(sc: Scenario) -> list[str]:
     if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher == "flex":
         notes.append("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
                      "dispatcher: the same bytes, not the same kernels")
-    if plan.cp > 1 and plan.cp_comm != "p2p" and cp_exchange(plan) == "p2p":
-        # p2p, all_gather and a2a are priced as they run (workload/ops_attention.py _cp_pieces); the hierarchical
-        # a2a+p2p and a per-layer mix are not
-        notes.append(f"context parallelism '{plan.cp_comm}' priced as the p2p ring of K/V exchanges, each step "
-                     "overlapped with a chunk of attention: the hierarchical a2a+p2p exchange and a per-layer mix "
-                     "of exchanges are not modelled")
     off = plan.offload
     if off.optimizer and off.optimizer_fraction > 0:
         notes.append(f"optimizer offload: the host's optimizer step over {off.optimizer_fraction:.0%} of the state is "

@@ -5,6 +5,7 @@ DeepEP dispatcher with experts padded to capacity, and what Megatron-LM refuses 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from projection.specs.model import ModelSpec
@@ -23,8 +24,19 @@ def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         # TE attn_forward_func_with_cp: "Unsupported communication type"
         bad("plan.cp_comm", f"unknown context-parallel exchange {', '.join(unknown)} (Transformer Engine raises "
             "'Unsupported communication type')", f"use one of {', '.join(CP_KINDS)}")
+    if len(kinds) > 1 and len(kinds) != model.num_layers and plan.cp > 1:
+        # transformer_config.py __post_init__: a list of cp_comm_type has one entry per layer
+        bad("plan.cp_comm", f"{len(kinds)} context-parallel exchange types for {model.num_layers} layers "
+            "(Megatron-Core wants one type, or one per layer)", "give one type, or one per layer")
     if not runs_megatron(raw.framework):  # Transformer Engine's and Megatron-Core's rules
         return
+    levels = plan.cp_hierarchy
+    if levels is not None and math.prod(levels) != plan.cp:
+        # megatron/training/arguments.py validate_args and parallel_state.py: the product of the levels is cp
+        bad("plan.cp_hierarchy", f"hierarchical context-parallel sizes {list(levels)} multiply to "
+            f"{math.prod(levels)}, not cp = {plan.cp} (Megatron asserts they equal)",
+            f"give sizes whose product is {plan.cp}, e.g. [{min(plan.cp, 8)}, {max(1, plan.cp // 8)}]"
+            if plan.cp > 8 else f"give sizes whose product is {plan.cp}, e.g. [{plan.cp}, 1]")
     if plan.cp > 1:
         _cp(model, training, plan, kinds, bad)
     if raw.framework == "megatron" and plan.sharding.fsdp == "torch_fsdp2":
@@ -62,6 +74,8 @@ def _cp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, kinds: lis
         bad("plan.cp", f"context parallelism (cp = {plan.cp}) needs Transformer Engine's fused or flash attention "
             "(Megatron's own attention and TE's unfused one do not run it)",
             "use --transformer-impl transformer_engine with a fused or flash attention backend, or cp 1")
+    if "a2a+p2p" in kinds:
+        _hierarchical(model, plan, bad)
     if "a2a" in kinds:
         # TE AttnFuncWithCPAndQKVOA2A: "The number of attention heads needs to be divisible by CP size!" (the heads
         # and the KV heads of a TP rank)
@@ -71,7 +85,31 @@ def _cp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, kinds: lis
             bad("plan.cp_comm", f"the Ulysses all-to-all (a2a) splits heads over cp = {plan.cp}: a tensor-parallel "
                 f"rank holds {heads} heads and {kv} KV heads (Transformer Engine asserts both divide by cp)",
                 "use p2p or all_gather, or a cp that divides the heads and KV heads of a TP rank")
-    if model.sliding_window and "p2p" in kinds:
+    if model.sliding_window and ("p2p" in kinds or "a2a+p2p" in kinds):
         # TE attn_forward_func_with_cp: sliding window attention only with cp_comm_type a2a or all_gather
         bad("plan.cp_comm", "a sliding window with the p2p context-parallel ring (Transformer Engine runs sliding "
             "windows under context parallelism with a2a or all_gather only)", "use --cp-comm-type a2a or all_gather")
+
+
+def _hierarchical(model: ModelSpec, plan: ParallelPlan, bad: Callable[[str, str, str], None]) -> None:
+    """a2a+p2p (TE AttnFuncWithCPAndKVP2P over cp_group = [a2a group, p2p group]): Megatron asserts the sizes are
+    given ("--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm"), TE that there are
+    two levels ("CP implementation a2a+p2p requires cp_group = [a2a_cp_group, p2p_cp_group]!"), and its all-to-all
+    views each TP rank's heads and KV heads as [a, heads / a] (a reshape error where a does not divide them)."""
+    levels = plan.cp_hierarchy
+    if levels is None:
+        bad("plan.cp_comm", "a2a+p2p needs the hierarchical context-parallel sizes (Megatron asserts "
+            "--hierarchical-context-parallel-sizes is set)", "give --hierarchical-context-parallel-sizes A B with "
+            f"A * B = cp = {plan.cp} (A: the all-to-all group, B: the p2p ring)")
+        return
+    if len(levels) != 2:
+        bad("plan.cp_hierarchy", f"a2a+p2p runs two levels, an all-to-all group and a p2p ring; {len(levels)} sizes "
+            f"given (Transformer Engine asserts cp_group = [a2a_cp_group, p2p_cp_group])",
+            "give two sizes: the all-to-all group, then the p2p ring")
+        return
+    heads = model.num_attention_heads // plan.tp
+    kv = heads if model.mla is not None else max(1, model.kv_heads // plan.tp)
+    if heads % levels[0] or kv % levels[0]:
+        bad("plan.cp_hierarchy", f"a2a+p2p's all-to-all splits heads over its group of {levels[0]}: a tensor-parallel "
+            f"rank holds {heads} heads and {kv} KV heads (Transformer Engine's reshape needs both to divide)",
+            "use an all-to-all group size that divides the heads and KV heads of a TP rank")

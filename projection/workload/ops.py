@@ -38,6 +38,8 @@ from projection.workload.ops_base import (
     Piece,
     coll,
     column_linear,
+    cp_a2a_size,
+    cp_exchange,
     dims,
     mem,
     pointwise,
@@ -57,6 +59,8 @@ _MODULE_TAGS = {"core_attn": {"core_attn"}, "mlp": {"mlp"}, "moe": {"moe", "moe_
 def layer_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, layer_index: int) -> tuple[Op, ...]:
     """Ops of decoder layer `layer_index` (0-based, global) on one rank, for one microbatch."""
     d = dims(model, training, plan)
+    if len(plan.cp_comm.split()) > 1:  # Megatron's per-layer --cp-comm-type: this layer's exchange
+        d = replace(d, cp_exchange=cp_exchange(plan, layer_index), cp_a2a=cp_a2a_size(plan, layer_index))
     pieces = _layer_pieces(model, d, layer_index)
     fwd = [op for p in pieces for op in p.fwd]
     rec = _recomputed(fwd, _recompute_mode(model, plan, layer_index), model, plan)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from projection.specs.model import ModelSpec, keys_per_query
 from projection.workload.ops_base import (
     Dims,
+    GroupAxis,
     Op,
     Phase,
     Piece,
@@ -50,6 +51,10 @@ def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name
         # Ulysses: after the all-to-all a rank holds heads/cp heads of the whole sequence (the same FLOPs as 1/cp
         # of the queries against every key)
         sq, heads, kv_heads = skv, max(1, heads // d.cp), max(1, kv_heads // d.cp)
+    elif d.cp_exchange == "a2a+p2p":
+        # after the all-to-all over cp_a2a ranks: heads / cp_a2a heads of cp_a2a times the local queries, whose
+        # keys then come round the ring (TE cp_per_step_configs: heads / a, lengths max_seqlen / b)
+        sq, heads, kv_heads = sq * d.cp_a2a, heads // d.cp_a2a, max(1, kv_heads // d.cp_a2a)
     # fwd: QK^T and PV over the attended keys, 2 FLOP per multiply-accumulate; bwd twice that (dQ, dK, dV, dP)
     full = 4.0 * b * heads * sq * keys_per_query(skv, window, causal=True) * (d_qk + d_v)
     q, o = b * heads * sq * d_qk * ab, b * heads * sq * d_v * ab
@@ -105,7 +110,13 @@ def _cp_pieces(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int) -> tuple
       backward; the backward's dK/dV always pass round the ring in fp32 (_ContextParallelOptions.convert_to_f32), cp
       sends of which the last is waited for after the loop, with no attention left to hide it (".exposed");
     - a2a (TE AttnFuncWithCPAndQKVOA2A, Ulysses): Q, K, V all-to-all before, the output after; backward the output
-      gradient before, dQ, dK, dV after."""
+      gradient before, dQ, dK, dV after;
+    - a2a+p2p (TE AttnFuncWithCPAndKVP2P with cp_group = [a2a group, p2p group], Megatron's
+      --hierarchical-context-parallel-sizes A B): the a2a's all-to-alls over groups of A consecutive cp ranks
+      (`cp_a2a`, exposed: TE waits for them before the attention), between them the ring over the B ranks of stride
+      A (`cp_ring`): B - 1 steps of the K/V a rank holds after the all-to-all, as many elements as its own K/V
+      (heads / A of A x the local sequence), forward, and K/V with dK/dV backward, each behind a chunk of
+      attention."""
     none = Piece("core_attn", (), ())
     if d.cp == 1:
         return none, none
@@ -124,13 +135,21 @@ def _cp_pieces(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int) -> tuple
                           (coll("attn.cp_ring.bwd", "I", "send_recv", chunk, "cp", count=cp - 1), *dkv_ring)), none)
         return (Piece("core_attn", (coll("attn.cp_ag.overlap", "F", "all_gather", cp * chunk, "cp"),), dkv_ring),
                 Piece("core_attn", (), (coll("attn.cp_ag.bwd.overlap", "I", "all_gather", cp * chunk, "cp"),)))
-    if d.cp_exchange == "a2a":
+    if d.cp_exchange in ("a2a", "a2a+p2p"):
+        group: GroupAxis = "cp" if d.cp_exchange == "a2a" else "cp_a2a"
         qkv = d.tokens * (heads * d_qk + kv_heads * (d_qk + d_v)) * ab
         out = d.tokens * heads * d_v * ab
-        return (Piece("core_attn", (coll("attn.cp_a2a.qkv", "F", "all_to_all", qkv, "cp"),),
-                      (coll("attn.cp_a2a.dqkv", "I", "all_to_all", qkv, "cp"),)),
-                Piece("core_attn", (coll("attn.cp_a2a.out", "F", "all_to_all", out, "cp"),),
-                      (coll("attn.cp_a2a.dout", "I", "all_to_all", out, "cp"),)))
+        before = Piece("core_attn", (coll("attn.cp_a2a.qkv", "F", "all_to_all", qkv, group),),
+                       (coll("attn.cp_a2a.dqkv", "I", "all_to_all", qkv, group),))
+        after = Piece("core_attn", (coll("attn.cp_a2a.out", "F", "all_to_all", out, group),),
+                      (coll("attn.cp_a2a.dout", "I", "all_to_all", out, group),))
+        if d.cp_exchange == "a2a":
+            return before, after
+        # the ring's K/V: heads / A of A x s / cp rows, the same elements as this rank's own K/V (`chunk`)
+        steps = cp // d.cp_a2a - 1
+        ring = Piece("core_attn", (coll("attn.cp_ring", "F", "send_recv", chunk, "cp_ring", count=steps),),
+                     (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp_ring", count=steps),))
+        return join("core_attn", before, ring), after
     return (Piece("core_attn", (coll("attn.cp_ring", "F", "send_recv", chunk, "cp", count=cp - 1),),
                   (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp", count=cp - 1),)), none)
 

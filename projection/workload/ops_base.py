@@ -39,9 +39,10 @@ def kernel_fn(key: str) -> str:
     return fn if fn in KERNEL_FNS else ""
 Phase = Literal["F", "I", "W"]
 CollKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
-GroupAxis = Literal["tp", "cp", "ep", "etp", "etp_ep", "dp", "pp"]
+GroupAxis = Literal["tp", "cp", "cp_a2a", "cp_ring", "ep", "etp", "etp_ep", "dp", "pp"]
 """etp_ep: Megatron's tensor-and-expert-parallel group (etp x ep innermost ranks of the expert grid), over which the
-allgather MoE token dispatcher gathers and reduce-scatters."""
+allgather MoE token dispatcher gathers and reduce-scatters. cp_a2a and cp_ring: the two levels of a hierarchical
+context-parallel group (ParallelPlan.cp_hierarchy): consecutive cp ranks, and the ranks of stride cp_a2a."""
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,10 @@ class Dims:
     attn_dropout: bool = False  # dropout of the attention probabilities (a kernel of its own without flash)
     # how context parallelism exchanges K/V (ops_attention._cp_pieces): "p2p" (Megatron/TE's ring), "p2p_torch"
     # (torch's ring), "all_gather" (Transformer Engine's, exposed), "all_gather_torch" (torch's allgather rotater),
-    # "a2a" (Ulysses all-to-all of Q, K, V, O)
+    # "a2a" (Ulysses all-to-all of Q, K, V, O), "a2a+p2p" (TE's hierarchical: all-to-all over groups of cp_a2a
+    # consecutive cp ranks, then the ring over the cp / cp_a2a groups)
     cp_exchange: str = "p2p"
+    cp_a2a: int = 1
     # eager TorchTitan copies K and V to every query head before SDPA (torchtitan models/llama3/model/model.py
     # `repeat_kv`), unless an attention kernel takes GQA as it is (KernelSpec.gqa_native_attention)
     repeat_kv: bool = False
@@ -182,21 +185,32 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 and training.kernels.transformer_impl != "torchtitan",
                 sequential_experts=training.kernels.moe_grouped_gemm is False,
                 unfused_permute=training.kernels.moe_permute_fusion is False, cp_exchange=cp_exchange(plan),
+                cp_a2a=cp_a2a_size(plan),
                 repeat_kv=training.kernels.transformer_impl == "torchtitan"
                 and not training.kernels.gqa_native_attention)
 
 
-def cp_exchange(plan: ParallelPlan) -> str:
-    """The priced context-parallel exchange (Dims.cp_exchange). A per-layer mix of Megatron's --cp-comm-type and
-    the hierarchical a2a+p2p are priced as the ring (the projection's notes say so)."""
-    kinds = set(plan.cp_comm.split())
-    if plan.cp == 1 or len(kinds) != 1:
+def cp_a2a_size(plan: ParallelPlan, layer_index: int = 0) -> int:
+    """The all-to-all group of a hierarchical a2a+p2p exchange (Dims.cp_a2a), 1 for the other exchanges."""
+    return plan.cp_hierarchy[0] if cp_exchange(plan, layer_index) == "a2a+p2p" and plan.cp_hierarchy else 1
+
+
+def cp_exchange(plan: ParallelPlan, layer_index: int = 0) -> str:
+    """The priced context-parallel exchange of decoder layer `layer_index` (Dims.cp_exchange): Megatron's
+    --cp-comm-type, one type or one per layer (transformer_layer.py picks cp_comm_type[layer_number - 1]).
+    a2a+p2p with an all-to-all group of 1 is TE's plain ring, with a ring of 1 its plain all-to-all (TE
+    attn_forward_func_with_cp falls back to either)."""
+    kinds = plan.cp_comm.split()
+    if plan.cp == 1 or not kinds:
         return "p2p"
-    kind, torch = kinds.pop(), plan.tp_style == "dtensor"  # TorchTitan runs torch's context parallel, Megatron TE's
-    if kind == "all_gather":
+    kind, torch = kinds[layer_index % len(kinds)], plan.tp_style == "dtensor"  # specs/validate_kernels: 1 or all
+    if kind == "a2a+p2p" and plan.cp_hierarchy is not None and len(plan.cp_hierarchy) == 2:
+        a, ring = plan.cp_hierarchy
+        kind = "p2p" if a == 1 else "a2a" if ring == 1 else kind
+    if kind == "all_gather":  # TorchTitan runs torch's context parallel, Megatron TE's
         return "all_gather_torch" if torch else "all_gather"
-    if kind == "a2a":
-        return "a2a"
+    if kind in ("a2a", "a2a+p2p"):
+        return kind
     return "p2p_torch" if torch else "p2p"
 
 

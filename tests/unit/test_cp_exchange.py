@@ -78,13 +78,60 @@ def test_exposure(tmp_path: Path) -> None:
     assert ring.breakdown_s["comm.cp"] < ring.comm_total_s["cp"]
 
 
-def test_hierarchical_and_mixed_exchanges_keep_the_note(tmp_path: Path) -> None:
-    for comm in ("a2a+p2p", "a2a a2a p2p p2p"):
-        path = tmp_path / "mixed.txt"
-        path.write_text(f"{ARGS} --cp-comm-type {comm}\n", encoding="utf-8")
+def test_hierarchical_a2a_p2p(tmp_path: Path) -> None:
+    """a2a+p2p over [A, B] = [2, 2] (TE AttnFuncWithCPAndKVP2P with cp_group = [a2a, p2p]): Q/K/V all-to-all over
+    the A group before the ring, output after; the ring's B - 1 steps move a K/V as large as this rank's own (heads
+    / A of A x the local rows), forward K/V, backward K/V with dK/dV; attention on heads / A of A x the local queries
+    against every key: the ring's FLOPs."""
+    a, ring = 2, CP // 2
+    path = tmp_path / "hier.txt"
+    path.write_text(f"{ARGS} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes {a} {ring}\n",
+                    encoding="utf-8")
+    sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron")
+    assert sc.plan.cp_hierarchy == (a, ring)
+    ops = layer_ops(sc.model, sc.training, sc.plan, 0)
+    got = {o.name: (o.group, o.phase, o.coll, o.coll_bytes, o.count) for o in ops if o.kind == "collective"
+           and o.group and o.group.startswith("cp")}
+    local = B * S // CP
+    kv_chunk = local * KV * 2 * D * 2
+    qkv, out = local * (HEADS * D + 2 * KV * D) * 2, local * HEADS * D * 2
+    assert got == {"attn.cp_a2a.qkv": ("cp_a2a", "F", "all_to_all", qkv, 1),
+                   "attn.cp_ring": ("cp_ring", "F", "send_recv", kv_chunk, ring - 1),
+                   "attn.cp_a2a.out": ("cp_a2a", "F", "all_to_all", out, 1),
+                   "attn.cp_a2a.dout": ("cp_a2a", "I", "all_to_all", out, 1),
+                   "attn.cp_ring.bwd": ("cp_ring", "I", "send_recv", 2 * kv_chunk, ring - 1),
+                   "attn.cp_a2a.dqkv": ("cp_a2a", "I", "all_to_all", qkv, 1)}
+    names = [o.name for o in ops if "core" in o.name or "cp_" in o.name]
+    assert names == ["attn.cp_a2a.qkv", "attn.cp_ring", "attn.core", "attn.cp_a2a.out", "attn.cp_a2a.dout",
+                     "attn.core.bwd", "attn.cp_ring.bwd", "attn.cp_a2a.dqkv"]
+    (f_ring, b_ring), (f, b) = attention(load(tmp_path, "p2p")), attention(sc)
+    assert (f.flop, b.flop) == pytest.approx((f_ring.flop, b_ring.flop))
+    assert (f.heads, f.kv_heads, f.m, f.n) == (HEADS // a, KV // a, a * S // CP, S)
+    r = project(sc)  # the all-to-alls exposed, the ring's steps behind attention
+    assert 0 < r.breakdown_s["comm.cp"] < r.comm_total_s["cp"]
+    assert not [n for n in r.notes if n.startswith("context parallelism")]
+
+
+def test_a_degenerate_hierarchy_is_the_plain_exchange(tmp_path: Path) -> None:
+    """TE runs a2a+p2p with an all-to-all group of 1 as the ring, with a ring of 1 as the all-to-all."""
+    for sizes, plain in (((1, CP), "p2p"), ((CP, 1), "a2a")):
+        path = tmp_path / "deg.txt"
+        path.write_text(f"{ARGS} --num-query-groups {CP} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes "
+                        f"{sizes[0]} {sizes[1]}\n", encoding="utf-8")
         sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron")
-        assert "cp_ring" in " ".join(colls(sc))
-        assert [n for n in project(sc).notes if n.startswith("context parallelism")]
+        path.write_text(f"{ARGS} --num-query-groups {CP} --cp-comm-type {plain}\n", encoding="utf-8")
+        ref = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=CP, fmt="megatron")
+        assert layer_ops(sc.model, sc.training, sc.plan, 0) == layer_ops(ref.model, ref.training, ref.plan, 0)
+
+
+def test_a_per_layer_list_prices_each_layers_exchange(tmp_path: Path) -> None:
+    """--cp-comm-type with one type per layer: Megatron's layer i runs cp_comm_type[i] (transformer_layer.py)."""
+    sc = load(tmp_path, "a2a p2p all_gather a2a")
+    assert sc.plan.cp_comm == "a2a p2p all_gather a2a"
+    kinds = [{o.name for o in layer_ops(sc.model, sc.training, sc.plan, i) if o.group == "cp"} for i in range(4)]
+    for i, comm in enumerate(("a2a", "p2p", "all_gather", "a2a")):
+        assert kinds[i] == set(colls(load(tmp_path, comm))), i
+    assert not [n for n in project(sc).notes if n.startswith("context parallelism")]
 
 
 def refused(tmp_path: Path, extra: str, nodes_gpus: tuple[int, int] = (1, CP)) -> str:
@@ -104,6 +151,18 @@ def test_what_transformer_engine_refuses_under_context_parallelism(tmp_path: Pat
         tmp_path, "--cp-comm-type a2a --context-parallel-size 16", (2, 8))
     assert "unknown context-parallel exchange ring" in refused(tmp_path, "--cp-comm-type ring")
     assert "2 context-parallel exchange types for 4 layers" in refused(tmp_path, "--cp-comm-type a2a p2p")
+    assert "3 context-parallel exchange types for 4 layers" in refused(tmp_path, "--cp-comm-type p2p p2p p2p")
+    # a2a+p2p: Megatron wants the sizes, their product cp; TE two levels, and heads the all-to-all group divides
+    assert "needs the hierarchical context-parallel sizes" in refused(tmp_path, "--cp-comm-type a2a+p2p")
+    assert "multiply to 8, not cp = 4" in refused(
+        tmp_path, "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4")
+    assert "multiply to 8, not cp = 4" in refused(tmp_path, "--hierarchical-context-parallel-sizes 2 4")
+    assert "runs two levels" in refused(tmp_path, "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 1")
+    assert "splits heads over its group of 4: a tensor-parallel rank holds 8 heads and 2 KV heads" in refused(
+        tmp_path, "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 4 1 --tensor-model-parallel-size 4",
+        (2, 8))
+    assert "sliding window with the p2p" in refused(
+        tmp_path, "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 --window-size 4096,0")
     assert "sliding window with the p2p" in refused(tmp_path, "--cp-comm-type p2p --window-size 4096,0")
     assert "needs Transformer Engine's fused or flash attention" in refused(tmp_path, "--transformer-impl local")
     path = tmp_path / "ok.txt"  # a sliding window under all_gather runs

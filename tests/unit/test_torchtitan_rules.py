@@ -198,7 +198,7 @@ def test_megatron_cp_comm_type_is_read(tmp_path: Path) -> None:
                     "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 "
                     "--context-parallel-size 2 --cp-comm-type a2a a2a p2p p2p --bf16\n")
     sc = api.load(args, hardware="h100-sxm", nodes=1, fmt="megatron")
-    assert sc.plan.cp_comm == "a2a p2p"
+    assert sc.plan.cp_comm == "a2a a2a p2p p2p"  # one per layer, each layer's priced
 
 
 def test_repeat_kv_is_priced_for_eager_torchtitan(tmp_path: Path) -> None:
