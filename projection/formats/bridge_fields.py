@@ -39,6 +39,7 @@ _SAME = {
         "attention_backend", "transformer_impl", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
         "gradient_accumulation_fusion", "tp_comm_overlap", "overlap_p2p_comm", "defer_embedding_wgrad_compute",
         "wgrad_deferral_limit", "bf16", "fp16", "fp8", "fp8_recipe", "fp8_amax_history_len",
+        "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
     ),
     "train": ("micro_batch_size", "global_batch_size"),
     "dataset": ("seq_length",),

@@ -27,15 +27,19 @@ Origins = MutableMapping[tuple[str, ...], Origin]
 
 # MixedPrecisionConfig's defaults for the fields projection reads
 MP_DEFAULTS: dict[str, Any] = {"bf16": False, "fp16": False, "fp8": None, "fp8_recipe": "tensorwise",
-                               "fp8_param_gather": False, "fp8_amax_history_len": 1, "grad_reduce_in_fp32": True}
+                               "fp8_param_gather": False, "fp8_amax_history_len": 1, "grad_reduce_in_fp32": True,
+                               "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 0,
+                               "num_layers_at_end_in_bf16": 0}
 _BF16 = {"bf16": True, "fp16": False}
 _FP16 = {"bf16": False, "fp16": True, "grad_reduce_in_fp32": False}
 _DELAYED = {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": True, "fp8_amax_history_len": 1024}
-_CURRENT = {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param_gather": True}
+# the current-scaling recipes keep the first and last decoder layer in bf16 (mixed_precision.py, 0.3.1 l.272-356)
+_CURRENT = {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param_gather": True, "first_last_layers_bf16": True,
+            "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1}
+_TWO_BF16 = {"num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 2}
 _MX = {"fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True}
 _SUBCHANNEL = {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False}
-# the recipes by name (get_mixed_precision_config; hyphens read as underscores); the current-scaling recipes also
-# keep the first and last layer in bf16, which is not modelled (priced as fp8)
+# the recipes by name (get_mixed_precision_config; hyphens read as underscores)
 MIXED_PRECISION_RECIPES: dict[str, dict[str, Any]] = {
     "bf16_mixed": _BF16, "fp16_mixed": _FP16,
     "bf16_with_fp8_delayed_scaling_mixed": {**_BF16, **_DELAYED}, "bf16_with_fp8_mixed": {**_BF16, **_DELAYED},
@@ -45,15 +49,18 @@ MIXED_PRECISION_RECIPES: dict[str, dict[str, Any]] = {
     "bf16_with_mxfp8_mixed": {**_BF16, **_MX}, "fp16_with_mxfp8_mixed": {**_FP16, **_MX},
     "bf16_with_fp8_subchannel_scaling_mixed": {**_BF16, **_SUBCHANNEL},
     "fp16_with_fp8_subchannel_scaling_mixed": {**_FP16, **_SUBCHANNEL},
-    # Nemotron recipes: current scaling / blockwise with the first and last two layers in bf16 (not modelled)
-    "nemotron_h_bf16_with_fp8_current_scaling_mixed": {**_BF16, **_CURRENT},
-    "nanov2_bf16_with_fp8_current_scaling_mixed": {**_BF16, **_CURRENT, "fp8_recipe": "blockwise"},
+    # Nemotron recipes: current scaling / blockwise with the first and last two layers in bf16
+    "nemotron_h_bf16_with_fp8_current_scaling_mixed": {**_BF16, **_CURRENT, **_TWO_BF16},
+    "nanov2_bf16_with_fp8_current_scaling_mixed": {**_BF16, **_CURRENT, **_TWO_BF16, "fp8_recipe": "blockwise"},
 }
 _NOT_MODELLED = ("nvfp4",)  # bf16_with_nvfp4_mixed and the Nemotron variants: fp4 GEMMs are not priced
 # the MixedPrecisionConfig fields each target has (megatron-core TransformerConfig / DistributedDataParallelConfig),
 # as (the target's field, the MixedPrecisionConfig field it takes): fp8_param is kept equal to fp8_param_gather
 _MP_TARGETS = {"model": (("bf16", "bf16"), ("fp16", "fp16"), ("fp8", "fp8"), ("fp8_recipe", "fp8_recipe"),
-                         ("fp8_amax_history_len", "fp8_amax_history_len"), ("fp8_param", "fp8_param_gather")),
+                         ("fp8_amax_history_len", "fp8_amax_history_len"), ("fp8_param", "fp8_param_gather"),
+                         ("first_last_layers_bf16", "first_last_layers_bf16"),
+                         ("num_layers_at_start_in_bf16", "num_layers_at_start_in_bf16"),
+                         ("num_layers_at_end_in_bf16", "num_layers_at_end_in_bf16")),
                "ddp": (("grad_reduce_in_fp32", "grad_reduce_in_fp32"), ("fp8_param_gather", "fp8_param_gather"))}
 _BOOLS = {"model": ("sequence_parallel",), "ddp": ("use_distributed_optimizer", "use_megatron_fsdp"),
           "optimizer": ("use_distributed_optimizer",), "dist": ("use_megatron_fsdp", "use_torch_fsdp2"),

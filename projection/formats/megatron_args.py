@@ -70,6 +70,10 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "micro_batch_size": ("int", None),
     "global_batch_size": ("int", None),
     "bf16": ("bool", False),
+    # --first-last-layers-bf16 and its counts (Megatron-Core 0.12+ TransformerConfig; the counts default to 1)
+    "first_last_layers_bf16": ("bool", False),
+    "num_layers_at_start_in_bf16": ("int", 1),
+    "num_layers_at_end_in_bf16": ("int", 1),
     "fp16": ("bool", False),
     "fp8": ("str", None),
     "fp8_recipe": ("str", "delayed"),

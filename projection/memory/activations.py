@@ -292,7 +292,9 @@ def selective_saved(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
 
 
 def layer_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, i: int) -> dict[str, float]:
-    """All tensors decoder layer i saves for one microbatch with no recompute."""
+    """All tensors decoder layer i saves for one microbatch with no recompute (a layer kept in bf16 under fp8 saves
+    its linears' inputs in high precision: TrainingSpec.for_layer)."""
+    training = training.for_layer(i, model.num_layers)
     D = dims(model, training, plan)
     out = attention_tensors(model, D)
     if model.is_moe_layer(i):

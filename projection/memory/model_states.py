@@ -74,8 +74,11 @@ def model_state_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
     else:
         terms["weights.params"] = round(sharded(dense_p, expert_p, 3) * pbytes)
         if training.fp8 is not None and training.fp8.param_gather:
-            # --fp8-param-gather: the linear weights themselves are fp8 (1 B) instead of the params dtype
-            gathered = sum(v for k, v in rank.by_component.items() if training.fp8.gathers_in_fp8(k))
+            # --fp8-param-gather: the linear weights themselves are fp8 (1 B) instead of the params dtype, except in
+            # layers kept in bf16 (built outside fp8_model_init)
+            bf16 = bf16_layer_params(model, plan, rank, training.fp8)
+            gathered = sum(v - bf16.get(k, 0) for k, v in rank.by_component.items()
+                           if training.fp8.gathers_in_fp8(k))
             terms["weights.params"] -= round(gathered * (pbytes - 1) / (g_dense if zero == 3 else 1))
         if zero == 3:
             terms["weights.unsharded_units"] = unsharded_unit_bytes(model, training, plan, rank)
@@ -172,12 +175,25 @@ def fp8_weight_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPla
     caches nothing (`Fp8Spec.caches_weights`): its per-GEMM casts are freed with the GEMM."""
     assert training.fp8 is not None
     copies = (0 if training.fp8.param_gather else 1) + (1 if training.fp8.weight_transpose_cache else 0)
-    return _linear_params(rank, training.fp8) * copies
+    return _linear_params(model, plan, rank, training.fp8) * copies
 
 
-def _linear_params(rank: RankParams, fp8: Fp8Spec) -> int:
-    """GEMM weights of a rank the FP8 library converts (Fp8Spec.converts); norms and the router are not."""
-    return sum(v for k, v in rank.by_component.items() if fp8.converts(k))
+def _linear_params(model: ModelSpec, plan: ParallelPlan, rank: RankParams, fp8: Fp8Spec) -> int:
+    """GEMM weights of a rank the FP8 library converts (Fp8Spec.converts); norms and the router are not, nor the
+    layers kept in bf16."""
+    bf16 = bf16_layer_params(model, plan, rank, fp8)
+    return sum(v - bf16.get(k, 0) for k, v in rank.by_component.items() if fp8.converts(k))
+
+
+def bf16_layer_params(model: ModelSpec, plan: ParallelPlan, rank: RankParams, fp8: Fp8Spec) -> dict[str, int]:
+    """Parameters by component of the rank's decoder layers that run in bf16 under fp8 (Fp8Spec.layer_in_fp8)."""
+    out: dict[str, int] = {}
+    sh = Sharding(plan.tp, plan.ep, plan.etp_)
+    for i in rank.layers:
+        if not fp8.layer_in_fp8(i, model.num_layers):
+            for k, v in layer_params(model, i, sh).items():
+                out[k] = out.get(k, 0) + v
+    return out
 
 
 def step_counter_bytes_total(model: ModelSpec, plan: ParallelPlan, rank: RankParams, bytes_each: int) -> int:

@@ -106,8 +106,9 @@ def layer_offload_splits(sc: Scenario, slot: StageSlot,
     keep_last = slot.loss and not slot.mtp_layers  # backwarded right after its forward: not offloaded
     out = []
     for n, i in enumerate(slot.layers):
+        fp8 = sc.training.fp8
         key = (m.is_moe_layer(i), i in full, n % chunk == 0, p.recompute.every_nth_checkpoints(i),
-               i < p.offload.activation_layers)
+               i < p.offload.activation_layers, fp8 is not None and fp8.layer_in_fp8(i, m.num_layers))
         if key not in memo:
             memo[key] = offload_split(sc, i, i in full, chunk_head=(n % chunk == 0))
         resident, off = memo[key]

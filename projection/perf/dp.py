@@ -141,7 +141,8 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
             bucketed = is_bucketed(scenario, sp.pp_rank, sp.chunk) and s == schedule.model_stage(s)
             mine: list[Bucket] = []
             # bytes per gathered element of each group (fp8 param gather: 1 B per converted GEMM weight)
-            wire = [gather_bytes(training, name, d, e) for name, d, e in sp.params.components]
+            wire = [gather_bytes(training, scenario.model.num_layers, name, d, e)
+                    for name, d, e in sp.params.components]
             per_elem = {"dp": sum(b for b, _ in wire) / sp.params.dense if sp.params.dense else param_b,
                         "edp": sum(b for _, b in wire) / sp.params.expert if sp.params.expert else param_b}
             for group, n, place in (("dp", sp.params.dense, dense_place), ("edp", sp.params.expert, expert_place)):

@@ -44,6 +44,7 @@ from projection.specs.model import keys_per_query
 from projection.specs.scenario import Scenario
 from projection.specs.training import DTYPE_BYTES, TrainingSpec
 from projection.workload.ops import Op, embedding_ops, layer_ops, mtp_ops, output_ops
+from projection.workload.ops_base import cp_exchange
 from projection.workload.stages import StageSlot, split_stages
 
 SPLIT_BACKWARD = frozenset({"zb_h1", "zb_h2", "zbv", "v_half", "v_min", "dualpipe", "dualpipev"})
@@ -130,18 +131,21 @@ class PricedStages:
         return StageCosts(tuple(f), tuple(i), tuple(w), fwd, bwd, tuple(comm_tasks))
 
 
-LayerSignature = tuple[bool, int, int]
+LayerSignature = tuple[bool, int, bool, str, int]
 
 
 def layer_signature(scenario: Scenario, layer: int) -> LayerSignature:
     """Decoder layers with equal signatures have equal op lists: they differ only in being MoE or dense, in their
-    sliding window and, for recompute choices that name layers (layer ids, block, every N-th layer), in the layer
+    sliding window, in running fp8 or not (Fp8Spec.layer_in_fp8), in their context-parallel exchange (a per-layer
+    --cp-comm-type) and, for recompute choices that name layers (layer ids, block, every N-th layer), in the layer
     index itself."""
     r = scenario.plan.recompute
     varies = (r.granularity == "full" and (r.layer_ids is not None or r.method == "block")) or \
         any(m.startswith("layer:") for m in r.modules)
-    model = scenario.model
-    return model.is_moe_layer(layer), model.window_of(layer) or 0, layer if varies else -1
+    model, fp8 = scenario.model, scenario.training.fp8
+    in_fp8 = fp8 is not None and fp8.layer_in_fp8(layer, model.num_layers)
+    return (model.is_moe_layer(layer), model.window_of(layer) or 0, in_fp8, cp_exchange(scenario.plan, layer),
+            layer if varies else -1)
 
 
 def stage_components(scenario: Scenario, slot: StageSlot, cache: dict[LayerSignature, tuple[Op, ...]] | None = None
@@ -324,7 +328,7 @@ class _FsdpSizes:
             self.dense, self.replicate = shard_placements(scenario.cluster, plan)
             if scenario.model.moe is not None:
                 self.expert, self.expert_replicate = expert_shard_placements(scenario.cluster, plan)
-        self.training = training
+        self.training, self.num_layers = training, scenario.model.num_layers
         self.param_b = DTYPE_BYTES[training.params_dtype]
         self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
         self.link = scenario.cluster.device.host_link_bytes_per_s if plan.offload.fsdp_params else None
@@ -340,11 +344,11 @@ class _FsdpSizes:
         sizes = {name: (d, e) for name, d, e in params.components}
         per = [sizes.pop(n, (0, 0)) for n in names]
         # all-gather bytes of each unit (fp8 all-gather: 1 B per converted GEMM weight, stage_params.gather_bytes)
-        wire = [gather_bytes(self.training, n, d, e) for n, (d, e) in zip(names, per, strict=True)]
+        wire = [gather_bytes(self.training, self.num_layers, n, d, e) for n, (d, e) in zip(names, per, strict=True)]
         if sizes and per:  # params without an op component of their own (an MTP stage's embedding)
             d0, e0 = per[0]
             per[0] = (d0 + sum(d for d, _ in sizes.values()), e0 + sum(e for _, e in sizes.values()))
-            extra = [gather_bytes(self.training, n, d, e) for n, (d, e) in sizes.items()]
+            extra = [gather_bytes(self.training, self.num_layers, n, d, e) for n, (d, e) in sizes.items()]
             wire[0] = (wire[0][0] + sum(b for b, _ in extra), wire[0][1] + sum(b for _, b in extra))
         gathers, scatters, replicas = [], [], []
         for (dense, expert), (dense_b, expert_b) in zip(per, wire, strict=True):

@@ -120,14 +120,18 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, slot: StageSlot) -> Stage
     return StageParams(dense, expert, tuple(comps), tensors, tuple(hooked), expert_tensors)
 
 
-def gather_bytes(training: TrainingSpec, component: str, dense: float, expert: float) -> tuple[float, float]:
+def gather_bytes(training: TrainingSpec, num_layers: int, component: str, dense: float, expert: float
+                 ) -> tuple[float, float]:
     """Bytes a parameter all-gather moves for one component's (dense, expert) elements: the params dtype, or 1 B per
     GEMM weight the FP8 library converts when parameters are gathered in fp8 (Megatron --fp8-param-gather, torchao
     enable_fsdp_float8_all_gather: the unsharded weight is the fp8 tensor). A decoder layer's norms and biases are a
-    negligible share and go at 1 B with its weights; embeddings, and the output layer unless it is an FP8 GEMM, keep
-    the params dtype."""
+    negligible share and go at 1 B with its weights; embeddings, the output layer unless it is an FP8 GEMM, and the
+    decoder layers kept in bf16 (Fp8Spec.layer_in_fp8 of `num_layers`: their weights are bf16 parameters) keep the
+    params dtype."""
     pb = DTYPE_BYTES[training.params_dtype]
     f = training.fp8
+    if component.startswith("layer") and f is not None and not f.layer_in_fp8(int(component[5:]), num_layers):
+        f = None
     if f is None or not f.param_gather:
         return dense * pb, expert * pb
     gemm = f.gathers_in_fp8("attention") if component.startswith(("layer", "mtp")) else f.gathers_in_fp8(component)

@@ -53,6 +53,18 @@ class Fp8Spec(Spec):
         "inputs are cast to fp8 before the sequence all-gather, the row-parallel output gradients before theirs, "
         "and the linears save the fp8 inputs (tests/oracle/test_torchtitan_tp_float8.py measures both at tp 2)")
 
+    bf16_first_layers: int = Field(0, ge=0, description="decoder layers at the start that run without fp8 (Megatron "
+                                   "--first-last-layers-bf16 with --num-layers-at-start-in-bf16; Megatron-Bridge "
+                                   "mixed_precision.num_layers_at_start_in_bf16): their GEMMs, casts, TP gathers and "
+                                   "weights in the params dtype, no fp8 weight cache, inputs saved in high precision")
+    bf16_last_layers: int = Field(0, ge=0, description="the same for the last decoder layers "
+                                  "(--num-layers-at-end-in-bf16); MTP layers keep fp8 (Megatron-Core's global context)")
+
+    def layer_in_fp8(self, layer_index: int, num_layers: int) -> bool:
+        """Whether decoder layer `layer_index` (0-based, global) runs in fp8: Megatron-Core is_first_last_bf16_layer
+        (fp8_utils.py) keeps layers below `bf16_first_layers` and from num_layers - `bf16_last_layers` on in bf16."""
+        return self.bf16_first_layers <= layer_index < num_layers - self.bf16_last_layers
+
     @property
     def caches_weights(self) -> bool:
         """True where fp8 weight copies live for the whole step (Transformer Engine)."""
@@ -218,6 +230,13 @@ class TrainingSpec(Spec):
     def loss_nan_checks(self) -> bool:
         """Whether each microbatch's loss is checked for NaN/Inf with host reads (perf/checks.py)."""
         return self.check_for_nan_in_loss_and_grad if self.check_for_nan_in_loss is None else self.check_for_nan_in_loss
+
+    def for_layer(self, layer_index: int, num_layers: int) -> TrainingSpec:
+        """The training a decoder layer runs: without fp8 where Fp8Spec keeps it in bf16 (a bf16 layer is the same
+        job's layer without fp8: Megatron-Core enters no fp8 autocast and no fp8_model_init for it)."""
+        if self.fp8 is None or self.fp8.layer_in_fp8(layer_index, num_layers):
+            return self
+        return self.model_copy(update={"fp8": None})
 
     def resolved_global_batch(self, dp: int) -> int:
         if self.global_batch_size is not None:

@@ -131,7 +131,13 @@ def test_a_per_layer_list_prices_each_layers_exchange(tmp_path: Path) -> None:
     kinds = [{o.name for o in layer_ops(sc.model, sc.training, sc.plan, i) if o.group == "cp"} for i in range(4)]
     for i, comm in enumerate(("a2a", "p2p", "all_gather", "a2a")):
         assert kinds[i] == set(colls(load(tmp_path, comm))), i
-    assert not [n for n in project(sc).notes if n.startswith("context parallelism")]
+    mixed = project(sc)
+    assert not [n for n in mixed.notes if n.startswith("context parallelism")]
+    # priced layer by layer too (each layer's exchange in the stage, not the first layer's for all): the step's cp
+    # traffic is a quarter of each uniform job's per layer
+    total = {c: project(load(tmp_path, c)).comm_total_s["cp"] for c in ("a2a", "p2p", "all_gather")}
+    assert mixed.comm_total_s["cp"] == pytest.approx((2 * total["a2a"] + total["p2p"] + total["all_gather"]) / 4,
+                                                     rel=1e-9)
 
 
 def refused(tmp_path: Path, extra: str, nodes_gpus: tuple[int, int] = (1, CP)) -> str:
