@@ -121,6 +121,7 @@ def _after(data: Mapping[str, Any], origins: Origins, raw: RawScenario, file: st
     if "check_for_nan_in_loss" in rerun:
         loss_checks = rerun["check_for_nan_in_loss"]
         loss_checks = coerce_scalar(loss_checks) if isinstance(loss_checks, str) else loss_checks
+        loss_checks = False if loss_checks is None else loss_checks  # None: `if check_for_nan_in_loss` is off
         if not isinstance(loss_checks, bool):
             o = origins.get(("rerun_state_machine", "check_for_nan_in_loss"), Origin(file))
             raise ConfigError(Problem(f"check_for_nan_in_loss must be true or false, got {loss_checks!r}",

@@ -88,6 +88,9 @@ def test_the_loss_nan_checks_are_the_rerun_state_machines_apart_from_the_grad_bu
     on_stages, off_stages = price_stages(default, cm).stages, price_stages(off, cm).stages
     assert [a.f.kernels - b.f.kernels for a, b in zip(on_stages, off_stages, strict=True)] == \
         [4 if i == len(on_stages) - 1 else 0 for i in range(len(on_stages))]
+    null = api.load(write(tmp_path, SMALL + "rerun_state_machine:\n  check_for_nan_in_loss: null\n", "null.yaml"),
+                    **CLUSTER)
+    assert null.training.check_for_nan_in_loss is False  # a None the loss function's `if` reads as off
     with pytest.raises(ProjectionError, match="rerun_state_machine.check_for_nan_in_loss"):
         api.load(write(tmp_path, SMALL + "rerun_state_machine:\n  check_for_nan_in_loss: maybe\n", "bad.yaml"),
                  **CLUSTER)
