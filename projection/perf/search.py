@@ -2,7 +2,8 @@
 
 For each combination of tp, pp, vpp, cp, ep, micro batch size, recompute granularity and ZeRO stage (the scenario's own
 value of any not given; beside pipelines, pp 1 takes vpp 1 only: `_combos`), the layout is built from the scenario's
-plan: dp = world / (tp cp pp); a pipeline layout, stage split or group size the file fixed for its own pp is dropped;
+plan: dp = world / (tp cp pp); a pipeline layout or stage split the file fixed for its own pp is dropped, and a
+microbatch group size equal to its own pp (search_reload.dropped_group_size);
 recompute is one of RECOMPUTE (`_recompute`: the file's own selective modules or full method at the file's granularity,
 else the framework's defaults); the ZeRO stage is the file's sharding at its own stage, else the framework's way to the
 stage asked (`_sharding`); the schedule is the file's where it fits, else interleaved_1f1b for vpp > 1 and 1f1b for vpp
@@ -31,6 +32,7 @@ from projection.perf.result import Projection
 from projection.perf.search_reload import (
     Reload,
     derived_vpp_problem,
+    dropped_group_size,
     layout_overrides,
     needs_reload,
     runs_megatron_fsdp,
@@ -133,7 +135,9 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     divides = world % (tp * cp * pp) == 0
     if reload is not None:
         spec = _recompute(base.recompute, recompute)
-        over = layout_overrides(sc, tp, pp, vpp if given["vpp"] else None, cp, ep, mbs if given["mbs"] else None,
+        # a vpp the search sets: asked for, or the vpp 1 of a pp-1 layout beside pipelines (_combos)
+        asked_vpp = vpp if given["vpp"] or vpp != base.vpp_ else None
+        over = layout_overrides(sc, tp, pp, asked_vpp, cp, ep, mbs if given["mbs"] else None,
                                 spec, zero if given["zero"] else None)
         if isinstance(over, list):
             return refused(([] if divides else [_world_problem(world, tp, cp, pp)]) + over)
@@ -146,7 +150,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
         derived = derived_vpp_problem(sc, vpp, cand.plan.vpp_) if given["vpp"] else None
         if derived is not None:
             return refused([derived])
-        clash = _held_by_overrides(cand, tp, pp, cp, ep, vpp if given["vpp"] else None,
+        clash = _held_by_overrides(cand, tp, pp, cp, ep, asked_vpp,
                                    mbs if given["mbs"] else None, spec.granularity, zero if given["zero"] else None)
         if clash:
             return refused(clash)
@@ -165,8 +169,8 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
                   overlap={**base.overlap.model_dump(),
                            **({"param_gather": False} if zero == 0 != base.sharding.zero_stage else {})},
                   **({} if same_pipeline else {"pipeline_layout": None, "first_stage_layers": None,
-                                               "last_stage_layers": None, "stage_layers": None,
-                                               "microbatch_group_size": None}))
+                                               "last_stage_layers": None, "stage_layers": None}),
+                  **({"microbatch_group_size": None} if dropped_group_size(base, pp) else {}))
     try:
         plan = ParallelPlan.model_validate(fields)
         training = TrainingSpec.model_validate({**sc.training.model_dump(), "micro_batch_size": mbs,

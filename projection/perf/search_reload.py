@@ -27,8 +27,9 @@ Keys per candidate (`layout_overrides`), each only where the value differs from 
   the file has it on.
 - Primus (Megatron argument names): `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
   `context_parallel_size`, `expert_model_parallel_size`, `micro_batch_size`, `global_batch_size`; for another
-  pipeline, `num_virtual_stages_per_pipeline_rank` (the other two vpp spellings, the first/last-stage layer counts and
-  the microbatch group size cleared, as the native search drops a split or group size fixed for another pp); recompute
+  pipeline, `num_virtual_stages_per_pipeline_rank` (the other two vpp spellings and the first/last-stage layer counts
+  cleared, as the native search drops a split fixed for another pp; the microbatch group size where it is the file's
+  own pp, `dropped_group_size`); recompute
   as `recompute_granularity`, `recompute_method`, `recompute_num_layers`, with `recompute_activations` and
   `moe_layer_recompute` off (Megatron's defaults where the file has none: perf/search.py `_recompute`); the ZeRO stage
   as `use_distributed_optimizer` (1), Megatron-FSDP's `optim_grads` (2), the experiment's FSDP (3: Megatron-FSDP's
@@ -47,7 +48,7 @@ from typing import Any, NamedTuple
 
 from projection.errors import COMMAND_LINE, Problem
 from projection.formats.bridge_fields import bridge_keys
-from projection.specs.plan import RecomputeSpec, ShardingSpec
+from projection.specs.plan import ParallelPlan, RecomputeSpec, ShardingSpec
 from projection.specs.scenario import Scenario
 
 Reload = Callable[[Mapping[str, Any]], Scenario]
@@ -110,12 +111,11 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
             out[key] = value
     vpp = base.vpp_ if vpp is None else vpp
     if (pp, vpp) != (own.pp, own.vpp):
-        # the group size goes with them: Megatron-Core sets it to pp where unset (ModelParallelConfig), so a logged
-        # config holds its own pp there, and a value for another pp would refuse or reshape the new pipeline
         out.update(num_virtual_stages_per_pipeline_rank=vpp if vpp > 1 else None,
                    num_layers_per_virtual_pipeline_stage=None, pipeline_model_parallel_layout=None,
-                   decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
-                   microbatch_group_size_per_vp_stage=None)
+                   decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None)
+    if dropped_group_size(base, pp):
+        out["microbatch_group_size_per_vp_stage"] = None
     if recompute != base.recompute:
         # --moe-layer-recompute would turn a cleared granularity back into selective 'moe' (formats/megatron.py)
         out.update(recompute_activations=False, moe_layer_recompute=False,
@@ -129,6 +129,14 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
             out["sequence_parallel"] = tp > 1
         return bridge_keys(out)
     return out
+
+
+def dropped_group_size(base: ParallelPlan, pp: int) -> bool:
+    """Whether a layout on pipeline size `pp` drops the config's microbatch group size: where it equals the config's
+    own pp, the value Megatron-Core sets when none is given (ModelParallelConfig: None -> pp), which a logged config
+    (a Bridge run_config.yaml, a logged argument dump) holds; another group size is the user's and is kept (the
+    interleaved schedule's rule then checks it)."""
+    return pp != base.pp and base.microbatch_group_size is not None and base.microbatch_group_size == base.pp
 
 
 def runs_megatron_fsdp(own: ShardingSpec, framework: str) -> bool:

@@ -94,3 +94,28 @@ def test_the_loss_nan_checks_are_the_rerun_state_machines_apart_from_the_grad_bu
     with pytest.raises(ProjectionError, match="rerun_state_machine.check_for_nan_in_loss"):
         api.load(write(tmp_path, SMALL + "rerun_state_machine:\n  check_for_nan_in_loss: maybe\n", "bad.yaml"),
                  **CLUSTER)
+
+
+def test_a_group_size_of_the_users_own_is_kept_on_another_pipeline(tmp_path: Path) -> None:
+    """A group size that is not the file's own pp was chosen by the user: plan keeps it on every layout (and the
+    interleaved schedule's rule checks it), where one equal to the file's pp, Megatron-Core's default, is dropped."""
+    text = RUN.read_text(encoding="utf-8")
+    text = text.replace("  microbatch_group_size_per_vp_stage: 1\n", "  microbatch_group_size_per_vp_stage: 8\n")
+    text = text.replace("  pipeline_model_parallel_size: 1\n", "  pipeline_model_parallel_size: 2\n")
+    text = text.replace("  virtual_pipeline_model_parallel_size: null\n", "  virtual_pipeline_model_parallel_size: 2\n")
+    path = write(tmp_path, text, "run_config.yaml")
+    found = search_layouts(api.load(path, **CLUSTER), pp=[2, 4], vpp=[2, 4], reload=_reload(path))
+    assert {(c.pp, c.vpp): c.scenario.plan.microbatch_group_size for c in found if c.scenario is not None} == {
+        (2, 2): 8, (2, 4): 8, (4, 2): 8, (4, 4): 8}
+
+
+def test_pp_1_beside_pipelines_is_loaded_without_the_files_virtual_pipeline() -> None:
+    """--pp 1,2 without --vpp on a file with vpp 2: the pp-1 row is pp 1 without a virtual pipeline, loaded as such
+    (not the file's vpp, refused as a virtual pipeline without one)."""
+    base = api.load(RUN, overrides=PP2_VPP2 | {"model.microbatch_group_size_per_vp_stage": None}, **CLUSTER)
+    path_overrides = PP2_VPP2 | {"model.microbatch_group_size_per_vp_stage": None}
+    found = search_layouts(base, pp=[1, 2], reload=lambda ov: api.load(RUN, overrides={**path_overrides, **ov},
+                                                                        **CLUSTER))
+    (one,) = [c for c in found if c.pp == 1]
+    assert (one.vpp, one.status) == (1, "fits"), [p.render() for p in one.problems]
+    assert one.scenario is not None and one.scenario.plan.vpp_ == 1
