@@ -22,6 +22,7 @@ from typing import Any
 
 from projection.errors import ConfigError, Problem
 from projection.formats.bridge_fields import ACTIVATIONS, BRIDGE_DEFAULTS, BRIDGE_NAMES, FIELDS, read_target
+from projection.formats.megatron_args import DESTS, is_bool_dest
 from projection.specs.scenario import Origin
 from projection.workload.stages import LayoutError, expand_layout
 
@@ -42,10 +43,11 @@ def bridge_args(data: Mapping[str, Any], origins: Origins, file: str) -> tuple[d
     def origin(section: str, field: str) -> Origin:
         return origins.get((section, field), Origin(file, None, f"{section}.{field}"))
 
+    nulls: dict[str, Origin] = {}  # fields written as null, by dest
     for (section, field), dest in FIELDS.items():
         table = data.get(section)
         if isinstance(table, dict) and field in table and table[field] is None:
-            where.setdefault(dest, origin(section, field))  # written as null: the default, from the file's line
+            nulls.setdefault(dest, origin(section, field))
         if not isinstance(table, dict) or table.get(field) is None:
             continue
         try:
@@ -57,13 +59,20 @@ def bridge_args(data: Mapping[str, Any], origins: Origins, file: str) -> tuple[d
             continue
         if dest not in args or section == "dataset":
             put(dest, value, origin(section, field))
-    for dest in [d for d in where if d not in args]:  # a value elsewhere wins over a null (model over tokenizer)
-        if any(data.get(s, {}).get(f) is not None for (s, f), d in FIELDS.items() if d == dest
-               and isinstance(data.get(s), dict)):
-            del where[dest]
+    for dest, o in nulls.items():  # a null the dataclass holds as None, unless another field gives the value
+        if dest in args:
+            continue
+        if is_bool_dest(dest):  # None is off wherever the code tests the flag (`if config.<field>:`)
+            put(dest, False, o)
+        elif DESTS.get(dest, ("", None))[1] is None:  # the argparse default is None too: shown at the file's line
+            where[dest] = o
     model, ddp = data["model"], data["ddp"]
     _activation(model, origins, file, put, problems)
-    if model.get("num_query_groups") is not None:  # TransformerConfig: num_query_groups alone is GQA
+    if model.get("multi_latent_attention"):
+        # MLA has no query groups; TransformerConfig.__post_init__ sets num_query_groups = num_attention_heads, so
+        # every MLA run_config.yaml holds one, which MLASelfAttention never reads
+        args.pop("num_query_groups", None)
+    elif model.get("num_query_groups") is not None:  # TransformerConfig: num_query_groups alone is GQA
         put("group_query_attention", True, origin("model", "num_query_groups"))
     if model.get("share_embeddings_and_output_weights") is not None:
         put("untie_embeddings_and_output_weights", not model["share_embeddings_and_output_weights"],

@@ -189,6 +189,10 @@ def _near_misses(data: Mapping[str, Any], at: Any, file: str) -> list[Problem]:
 
 # a Megatron-LM flag in a message or fix, with the "Megatron's " that may name it
 _FLAG = re.compile(r"(?:Megatron(?:-LM)?'s )?--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+_SET = re.compile(r"--set ([a-z][a-z0-9_]*)=")  # a fix's `--set <argparse dest>=N`
+# what Megatron-LM does that Megatron-Bridge does not, as a fix says it
+_PHRASES = {"(Megatron pads it itself)": "(Megatron-Bridge pads it only with model.should_pad_vocab or a size "
+                                         "taken from the tokenizer)"}
 # Megatron-LM flags that no one Bridge field mirrors, as the fields that say the same (formats/bridge_args.py derives
 # the first five from them; TransformerConfig / DistributedDataParallelConfig hold the rest)
 _DERIVED = {
@@ -212,16 +216,42 @@ def bridge_spelling(problems: Sequence[Problem]) -> list[Problem]:
     (`--pipeline-model-parallel-size` -> `model.pipeline_model_parallel_size`; an inverted flag as the field with
     `false`). Flags Bridge has no field for, and projection's own options (--set, --nodes), are left as they are."""
 
-    def field(match: re.Match[str]) -> str:
-        dest, inverted = flag_to_dest(match.group(1))
-        if dest in _DERIVED:
-            return _DERIVED[dest]
-        if dest not in BRIDGE_NAMES:
-            return match.group(0)
-        name = ".".join(BRIDGE_NAMES[dest])
-        return f"{name} false" if inverted else name
+    def name_of(dest: str, null_tokenizer: bool) -> str | None:
+        if dest == "vocab_size" and null_tokenizer:  # Bridge builds the NullTokenizer from tokenizer.vocab_size
+            return "tokenizer.vocab_size"
+        return ".".join(BRIDGE_NAMES[dest]) if dest in BRIDGE_NAMES else None
 
-    def spell(text: str | None) -> str | None:
-        return None if text is None else _FLAG.sub(field, text)
+    def spell(text: str | None, null_tokenizer: bool) -> str | None:
+        if text is None:
+            return None
 
-    return [dataclasses.replace(p, message=spell(p.message) or p.message, fix=spell(p.fix)) for p in problems]
+        def flag(match: re.Match[str]) -> str:
+            dest, inverted = flag_to_dest(match.group(1))
+            if dest in _DERIVED:
+                return _DERIVED[dest]
+            name = name_of(dest, null_tokenizer)
+            if name is None:
+                return match.group(0)
+            return f"{name} false" if inverted else name
+
+        def set_key(match: re.Match[str]) -> str:  # `--set <dest>=`, as Bridge's --set takes it
+            name = name_of(match.group(1), null_tokenizer)
+            return f"--set {name}=" if name else match.group(0)
+
+        text = _SET.sub(set_key, text)
+        text = _FLAG.sub(lambda m: m.group(0) if m.group(0) == "--set" else flag(m), text)
+        for megatron, bridge in _PHRASES.items():
+            text = text.replace(megatron, bridge)
+        return text
+
+    out = []
+    for p in problems:
+        null_tokenizer = "NullTokenizer" in p.message
+        key = p.key
+        if key is not None and not key.startswith("--") and "." not in key:
+            key = name_of(key, null_tokenizer) or key
+        elif key is not None and key.startswith("--") and key != "--set":
+            key = spell(key, null_tokenizer)
+        out.append(dataclasses.replace(p, message=spell(p.message, null_tokenizer) or p.message,
+                                       fix=spell(p.fix, null_tokenizer), key=key))
+    return out

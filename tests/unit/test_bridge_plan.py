@@ -58,17 +58,27 @@ def test_a_field_written_as_null_is_the_files_not_a_default(tmp_path: Path) -> N
     """`q_lora_rank: null` is the file's choice (MLA without query compression): its origin is the file's line."""
     mla = "  multi_latent_attention: true\n  q_lora_rank: null\n  kv_lora_rank: 512\n"
     text = SMALL.replace("  vocab_size: 128256\n", "  vocab_size: 128256\n" + mla)
-    with pytest.raises(ProjectionError) as e:  # SMALL's num_query_groups: refused as Bridge spells it
-        api.load(write(tmp_path, text), **CLUSTER)
-    assert "fix: drop model.num_query_groups" in e.value.problems[0].render()
+    # SMALL's num_query_groups beside MLA: every MLA run_config.yaml holds one (TransformerConfig sets it to the
+    # head count), which MLA never reads: the same model as without it
+    with_groups = api.load(write(tmp_path, text, "groups.yaml"), **CLUSTER)
     text = text.replace("  num_query_groups: 8\n", "")
     path = write(tmp_path, text)
+    assert with_groups.model == api.load(path, **CLUSTER).model.model_copy(update={"name": "groups"})
     raw = load_raw(path)
     o = raw.origins["model.mla.q_lora_rank"]
     line = text.splitlines().index("  q_lora_rank: null") + 1
     assert (o.file, o.line, raw.get("model.mla.q_lora_rank")) == (str(path), line, 0)
     # a null beside a value of the same setting elsewhere (tokenizer.vocab_size) does not take its origin
     assert raw.origins["model.num_layers"].file == str(path)
+    # a flag written as null is off (the code tests `if config.<flag>:`); a null where Megatron-LM's default is not
+    # None is not shown as the file's value
+    nulls = text.replace("  num_layers: 32\n", "  num_layers: 32\n  gradient_accumulation_fusion: null\n"
+                         "  hidden_dropout: null\n").replace("ddp:\n", "ddp:\n  check_for_nan_in_grad: null\n")
+    raw = load_raw(write(tmp_path, nulls, "nulls.yaml"))
+    assert raw.get("training.gradient_accumulation_fusion") is False
+    assert raw.get("training.check_for_nan_in_loss_and_grad") is False
+    assert raw.origins["training.gradient_accumulation_fusion"].line is not None
+    assert raw.origins["training.dropout"].file != str(tmp_path / "nulls.yaml")
 
 
 def test_the_loss_nan_checks_are_the_rerun_state_machines_apart_from_the_grad_buckets(tmp_path: Path) -> None:
@@ -119,3 +129,21 @@ def test_pp_1_beside_pipelines_is_loaded_without_the_files_virtual_pipeline() ->
     (one,) = [c for c in found if c.pp == 1]
     assert (one.vpp, one.status) == (1, "fits"), [p.render() for p in one.problems]
     assert one.scenario is not None and one.scenario.plan.vpp_ == 1
+
+
+def test_vocabulary_fixes_name_what_bridge_reads(tmp_path: Path) -> None:
+    """A Bridge file without a vocabulary size is told to `--set model.vocab_size=N` (which the loader takes), a
+    NullTokenizer to give tokenizer.vocab_size (Bridge builds it from TokenizerConfig.vocab_size), and keys are
+    Bridge's."""
+    text = SMALL.replace("  vocab_size: 128256\n", "")
+    with pytest.raises(ProjectionError) as e:
+        api.load(write(tmp_path, text), **CLUSTER)
+    (p,) = e.value.problems
+    assert p.key == "model.vocab_size" and "--set model.vocab_size=N" in (p.fix or ""), p.render()
+    assert "Megatron pads it itself" not in (p.fix or "")
+    assert api.load(write(tmp_path, text), overrides={"model.vocab_size": 128256}, **CLUSTER).model.vocab_size == 128256
+    null = text + "tokenizer:\n  tokenizer_type: NullTokenizer\n"
+    with pytest.raises(ProjectionError) as e:
+        api.load(write(tmp_path, null, "null.yaml"), **CLUSTER)
+    text_of = "\n".join(q.render() for q in e.value.problems)
+    assert "tokenizer.vocab_size" in text_of and "model.vocab_size" not in text_of, text_of
