@@ -333,20 +333,11 @@ def _vpp(a: MegatronArgs) -> tuple[int, Origin] | None:
 
 def _bf16_layers(a: MegatronArgs, raw: RawScenario) -> None:
     """--first-last-layers-bf16 under fp8: the first and last decoder layers run without fp8 (Megatron-Core
-    fp8_utils.is_first_last_bf16_layer). TransformerConfig.__post_init__ refuses it with delayed scaling ("Delayed
-    scaling does not support first / last layer in BF16.") and each count outside [0, num_layers / pp]."""
-    if a.get("fp8_recipe") in (None, "delayed"):
-        a.problem("first_last_layers_bf16", "bf16 first/last layers with delayed scaling (Megatron-Core refuses it: "
-                  "'Delayed scaling does not support first / last layer in BF16.')",
-                  "use --fp8-recipe tensorwise (or mxfp8, blockwise), or drop --first-last-layers-bf16")
-    layers, pp = a.get("num_layers"), a.get("pipeline_model_parallel_size") or 1
+    fp8_utils.is_first_last_bf16_layer); what TransformerConfig refuses with it is checked with the layout
+    (specs/validate_kernels.py `_bf16_layers`)."""
     for dest, key in (("num_layers_at_start_in_bf16", "bf16_first_layers"),
                       ("num_layers_at_end_in_bf16", "bf16_last_layers")):
-        n = a.get(dest)
-        if isinstance(layers, int) and isinstance(n, int) and not 0 <= n <= layers // pp:
-            a.problem(dest, f"{n} bf16 layers: Megatron-Core wants 0 to num_layers / pp = {layers // pp}",
-                      f"give 0 to {layers // pp}")
-        raw.set(f"training.fp8.{key}", n, a.origin(dest))
+        raw.set(f"training.fp8.{key}", a.get(dest), a.origin(dest))
 
 
 def _sharding(a: MegatronArgs, raw: RawScenario) -> None:

@@ -107,7 +107,11 @@ def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = N
         # An MTP depth: its transformer layer (built like the last decoder layer, same recompute settings), the
         # inputs of its two norms and of eh_proj, and its own loss over the shared output layer.
         last = m.num_layers - 1
-        resident, off = offload_split(sc, last, last in recomputed_layers(p, (last,)))
+        # ... in fp8 even where the last decoder layer is kept in bf16 (Megatron-Core runs MTP in the global fp8
+        # context: multi_token_prediction.py, "currently MTP only use global fp8 context")
+        mtp_sc = sc if t.fp8 is None else sc.model_copy(update={"training": t.model_copy(update={
+            "fp8": t.fp8.model_copy(update={"bf16_last_layers": 0})})})
+        resident, off = offload_split(mtp_sc, last, last in recomputed_layers(p, (last,)))
         per_depth = resident + 3 * layer_input_bytes(m, t, p) + sum(_loss_saved(sc, rt).values())
         terms["activations.mtp"] = slot.mtp_layers * per_depth + (off if slot.loss else 0.0)
     return sum(terms.values()), terms

@@ -25,7 +25,8 @@ b, s, h, e = sp.symbols("b s h e", positive=True)
 
 def layer_formula(sc: Scenario, i: int) -> tuple[sp.Expr, Mapping[sp.Symbol, float]]:
     """Saved bytes of decoder layer i per microbatch as a formula in b, s, h, e (no recompute)."""
-    m, t, p = sc.model, sc.training, sc.plan
+    m, p = sc.model, sc.plan
+    t = sc.training.for_layer(i, m.num_layers)  # a layer kept in bf16 under fp8 saves bf16 inputs
     D = act.dims(m, t, p)
     sym = replace(D, b=b, s=s, T=b * s, h=h, e=e, e_lin=e if D.e_lin == D.e else D.e_lin,
                   e_blk=e if D.e_blk == D.e else D.e_blk, e_exp=e if D.e_exp == D.e else D.e_exp)
@@ -94,13 +95,16 @@ def explain(report: MemoryReport) -> str:
                 lines.append(f"    = {category:<48} {r.bytes[category]:,.0f}")
         done: set[str] = set()
         layers = per_rank_params(sc.model, sc.plan)[r.pp_rank].layers
+        f8 = sc.training.fp8
         for i in layers:
             kind = "MoE layer" if sc.model.is_moe_layer(i) else "dense layer"
+            if f8 is not None and not f8.layer_in_fp8(i, sc.model.num_layers):
+                kind += " in bf16"  # a first or last layer outside fp8 (Fp8Spec.layer_in_fp8)
             if kind in done:
                 continue
             done.add(kind)
             expr, subs = layer_formula(sc, i)
-            lines.append(f"  activations per {kind:<16} {sp.sstr(expr)}  with {_subs_text(subs)} -> "
+            lines.append(f"  activations per {kind:<24} {sp.sstr(expr)}  with {_subs_text(subs)} -> "
                          f"{float(expr.subs(subs)):,.0f} per microbatch (before recompute)")
         lines.append(f"  in-flight microbatches at the peak, per virtual stage: {r.inflight}")
         lines.append("")

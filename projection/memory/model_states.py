@@ -143,7 +143,9 @@ def unsharded_unit_bytes(model: ModelSpec, training: TrainingSpec, plan: Paralle
 
     def unit_bytes(i: int) -> float:
         parts = layer_params(model, i, sh)
-        linear = sum(v for k, v in parts.items() if f8.gathers_in_fp8(k)) if f8 is not None else 0
+        # a layer kept in bf16 (Fp8Spec.layer_in_fp8) has bf16 weights: gathered and held in the params dtype
+        fp8 = f8 is not None and f8.layer_in_fp8(i, model.num_layers)
+        linear = sum(v for k, v in parts.items() if f8.gathers_in_fp8(k)) if f8 is not None and fp8 else 0
         return linear * 1 + (sum(parts.values()) - linear) * pbytes
 
     sizes = sorted((unit_bytes(i) for i in rank.layers), reverse=True)

@@ -107,9 +107,10 @@ class ParallelPlan(Spec):
     dp: int | None = Field(None, gt=0)
     cp: int = Field(1, gt=0)
     cp_comm: str = Field("p2p", description="how context parallelism exchanges K/V: Megatron's --cp-comm-type "
-                         "(p2p, all_gather, a2a, a2a+p2p; one per decoder layer, space-separated, when it differs "
-                         "by layer), TorchTitan's context_parallel_rotate_method (allgather -> all_gather; alltoall "
-                         "-> p2p, a ring of all-to-all steps); each priced as it runs (workload/ops_attention.py)")
+                         "(p2p, all_gather, a2a, a2a+p2p; in a native scenario one per decoder layer, "
+                         "space-separated, when it differs by layer: Megatron-Core cannot run a list), TorchTitan's "
+                         "context_parallel_rotate_method (allgather -> all_gather; alltoall -> p2p, a ring of "
+                         "all-to-all steps); each priced as it runs (workload/ops_attention.py)")
     cp_hierarchy: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(
         None, description="Megatron's --hierarchical-context-parallel-sizes: the cp group split into levels, the "
         "first the all-to-all group (consecutive cp ranks), the second the p2p ring, for cp_comm a2a+p2p")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import RawScenario, runs_megatron
-from projection.specs.training import TrainingSpec
+from projection.specs.training import Fp8Spec, TrainingSpec
 
 CP_KINDS = ("p2p", "all_gather", "a2a", "a2a+p2p")  # megatron/core/transformer/transformer_config.py cp_comm_type
 
@@ -28,15 +28,25 @@ def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         # transformer_config.py __post_init__: a list of cp_comm_type has one entry per layer
         bad("plan.cp_comm", f"{len(kinds)} context-parallel exchange types for {model.num_layers} layers "
             "(Megatron-Core wants one type, or one per layer)", "give one type, or one per layer")
-    if not runs_megatron(raw.framework):  # Transformer Engine's and Megatron-Core's rules
-        return
+    elif len(kinds) > 1 and plan.cp > 1 and runs_megatron(raw.framework):
+        # Megatron-Core 0.16.1 transformer_layer.py takes cp_comm_type[self.layer_number], the 1-based layer number:
+        # layer i runs entry i + 1, and the last layer's index is past the list's end (an IndexError at start-up)
+        bad("plan.cp_comm", f"a list of {len(kinds)} context-parallel exchange types: Megatron-Core indexes it by "
+            "the 1-based layer number (TransformerLayer: cp_comm_type[self.layer_number]), so the last layer's "
+            "entry is out of range and the job stops at start-up", "give one type for every layer")
     levels = plan.cp_hierarchy
     if levels is not None and math.prod(levels) != plan.cp:
         # megatron/training/arguments.py validate_args and parallel_state.py: the product of the levels is cp
+        inner = max(d for d in range(1, min(plan.cp, 8) + 1) if plan.cp % d == 0)
         bad("plan.cp_hierarchy", f"hierarchical context-parallel sizes {list(levels)} multiply to "
             f"{math.prod(levels)}, not cp = {plan.cp} (Megatron asserts they equal)",
-            f"give sizes whose product is {plan.cp}, e.g. [{min(plan.cp, 8)}, {max(1, plan.cp // 8)}]"
-            if plan.cp > 8 else f"give sizes whose product is {plan.cp}, e.g. [{plan.cp}, 1]")
+            f"give sizes whose product is {plan.cp}, e.g. [{inner}, {plan.cp // inner}]")
+    if plan.cp > 1 and "a2a+p2p" in kinds:
+        _hierarchical(model, plan, bad)  # TE's rules, whoever names the exchange
+    if training.fp8 is not None and (training.fp8.bf16_first_layers or training.fp8.bf16_last_layers):
+        _bf16_layers(model, training.fp8, plan, bad)
+    if not runs_megatron(raw.framework):  # Transformer Engine's and Megatron-Core's rules
+        return
     if plan.cp > 1:
         _cp(model, training, plan, kinds, bad)
     if raw.framework == "megatron" and plan.sharding.fsdp == "torch_fsdp2":
@@ -74,8 +84,6 @@ def _cp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, kinds: lis
         bad("plan.cp", f"context parallelism (cp = {plan.cp}) needs Transformer Engine's fused or flash attention "
             "(Megatron's own attention and TE's unfused one do not run it)",
             "use --transformer-impl transformer_engine with a fused or flash attention backend, or cp 1")
-    if "a2a+p2p" in kinds:
-        _hierarchical(model, plan, bad)
     if "a2a" in kinds:
         # TE AttnFuncWithCPAndQKVOA2A: "The number of attention heads needs to be divisible by CP size!" (the heads
         # and the KV heads of a TP rank)
@@ -89,6 +97,26 @@ def _cp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, kinds: lis
         # TE attn_forward_func_with_cp: sliding window attention only with cp_comm_type a2a or all_gather
         bad("plan.cp_comm", "a sliding window with the p2p context-parallel ring (Transformer Engine runs sliding "
             "windows under context parallelism with a2a or all_gather only)", "use --cp-comm-type a2a or all_gather")
+
+
+def _bf16_layers(model: ModelSpec, fp8: Fp8Spec, plan: ParallelPlan, bad: Callable[[str, str, str], None]) -> None:
+    """Megatron-Core's first/last layers in bf16 (TransformerConfig.__post_init__ under fp8): not with delayed
+    scaling ("Delayed scaling does not support first / last layer in BF16."), each count in [0, num_layers / pp];
+    and only Transformer Engine (or Primus-Turbo under Primus's fp8 context) runs layers outside the fp8 context:
+    torchao converts modules, not layers."""
+    if fp8.recipe == "delayed":
+        bad("training.fp8.bf16_first_layers", "bf16 first/last layers with delayed scaling (Megatron-Core refuses "
+            "it: 'Delayed scaling does not support first / last layer in BF16.')",
+            "use a tensorwise, mxfp8 or blockwise recipe, or drop the bf16 first/last layers")
+    if fp8.library == "torchao":
+        bad("training.fp8.bf16_first_layers", "bf16 first/last layers are Megatron-Core's (its per-layer fp8 "
+            "context); torchao converts modules, so a TorchTitan job keeps them through its filter_fqns",
+            "drop bf16_first_layers / bf16_last_layers")
+    most = model.num_layers // plan.pp
+    for key, n in (("bf16_first_layers", fp8.bf16_first_layers), ("bf16_last_layers", fp8.bf16_last_layers)):
+        if n > most:
+            bad(f"training.fp8.{key}", f"{n} bf16 layers: Megatron-Core wants 0 to num_layers / pp = "
+                f"{model.num_layers} / {plan.pp} = {most}", f"give 0 to {most}")
 
 
 def _hierarchical(model: ModelSpec, plan: ParallelPlan, bad: Callable[[str, str, str], None]) -> None:

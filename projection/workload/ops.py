@@ -60,7 +60,7 @@ def layer_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, laye
     """Ops of decoder layer `layer_index` (0-based, global) on one rank, for one microbatch (a layer kept in bf16
     under fp8 runs as the job without fp8: TrainingSpec.for_layer)."""
     d = dims(model, training.for_layer(layer_index, model.num_layers), plan)
-    if len(plan.cp_comm.split()) > 1:  # Megatron's per-layer --cp-comm-type: this layer's exchange
+    if len(plan.cp_comm.split()) > 1:  # a per-layer exchange list (native scenarios): this layer's
         d = replace(d, cp_exchange=cp_exchange(plan, layer_index), cp_a2a=cp_a2a_size(plan, layer_index))
     pieces = _layer_pieces(model, d, layer_index)
     fwd = [op for p in pieces for op in p.fwd]

@@ -196,8 +196,9 @@ def cp_a2a_size(plan: ParallelPlan, layer_index: int = 0) -> int:
 
 
 def cp_exchange(plan: ParallelPlan, layer_index: int = 0) -> str:
-    """The priced context-parallel exchange of decoder layer `layer_index` (Dims.cp_exchange): Megatron's
-    --cp-comm-type, one type or one per layer (transformer_layer.py picks cp_comm_type[layer_number - 1]).
+    """The priced context-parallel exchange of decoder layer `layer_index` (Dims.cp_exchange): one type, or a native
+    scenario's one per layer (0-based; Megatron-Core's list, indexed by the 1-based layer number, is refused:
+    specs/validate_kernels.py).
     a2a+p2p with an all-to-all group of 1 is TE's plain ring, with a ring of 1 its plain all-to-all (TE
     attn_forward_func_with_cp falls back to either)."""
     kinds = plan.cp_comm.split()

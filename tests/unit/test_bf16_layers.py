@@ -65,8 +65,15 @@ def test_k_bf16_layers_are_k_over_l_of_the_way_to_the_job_without_fp8(tmp_path: 
 def test_what_megatron_core_refuses(tmp_path: Path) -> None:
     """TransformerConfig.__post_init__: not with delayed scaling, and each count within [0, num_layers / pp]."""
     assert "delayed scaling" in problems(tmp_path, "--fp8-format hybrid --fp8-recipe delayed --first-last-layers-bf16")
-    assert "Megatron-Core wants 0 to num_layers / pp = 4" in problems(
+    assert "Megatron-Core wants 0 to num_layers / pp = 8 / 2 = 4" in problems(
         tmp_path, f"{FP8} --first-last-layers-bf16 --num-layers-at-end-in-bf16 5 --pipeline-model-parallel-size 2")
+    # and for every layout plan searches: 3 + 3 bf16 layers fit pp 2 (4 layers a rank), not pp 4 (2)
+    from projection.perf.search import search_layouts
+
+    sc = load(tmp_path, f"{FP8} --first-last-layers-bf16 --num-layers-at-start-in-bf16 3 --num-layers-at-end-in-bf16 3")
+    rows = {c.pp: c for c in search_layouts(sc, tp=[1], pp=[2, 4])}
+    assert rows[2].status != "refused" and rows[4].status == "refused"
+    assert "num_layers / pp = 8 / 4 = 2" in rows[4].problems[0].message
     # without --first-last-layers-bf16 the counts do nothing; without fp8 the flag does nothing
     assert load(tmp_path, f"{FP8} --num-layers-at-start-in-bf16 3").training.fp8.bf16_first_layers == 0
     assert load(tmp_path, "--first-last-layers-bf16").training.fp8 is None
@@ -93,3 +100,31 @@ def test_bridge_recipes_and_their_override(tmp_path: Path) -> None:
     # a table that turns it on without counts changes no layer (MixedPrecisionConfig's counts default to 0)
     assert counts(table.replace("first_last_layers_bf16: false", "first_last_layers_bf16: true").replace(
         "  num_layers_at_start_in_bf16: 1\n  num_layers_at_end_in_bf16: 1\n", "")) == (0, 0)
+
+
+def test_megatron_fsdp_holds_the_bf16_layers_units_at_two_bytes(tmp_path: Path) -> None:
+    """Megatron-FSDP with fp8 parameter gather: a unit (one decoder layer) is gathered and held in fp8, but the
+    layers kept in bf16 are bf16 parameters. With the first and last layer in bf16 the two largest units, which
+    reshard-after-forward holds, are those two: the held bytes are the bf16 job's."""
+    fsdp = ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor "
+            "--no-gradient-accumulation-fusion")
+    held = {name: api.estimate_memory(load(tmp_path, f"{fsdp} {extra}", f"{name}.txt")).ranks[0].terms[
+        "weights.unsharded_units"] for name, extra in (("bf16", ""), ("fp8", FP8),
+                                                        ("mixed", f"{FP8} --first-last-layers-bf16"))}
+    assert held["fp8"] < held["bf16"]
+    assert held["mixed"] == held["bf16"]
+
+
+def test_mtp_stays_in_fp8_and_explain_shows_each_layers_formula(tmp_path: Path) -> None:
+    """MTP runs in Megatron-Core's global fp8 context whatever the last decoder layer does: its activations are the
+    fp8 job's. `memory --explain` prints a formula for the bf16 layers apart, each equal to the estimator's."""
+    from projection.memory.activations import layer_tensors
+    from projection.memory.explain import layer_formula
+
+    mtp = "--mtp-num-layers 1"
+    fp8 = api.estimate_memory(load(tmp_path, f"{FP8} {mtp}", "fp8.txt")).ranks[-1].terms["activations.mtp"]
+    sc = load(tmp_path, f"{FP8} {mtp} --first-last-layers-bf16")
+    assert api.estimate_memory(sc).ranks[-1].terms["activations.mtp"] == pytest.approx(fp8, rel=1e-12)
+    for i in range(L):
+        expr, subs = layer_formula(sc, i)
+        assert float(expr.subs(subs)) == pytest.approx(sum(layer_tensors(sc.model, sc.training, sc.plan, i).values()))

@@ -125,16 +125,17 @@ def test_a_degenerate_hierarchy_is_the_plain_exchange(tmp_path: Path) -> None:
 
 
 def test_a_per_layer_list_prices_each_layers_exchange(tmp_path: Path) -> None:
-    """--cp-comm-type with one type per layer: Megatron's layer i runs cp_comm_type[i] (transformer_layer.py)."""
-    sc = load(tmp_path, "a2a p2p all_gather a2a")
-    assert sc.plan.cp_comm == "a2a p2p all_gather a2a"
+    """A per-layer exchange list (a native scenario's plan.cp_comm, one type per decoder layer, 0-based) prices each
+    layer's own exchange, in the ops and in the stage pricing (not the first layer's for all). Megatron-Core cannot
+    run one: it indexes the list by the 1-based layer number, past the end at the last layer
+    (test_what_transformer_engine_refuses_under_context_parallelism)."""
+    base = load(tmp_path, "p2p")
+    sc = base.model_copy(update={"plan": base.plan.model_copy(update={"cp_comm": "a2a p2p all_gather a2a"})})
     kinds = [{o.name for o in layer_ops(sc.model, sc.training, sc.plan, i) if o.group == "cp"} for i in range(4)]
     for i, comm in enumerate(("a2a", "p2p", "all_gather", "a2a")):
         assert kinds[i] == set(colls(load(tmp_path, comm))), i
     mixed = project(sc)
-    assert not [n for n in mixed.notes if n.startswith("context parallelism")]
-    # priced layer by layer too (each layer's exchange in the stage, not the first layer's for all): the step's cp
-    # traffic is a quarter of each uniform job's per layer
+    # the step's cp traffic is a quarter of each uniform job's per layer
     total = {c: project(load(tmp_path, c)).comm_total_s["cp"] for c in ("a2a", "p2p", "all_gather")}
     assert mixed.comm_total_s["cp"] == pytest.approx((2 * total["a2a"] + total["p2p"] + total["all_gather"]) / 4,
                                                      rel=1e-9)
@@ -158,6 +159,7 @@ def test_what_transformer_engine_refuses_under_context_parallelism(tmp_path: Pat
     assert "unknown context-parallel exchange ring" in refused(tmp_path, "--cp-comm-type ring")
     assert "2 context-parallel exchange types for 4 layers" in refused(tmp_path, "--cp-comm-type a2a p2p")
     assert "3 context-parallel exchange types for 4 layers" in refused(tmp_path, "--cp-comm-type p2p p2p p2p")
+    assert "the last layer's entry is out of range" in refused(tmp_path, "--cp-comm-type a2a p2p a2a p2p")
     # a2a+p2p: Megatron wants the sizes, their product cp; TE two levels, and heads the all-to-all group divides
     assert "needs the hierarchical context-parallel sizes" in refused(tmp_path, "--cp-comm-type a2a+p2p")
     assert "multiply to 8, not cp = 4" in refused(
@@ -222,3 +224,19 @@ def test_other_flex_backends_load_and_read_their_counts(tmp_path: Path) -> None:
     path.write_text(moe, encoding="utf-8")
     sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=2, fmt="megatron")
     assert sc.training.kernels.moe_flex_backend == "ncclep" and checks.token_count_syncs(sc) == {"moe.router.topk"}
+
+
+def test_a_native_scenario_naming_a2a_p2p_gets_tes_rules() -> None:
+    """TE's hierarchical exchange has its rules whoever names it: without two sizes whose product is cp a native
+    scenario is refused (it used to reach pricing without the groups' placements)."""
+    from projection.errors import ProjectionError
+
+    native = Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml"
+    for extra, text in (({}, "needs the hierarchical context-parallel sizes"),
+                        ({"plan.cp_hierarchy": [4, 1]}, "multiply to 4, not cp = 2")):
+        with pytest.raises(ProjectionError) as e:
+            api.load(native, hardware="h100-sxm", overrides={"plan.cp": 2, "plan.cp_comm": "a2a+p2p", **extra})
+        assert text in e.value.problems[0].message
+    sc = api.load(native, hardware="h100-sxm", overrides={"plan.cp": 2, "plan.cp_comm": "a2a+p2p",
+                                                          "plan.cp_hierarchy": [1, 2]})
+    assert project(sc).step_time_s > 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from projection import api
-from projection.errors import ConfigError, PlanError
+from projection.errors import ConfigError, PlanError, ProjectionError
 
 DSV3_16B = """
 [model]
@@ -197,8 +197,10 @@ def test_megatron_cp_comm_type_is_read(tmp_path: Path) -> None:
     args.write_text("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
                     "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 "
                     "--context-parallel-size 2 --cp-comm-type a2a a2a p2p p2p --bf16\n")
-    sc = api.load(args, hardware="h100-sxm", nodes=1, fmt="megatron")
-    assert sc.plan.cp_comm == "a2a a2a p2p p2p"  # one per layer, each layer's priced
+    with pytest.raises(ProjectionError, match="1-based layer number"):  # a list Megatron-Core cannot run
+        api.load(args, hardware="h100-sxm", nodes=1, fmt="megatron")
+    sc = api.load(args, hardware="h100-sxm", nodes=1, fmt="megatron", overrides={"cp_comm_type": "a2a"})
+    assert sc.plan.cp_comm == "a2a"
 
 
 def test_repeat_kv_is_priced_for_eager_torchtitan(tmp_path: Path) -> None:
