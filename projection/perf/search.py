@@ -33,6 +33,7 @@ from projection.perf.search_reload import (
     Reload,
     derived_vpp_problem,
     dropped_group_size,
+    hierarchy_for,
     layout_overrides,
     needs_reload,
     runs_megatron_fsdp,
@@ -162,8 +163,8 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
     fields = base.model_dump()
     same_pipeline = (pp, vpp) == (base.pp, base.vpp_)
     # where tp cp pp do not divide the world there is no dp: layout_problems says so with every other reason
-    fields.update(tp=tp, pp=pp, vpp=vpp if vpp > 1 else None, cp=cp, ep=ep, dp=world // (tp * cp * pp) if divides
-                  else None,
+    fields.update(tp=tp, pp=pp, vpp=vpp if vpp > 1 else None, cp=cp, cp_hierarchy=hierarchy_for(base, cp), ep=ep,
+                  dp=world // (tp * cp * pp) if divides else None,
                   recompute=_recompute(base.recompute, recompute).model_dump(),
                   sharding=_sharding(base.sharding, zero, sc.framework).model_dump(),
                   overlap={**base.overlap.model_dump(),

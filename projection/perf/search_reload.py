@@ -109,6 +109,9 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
                              ("micro_batch_size", mbs, own.mbs)):
         if value is not None and value != mine:
             out[key] = value
+    levels = hierarchy_for(base, cp)
+    if levels is not None and cp != own.cp:
+        out["hierarchical_context_parallel_sizes"] = list(levels)
     vpp = base.vpp_ if vpp is None else vpp
     if (pp, vpp) != (own.pp, own.vpp):
         out.update(num_virtual_stages_per_pipeline_rank=vpp if vpp > 1 else None,
@@ -129,6 +132,15 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
             out["sequence_parallel"] = tp > 1
         return bridge_keys(out)
     return out
+
+
+def hierarchy_for(base: ParallelPlan, cp: int) -> tuple[int, ...] | None:
+    """A hierarchical cp split (a2a+p2p) for another cp: the same all-to-all group, the ring over the rest; the
+    config's own split where the group does not divide cp (the layout rules then refuse it, saying why)."""
+    levels = base.cp_hierarchy
+    if levels is None or cp == base.cp or len(levels) != 2 or cp % levels[0]:
+        return levels
+    return levels[0], cp // levels[0]
 
 
 def dropped_group_size(base: ParallelPlan, pp: int) -> bool:

@@ -240,3 +240,22 @@ def test_a_native_scenario_naming_a2a_p2p_gets_tes_rules() -> None:
     sc = api.load(native, hardware="h100-sxm", overrides={"plan.cp": 2, "plan.cp_comm": "a2a+p2p",
                                                           "plan.cp_hierarchy": [1, 2]})
     assert project(sc).step_time_s > 0
+
+
+def test_plan_keeps_the_all_to_all_group_on_another_cp(tmp_path: Path) -> None:
+    """`plan --cp` on an a2a+p2p file: each cp keeps the file's all-to-all group and rings over the rest, as the
+    same file loaded with those sizes gives."""
+    from projection.perf.search import search_layouts
+
+    path = tmp_path / "hier.txt"
+    path.write_text(f"{ARGS} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2\n", encoding="utf-8")
+    sc = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=8, fmt="megatron")
+    found = {c.cp: c for c in search_layouts(sc, cp=[2, 4, 8])}
+    for cp in (2, 4, 8):
+        c = found[cp]
+        assert c.status == "fits" and c.scenario is not None, [p.render() for p in c.problems]
+        assert c.scenario.plan.cp_hierarchy == (2, cp // 2)
+        ref = api.load(path, hardware="h100-sxm", nodes=1, gpus_per_node=8, fmt="megatron",
+                       overrides={"context_parallel_size": cp, "hierarchical_context_parallel_sizes": f"2 {cp // 2}"})
+        assert c.projection is not None
+        assert c.projection.step_time_s == pytest.approx(project(ref).step_time_s, rel=1e-12)
