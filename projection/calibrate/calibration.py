@@ -203,6 +203,15 @@ class CollectiveRow(Spec):
                 data = {**data, "busbw_bytes_per_s": algbw * bus_factor(data["kind"], n_ranks)}
         return data
 
+    @model_validator(mode="after")
+    def _nodes_hold_the_ranks(self) -> CollectiveRow:
+        """A group of n_ranks over n_nodes nodes: at least one rank a node, the same number on each (an uneven
+        split is not a placement the fits price)."""
+        if self.n_nodes is not None and (self.n_nodes > self.n_ranks or self.n_ranks % self.n_nodes):
+            raise ValueError(f"{self.n_ranks} ranks cannot sit evenly on {self.n_nodes} nodes: n_nodes must divide "
+                             "n_ranks")
+        return self
+
 
 class Calibration(Spec):
     """Measured tables of one device (or one cluster), with the provenance of each source merged into it."""
@@ -285,6 +294,9 @@ def _problem(err: Any, file: str) -> Problem:
         return Problem("unknown key", key=key, file=file, fix="remove it or fix its spelling")
     if err["type"] == "missing":
         return Problem("required key is missing", key=key, file=file, fix="add it (see docs/calibration.md)")
+    if "n_nodes must divide" in err["msg"]:
+        return Problem(err["msg"].removeprefix("Value error, "), key=key, file=file,
+                       fix="give the number of nodes the row's ranks ran on")
     return Problem(f"{err['msg']} (got {err.get('input')!r})", key=key, file=file,
                    fix="correct the value (units are SI: seconds, bytes, bytes/s, FLOP/s)")
 

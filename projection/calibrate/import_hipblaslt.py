@@ -19,7 +19,7 @@ from projection.calibrate.calibration import Calibration, GemmRow, GroupedGemmRo
 from projection.calibrate.errors import CalibrationError
 from projection.errors import Problem
 
-_PREFIX = re.compile(r"^\[\d+\]")
+_PREFIX = re.compile(r"^\[\d+\]:?")  # hipBLASLt 600 prints `[0]transA`, later releases `[0]:transA`
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ def import_hipblaslt(path: str | Path, text: str | None = None) -> Calibration:
     grouped: list[GroupedGemmRow] = []
     header: list[str] | None = None
     devices: list[str] = []
+    skipped: list[int] = []  # CSV rows after a header that do not read as one of its results: said, not dropped
     for number, raw in enumerate(text.splitlines(), 1):
         line = _PREFIX.sub("", raw.strip())
         if line.startswith("transA,"):
@@ -71,12 +72,14 @@ def import_hipblaslt(path: str | Path, text: str | None = None) -> Calibration:
             continue
         values = next(csv.reader([line]))
         if len(values) != len(header):
+            skipped.append(number)
             continue
         row = {k.strip(): v.strip() for k, v in zip(header, values, strict=True)}
         try:
             m_, n_, k_ = int(row["m"]), int(row["n"]), int(row["k"])
             batch, time_us = int(row.get("batch_count", "1")), float(row["us"])
         except (KeyError, ValueError):
+            skipped.append(number)
             continue
         dtype = normalize_dtype(row.get("a_type") or row.get("d_type", ""))
         out_dtype = normalize_dtype(row.get("d_type", "")) or None
@@ -100,8 +103,13 @@ def import_hipblaslt(path: str | Path, text: str | None = None) -> Calibration:
     if m := re.search(r"(?:hipBLASLt git version|Git Version):\s*(\S+)", text):
         versions["hipblaslt_git"] = m.group(1)
     device = max(set(devices), key=devices.count) if devices else None
-    provenance = Provenance(device_name=device, library_versions=versions, source_files=(file,))
-    return Calibration(provenance=(provenance,), gemm=tuple(gemm), grouped_gemm=tuple(grouped))
+    provenance = [Provenance(device_name=device, library_versions=versions, source_files=(file,))]
+    if skipped:
+        lines = ", ".join(map(str, skipped[:10])) + (f" (+{len(skipped) - 10} more)" if len(skipped) > 10 else "")
+        provenance.append(Provenance(source_files=(file,), notes=(
+            f"skipped {len(skipped)} malformed data row(s) of {file} (not the header's columns, or numbers that "
+            f"cannot be read) at lines {lines}",)))
+    return Calibration(provenance=tuple(provenance), gemm=tuple(gemm), grouped_gemm=tuple(grouped))
 
 
 def read_te_algo_shapes(path: str | Path) -> list[GemmShape]:

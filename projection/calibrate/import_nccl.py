@@ -38,7 +38,7 @@ _VERSIONS = {"nccl": re.compile(r"NCCL version\s*:?\s*([\w.+:-]+)"), "rccl": re.
              "rocm": re.compile(r"ROCm version\s*:\s*(\S+)"),
              "nccl-tests": re.compile(r"nccl-tests.*[Vv]ersion\s+(\S+)")}
 _REDOPS = {"sum", "prod", "min", "max", "avg", "none", "mulsum", "premulsum"}
-_NCCL_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
+_NCCL_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16", "bf16",
                "fp8_e4m3", "fp8_e5m2", "f8e4m3", "f8e5m2", "char", "int", "float16", "float32", "float64"}
 
 
@@ -143,6 +143,12 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
     rows: list[CollectiveRow] = []
     provenance: list[Provenance] = []
     for r in runs:
+        if "cputime" in r.header:
+            # -C 1 (report_cputime): the time column is the host's; nccl-tests / rccl-tests print it as `cputime`
+            # while algbw and busbw stay the GPU's, so the row's time and bandwidth disagree
+            raise CalibrationError(Problem(f"the run at lines {r.halves[0].line}-{r.halves[-1].line} reports CPU time "
+                                           "(the column is `cputime`: the benchmark ran with -C 1)", file=source,
+                                           fix="run the benchmark again without -C 1 (GPU time is its default)"))
         kind = _kind_of(r, source)
         n_ranks = _n_ranks(r, kind, source)
         ratio = _ratio(r)
@@ -153,6 +159,11 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
                                            fix="keep each run's header (binary name, '# Using devices') with its rows"))
         hosts = {host for host, _ in r.ranks.values()}
         n_nodes = len(hosts) if hosts else r.nodes_hint
+        if n_nodes is not None and (n_nodes > n_ranks or n_ranks % n_nodes):
+            raise CalibrationError(Problem(f"the run at lines {r.halves[0].line}-{r.halves[-1].line} has {n_ranks} "
+                                           f"ranks on {n_nodes} nodes, not the same number on each", file=source,
+                                           fix="import runs with the same GPUs on every node (the fits price even "
+                                               "placements)"))
         names = Counter(dev for _, dev in r.ranks.values() if dev)
         device = names.most_common(1)[0][0] if names else None
         rows += [CollectiveRow(kind=kind, n_ranks=n_ranks, n_nodes=n_nodes, size_bytes=h.size,
@@ -172,9 +183,14 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
     return Calibration(provenance=tuple(provenance), collective=tuple(rows))
 
 
+_STAMP = re.compile(r"\d{4}-\d{2}-\d{2}")  # `-S 1`: a `%Y-%m-%d %H:%M:%S` timestamp after the halves
+
+
 def _data_row(line: str, number: int) -> list[_Half]:
     """The one or two halves of a data row, or [] if the line is not one."""
     tokens = line.split()
+    if len(tokens) > 2 and _STAMP.fullmatch(tokens[-2]) and re.fullmatch(r"\d{2}:\d{2}:\d{2}", tokens[-1]):
+        tokens = tokens[:-2]
     if len(tokens) < 7 or not tokens[0].isdigit() or not tokens[1].isdigit() or tokens[2] not in _NCCL_TYPES:
         return []
     tail = tokens[3:]
