@@ -128,7 +128,8 @@ class CalibratedCostModel:
         self.groups: Mapping[str, GroupPlacement] = groups if groups is not None else (
             fallback.groups if fallback is not None else {})
         self.measured_on = measured_on  # the analytic fabric of the machine the collectives were measured on
-        self.fabric = self._fitted_fabric(fabric or (fallback.fabric if fallback is not None else None))
+        self._base_fabric = fabric or (fallback.fabric if fallback is not None else None)
+        self.fabric = self._fitted_fabric(self._base_fabric)
         self.gemm = self._gemm_tables()
         self.grouped = self._grouped_tables()
         self.attention = self._attention_tables()
@@ -155,11 +156,33 @@ class CalibratedCostModel:
     def provenance(self, op: Op) -> str:
         if op.kind == "collective":
             placement = self.groups.get(op.group or "")
-            if self.fabric is not None and placement is not None and op.coll is not None \
-                    and self.fabric.curve_for(op.coll, placement) is not None:
-                return f"calibrated: {self.name} {op.coll} curve"
-            return "roofline"
+            if placement is None or op.coll is None:
+                return "roofline"
+            return self.collective_provenance(op.coll, op.coll_bytes, placement)
         return self._priced(op)[1]
+
+    def collective_provenance(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> str:
+        """Where one collective's seconds come from: a measured curve of its kind (saying where it is scaled from
+        another placement or priced outside the measured sizes), the tier the calibration's curves were fitted to
+        (a kind with no curve of its own, priced with the fitted tier), or the analytic fabric ("roofline")."""
+        if self.fabric is None:
+            return "roofline"
+        curve = self.fabric.curve_for(kind, group)
+        if curve is not None:
+            notes = []
+            if (curve.n_ranks, curve.ranks_per_node, curve.n_nodes) != (group.n_ranks, group.ranks_per_node,
+                                                                        group.n_nodes):
+                notes.append(f"scaled from {curve.n_ranks} ranks on {curve.n_nodes} node(s)")
+            lo = min((s.first_bytes for s in curve.segments if s.first_bytes), default=0)
+            hi = max((s.last_bytes for s in curve.segments), default=0)
+            if hi and not lo <= size_bytes <= hi:
+                notes.append("outside the measured sizes")
+            return f"calibrated: {self.name} {kind} curve" + (f" ({'; '.join(notes)})" if notes else "")
+        tier = "intra" if group.tier == "intra_node" else "inter"
+        base = self._base_fabric
+        if base is not None and getattr(self.fabric, tier) != getattr(base, tier):
+            return f"calibrated: {self.name} {group.tier} tier (fitted to its measured curves)"
+        return "roofline"
 
     # ---- lookups
     def _priced(self, op: Op) -> tuple[float, str]:

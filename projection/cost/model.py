@@ -38,6 +38,10 @@ class CostModel(Protocol):
         """'roofline', 'calibrated: <source>' or 'calibrated (out of range -> roofline)'."""
         ...
 
+    def collective_provenance(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> str:
+        """provenance of one collective of `size_bytes` over `group` (those priced outside an op: DP, FSDP)."""
+        ...
+
 
 def group_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, GroupPlacement]:
     """Placement of every group axis an op can name, for Megatron's rank order (plan.rank_order: tp-cp-ep-dp-pp, or

@@ -98,6 +98,10 @@ class RooflineCostModel:
             raise ValueError("the roofline cost model prices collectives only when built with a cluster (or fabric)")
         return collective_time_s(kind, size_bytes, group, self.fabric)
 
+    def collective_provenance(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> str:
+        """The analytic fabric prices every collective (CalibratedCostModel says where a curve does)."""
+        return "roofline"
+
     def provenance(self, op: Op) -> str:
         notes = []
         if op.kind in ("gemm", "grouped_gemm", "attention") and self.peak_dtype(op.dtype) != op.dtype:

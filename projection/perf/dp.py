@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from projection.cost.collectives import CollectiveKind, GroupPlacement
 from projection.cost.model import CostModel
@@ -77,6 +78,7 @@ class DPComm:
     crosses_nodes: bool
     overlap_param_gather: bool
     aligned_param_gather: bool = False  # launched at the step's start on every pp rank (param_gather_exposed_s)
+    provenance: Mapping[str, float] = field(default_factory=dict)  # seconds per cost source, one step, all pp ranks
 
 
 def bucket_elements(scenario: Scenario) -> int:
@@ -130,8 +132,15 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
     grad_s = [0.0] * schedule.n_ranks
     pg_s = [0.0] * schedule.n_ranks
 
+    provenance: dict[str, float] = {}  # cost sources of the step's buckets, over every pp rank
+
     def sec(k: CollectiveKind, nbytes: float, place: GroupPlacement) -> float:
-        return cost_model.collective_seconds(k, nbytes, place) if place.n_ranks > 1 and nbytes > 0 else 0.0
+        if place.n_ranks <= 1 or nbytes <= 0:
+            return 0.0
+        seconds = cost_model.collective_seconds(k, nbytes, place)
+        label = cost_model.collective_provenance(k, nbytes, place)
+        provenance[label] = provenance.get(label, 0.0) + seconds
+        return seconds
 
     for r, acts in enumerate(schedule.actions):
         end_tasks: list[float] = []
@@ -197,7 +206,7 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                   # Megatron's interleaved schedule (param_sync_func); torch's multi-stage runtime issues every
                   # stage's unshard before any compute
                   (plan.schedule == "interleaved_1f1b" and plan.schedule_style == "megatron"
-                   and plan.sharding.zero_stage in (1, 2)) or (plan.pipelined_fsdp and plan.vpp_ > 1))
+                   and plan.sharding.zero_stage in (1, 2)) or (plan.pipelined_fsdp and plan.vpp_ > 1), provenance)
 
 
 def _pipelined_fsdp_gathers(rank: int, stage: int, sp: StagePrice) -> list[Bucket]:

@@ -213,6 +213,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         hooked = {n: (k, e) for n, k, e in params.hooked} if plan.sharding.zero_stage < 3 else {}
         mine: dict[str, float] = {}
         gathers, scatters, replicas = fsdp.unit_seconds(params, [name for name, _ in comps])
+        mine.update(fsdp.labels)  # the units' collectives, once per microbatch as the layers' ops
         copy_s = _offload_seconds(scenario, slot, offload_memo)
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
@@ -329,6 +330,7 @@ class _FsdpSizes:
             if scenario.model.moe is not None:
                 self.expert, self.expert_replicate = expert_shard_placements(scenario.cluster, plan)
         self.training, self.num_layers = training, scenario.model.num_layers
+        self.labels: dict[str, float] = {}  # cost sources of the collectives priced since the last unit_seconds
         self.param_b = DTYPE_BYTES[training.params_dtype]
         self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
         self.link = scenario.cluster.device.host_link_bytes_per_s if plan.offload.fsdp_params else None
@@ -339,6 +341,7 @@ class _FsdpSizes:
                      ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], list[float]]:
         """Per unit: all-gather seconds, reduce-scatter seconds (dense, then expert group) and, with HSDP, the
         seconds of the replica all-reduce of its reduced dense shard."""
+        self.labels = {}
         if not self.on:
             return [()] * len(names), [()] * len(names), [0.0] * len(names)
         sizes = {name: (d, e) for name, d, e in params.components}
@@ -376,7 +379,10 @@ class _FsdpSizes:
         return elements / max(1, group.n_ranks) * nbytes / self.link if self.link else 0.0
 
     def _s(self, kind: str, size: float, group: GroupPlacement) -> float:
-        return self.cost_model.collective_seconds(kind, size, group)  # type: ignore[arg-type]
+        seconds = self.cost_model.collective_seconds(kind, size, group)  # type: ignore[arg-type]
+        label = self.cost_model.collective_provenance(kind, size, group)  # type: ignore[arg-type]
+        self.labels[label] = self.labels.get(label, 0.0) + seconds
+        return seconds
 
 
 def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice]

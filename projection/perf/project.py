@@ -276,8 +276,12 @@ def _assemble(sc: Scenario, sched: Schedule, engine: str, priced: PricedStages, 
     breakdown["comm.dp"] += pg[busiest]
     breakdown["bubble"] += max(tails, default=0.0) - tails[busiest]
     path = tuple(str(a) for a in sim.critical_path) + (("optimizer",) if max(tails, default=0.0) > 0 else ())
-    total_prov = sum(priced.provenance.values()) or 1.0
-    prov = {k: v / total_prov for k, v in priced.provenance.items()}
+    # the stages' ops once per microbatch, the data-parallel buckets once per step (both over every pp rank)
+    seconds = {k: v * m for k, v in priced.provenance.items()}
+    for k, v in dp.provenance.items():
+        seconds[k] = seconds.get(k, 0.0) + v
+    total_prov = sum(seconds.values()) or 1.0
+    prov = {k: v / total_prov for k, v in seconds.items()}
     return Projection(
         scenario=sc, schedule=plan.schedule, engine=sim.engine, step_time_s=step,
         tokens_per_s_per_gpu=tokens / step / world if step > 0 else 0.0,
