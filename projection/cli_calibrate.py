@@ -112,20 +112,24 @@ def _run_import(args: argparse.Namespace) -> int:
 
 def _bundled_fabric(cal: Any, path: str) -> Any:
     """The analytic fabric of the bundled device the calibration was measured on (the one device its provenance
-    names, else the file's name: calibrations/<device>.json), on that device's typical node: the latency a
+    names, as specs/device_names.identify reads it, else the file's name: calibrations/<device>.json), on that
+    device's typical node: the latency a
     single-size group is fitted with (calibrate/fit.py); None when neither names a bundled device."""
     from projection.cost.collectives import Fabric
     from projection.errors import ConfigError
-    from projection.specs.hardware import ClusterSpec, load_device
+    from projection.specs.device_names import identify
+    from projection.specs.hardware import ClusterSpec, list_devices, load_device
 
     names = sorted({p.device_name for p in cal.provenance if p.device_name})
-    for name in [*names[:1 if len(names) == 1 else 0], Path(path).stem]:
+    bundled = [load_device(n) for n in list_devices()]
+    # the name a tool printed ("AMD Instinct MI300X", "NVIDIA H100 80GB HBM3") is the bundled device it identifies
+    device = identify(names[0], bundled) if len(names) == 1 else None
+    if device is None:
         try:
-            device = load_device(name)
+            device = load_device(Path(path).stem)
         except ConfigError:
-            continue
-        return Fabric.from_specs(device, ClusterSpec(device=device, nodes=1, gpus_per_node=device.gpus_per_node))
-    return None
+            return None
+    return Fabric.from_specs(device, ClusterSpec(device=device, nodes=1, gpus_per_node=device.gpus_per_node))
 
 
 def _run_fit(args: argparse.Namespace) -> int:

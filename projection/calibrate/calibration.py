@@ -333,13 +333,24 @@ def merge_calibrations(calibrations: Iterable[Calibration], *, allow_mixed_devic
 
 
 def _distinct_devices(names: Iterable[str]) -> list[str]:
-    """Device names that are not spellings of one another ('A100-SXM4-40GB' = 'NVIDIA A100-SXM4-40GB')."""
+    """Device names that are not spellings of one another ('A100-SXM4-40GB' = 'NVIDIA A100-SXM4-40GB'); the ISA
+    hipBLASLt prints (gfx950) is the product rccl-tests names on the same machine (AMD Instinct MI355X) where that
+    product's device YAML has that ISA (specs/device_names.py)."""
     kept: list[tuple[str, str]] = []
     for name in names:
         key = re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("amd", "").replace("instinct", ""))
         if not any(key in k or k in key for k, _ in kept):
             kept.append((key, name))
-    return [name for _, name in kept]
+    distinct = [name for _, name in kept]
+    if len(distinct) < 2:
+        return distinct
+    from projection.specs.device_names import device_match
+    from projection.specs.hardware import list_devices, load_device
+
+    bundled = [load_device(n) for n in list_devices()]
+    products = [n for n in distinct if any(device_match(n, d) == "same" for d in bundled)]
+    return [n for n in distinct if n in products or not any(
+        device_match(n, d) == "arch" and any(device_match(p, d) == "same" for p in products) for d in bundled)]
 
 
 def _product(values: Iterable[Any]) -> float:

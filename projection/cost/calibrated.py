@@ -289,6 +289,21 @@ class CalibratedCostModel:
         return {k: [LogTable([p for p, _ in pts], [v for _, v in pts],
                              f"attention {k[0]} d={k[1]}{' causal' if k[2] else ''}")] for k, pts in groups.items()}
 
+    def _own_device_rows(self) -> Calibration:
+        """A calibration of several devices (--allow-mixed-devices) prices collectives from the rows of the device
+        projected where it has any (specs/device_names.device_match: its product name, or its ISA), not from whichever
+        device's curve comes first; the rest where none match (the projection's notes name the device)."""
+        devices = {r.device for r in self.calibration.collective if r.device}
+        if len(devices) < 2 or self.fallback is None:
+            return self.calibration
+        from projection.specs.device_names import device_match
+
+        own = {d for d in devices if device_match(d, self.fallback.device) != "other"}
+        if not own:
+            return self.calibration
+        rows = tuple(r for r in self.calibration.collective if r.device in own)
+        return self.calibration.model_copy(update={"collective": rows})
+
     def _fitted_fabric(self, base: Fabric | None) -> Fabric | None:
         """The base fabric with the calibration's collective curves and the tiers they imply. Where the curves were
         measured on another fabric (`measured_on`: a shipped calibration's machine, when this cluster has other
@@ -301,14 +316,16 @@ class CalibratedCostModel:
         from projection.calibrate.errors import CalibrationError
         from projection.calibrate.fit import fit_calibration
 
+        calibration = self._own_device_rows()
+
         ref = self.measured_on
         if ref is not None and replace(ref, oversubscription=base.oversubscription,
                                        inter_topology=base.inter_topology) == base:
             ref = None  # the same machine: the curves price this cluster as they are
         try:
             if ref is None:
-                return fit_calibration(self.calibration, base).apply(base)
-            fitted = fit_calibration(self.calibration, ref).apply(ref)
+                return fit_calibration(calibration, base).apply(base)
+            fitted = fit_calibration(calibration, ref).apply(ref)
         except CalibrationError:  # no group could be fitted (one size each, latency-bound): the device's fabric
             return base
         return replace(base, curves=fitted.curves, measured_on=replace(fitted, curves=()),

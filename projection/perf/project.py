@@ -36,6 +36,7 @@ from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.accumulation import one_round, rounds, schedule_microbatches
+from projection.specs.device_names import device_match
 from projection.specs.plan import ScheduleName
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
@@ -191,20 +192,27 @@ def _unmodelled(sc: Scenario) -> list[str]:
 
 def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
     """A note when the cost model's calibration was measured on another device than the scenario's (its seconds are
-    used as they are: a mismatched --calibration is most often a mistake)."""
+    used as they are: a mismatched --calibration is most often a mistake), or was matched by the ISA alone (hipBLASLt
+    prints gfx942 for MI300X and MI325X alike)."""
     cal = getattr(cm, "calibration", None)
     measured = sorted({p.device_name for p in getattr(cal, "provenance", ()) if p.device_name})
     dev = sc.cluster.device
-    names = {_squash(n) for n in (dev.name, dev.marketing_name, *dev.aliases) if n}
-    names = {n for n in names if len(n) >= 3}
-    arch = _squash(dev.gpu_arch) if dev.gpu_arch else None
-    foreign = [m for m in measured if not any(n in _squash(m) or _squash(m) in n for n in names)
-               and not (arch and arch in _squash(m))]
-    if not foreign:
-        return []
-    return [f"calibration {getattr(cm, 'name', '')} was measured on {', '.join(foreign)}, not on {dev.name}: its "
-            "seconds are used as they are (calibrate on this device, or pass --hardware with the device it was "
-            "measured on)"]
+    verdicts = {m: device_match(m, dev) for m in measured}
+    foreign = [m for m, v in verdicts.items() if v == "other"]
+    by_arch = [m for m, v in verdicts.items() if v == "arch"]
+    notes = []
+    if foreign and len(foreign) < len(measured):  # a mixed calibration (--allow-mixed-devices)
+        notes.append(f"calibration {getattr(cm, 'name', '')} also holds measurements of {', '.join(foreign)}, not of "
+                     f"{dev.name}: its collectives are fitted to {dev.name}'s rows (CalibratedCostModel), its other "
+                     "tables used as they are")
+    elif foreign:
+        notes.append(f"calibration {getattr(cm, 'name', '')} was measured on {', '.join(foreign)}, not on {dev.name}: "
+                     "its seconds are used as they are (calibrate on this device, or pass --hardware with the device "
+                     "it was measured on)")
+    if by_arch:
+        notes.append(f"calibration {getattr(cm, 'name', '')} names {', '.join(by_arch)}: matched to {dev.name} by its "
+                     f"architecture ({dev.gpu_arch}) only, which other parts share")
+    return notes
 
 
 def _partial_calibration(sc: Scenario, cm: CostModel) -> list[str]:
@@ -238,9 +246,6 @@ def _shipped_tables(path: str) -> tuple[dict[str, int], frozenset[str]]:
     cal = load_calibration(Path(path))
     return cal.row_counts(), frozenset(p.device_name for p in cal.provenance if p.device_name)
 
-
-def _squash(text: str) -> str:
-    return "".join(ch for ch in text.lower() if ch.isalnum())
 
 
 def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:
