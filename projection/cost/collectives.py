@@ -184,6 +184,10 @@ class MeasuredCurve:
         next at a boundary made a larger message cheaper than a smaller one)."""
         segs = self.segments
         i = max(k for k, seg in enumerate(segs) if k == 0 or size_bytes >= seg.min_bytes)
+        # never below where a lower segment ended: a segment fitted to a noisy latency-bound sweep can start lower
+        # than the one before it ended, and a larger message would be cheaper than a smaller one
+        floor = max((price(seg, float(seg.last_bytes or segs[k + 1].min_bytes)) for k, seg in enumerate(segs[:i])),
+                    default=0.0)
         for lo_seg, hi_seg in [(segs[k], segs[k + 1]) for k in (i - 1, i) if 0 <= k < len(segs) - 1]:
             if not (lo_seg.last_bytes and hi_seg.first_bytes):
                 continue
@@ -191,8 +195,8 @@ class MeasuredCurve:
             if lo < size_bytes < hi:
                 t_lo, t_hi = price(lo_seg, lo), price(hi_seg, hi)
                 w = math.log(size_bytes / lo) / math.log(hi / lo)
-                return math.exp((1.0 - w) * math.log(t_lo) + w * math.log(t_hi))
-        return price(segs[i], size_bytes)
+                return max(floor, t_lo, math.exp((1.0 - w) * math.log(t_lo) + w * math.log(t_hi)))
+        return max(floor, price(segs[i], size_bytes))
 
 
 @dataclass(frozen=True)

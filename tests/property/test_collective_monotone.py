@@ -74,3 +74,20 @@ def test_oversubscription_never_lowers_a_price(key: tuple[str, str], kind: Colle
     assert b >= a * (1 - 1e-12), (key, kind, where, size, a, b)
     if key[1] == "rail_optimized" and where.rail_aligned:
         assert b == pytest.approx(a, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(noise=st.lists(st.floats(min_value=0.8, max_value=1.25), min_size=12, max_size=12),
+       size=st.floats(min_value=4.0, max_value=3e9), ratio=st.floats(min_value=1.0, max_value=2.0))
+def test_a_curve_fitted_to_a_noisy_sweep_never_falls(noise: list[float], size: float, ratio: float) -> None:
+    """Imported sweeps are noisy where they are latency-bound (an audit found a fitted A100 all-reduce cheaper at
+    256 B than at 128 B, its first segment chasing one slow row): a later segment never prices below where an
+    earlier one ended."""
+    from projection.calibrate.calibration import Calibration, CollectiveRow
+    from projection.calibrate.fit import fit_calibration
+
+    sizes = [4 << (3 * i) for i in range(12)]  # 4 B .. 8 GiB
+    rows = tuple(CollectiveRow(kind="all_reduce", n_ranks=8, n_nodes=1, size_bytes=s,
+                               time_s=(30e-6 + 1.75 * s / 200e9) * f) for s, f in zip(sizes, noise, strict=True))
+    curve = fit_calibration(Calibration(collective=rows)).curves[0].to_curve()
+    assert curve.time_s(size * ratio) >= curve.time_s(size) * (1 - 1e-12)
