@@ -126,6 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             except RecursionError:  # a parser the loaders do not guard (they report the file themselves)
                 _print_too_deep(argv)
                 return 2
+            except ValueError as e:
+                if "integer string conversion" not in str(e):
+                    raise
+                # Python's limit on the digits of an integer read from text (the parsers meet it before any range
+                # check: a number a config would hold has at most ~20)
+                _print_too_long_number(argv)
+                return 2
             finally:
                 _settle(journal, keep)
     finally:
@@ -177,6 +184,14 @@ def _print_too_deep(argv: Sequence[str] | None) -> None:
     print(f"error: {', '.join(files) or '<input>'}: {which} nested too deeply to read (hundreds of levels of lists "
           "or mappings)\n    fix: flatten the nesting (a config needs a few levels); check that this is the file "
           "you meant", file=sys.stderr)
+
+
+def _print_too_long_number(argv: Sequence[str] | None) -> None:
+    given = list(sys.argv[1:] if argv is None else argv)
+    files = [a for a in (x.partition("=")[2] if x.startswith("--") else x for x in given) if a and os.path.isfile(a)]
+    where = ", ".join(files) or "<command line>"
+    print(f"error: {where}: a number has more than {sys.get_int_max_str_digits()} digits (a config's numbers have a "
+          "few)\n    fix: correct the number (the file or a --set / command-line value)", file=sys.stderr)
 
 
 class StdoutError(OSError):

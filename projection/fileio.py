@@ -26,6 +26,7 @@ import re
 import secrets
 import shutil
 import stat
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -371,3 +372,15 @@ def loads_json_unique(text: str) -> Any:
         return dict(items)
 
     return json.loads(text, object_pairs_hook=pairs)
+
+
+def gunzip_bounded(data: bytes) -> bytes:
+    """gzip unpacked, refusing what unpacks past 100 times its size (and 64 MiB): benchmark logs and profiler traces
+    compress 5-30 times; a file that unpacks a thousand times larger is not one (OSError, reported as unreadable)."""
+    limit = max(64 << 20, 100 * len(data))
+    out = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    text = out.decompress(data, limit + 1)
+    if len(text) > limit:
+        raise OSError(f"it unpacks to more than {limit:,} bytes ({len(text) // max(len(data), 1)}x its size): not a "
+                      "benchmark log or trace")
+    return text

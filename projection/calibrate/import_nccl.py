@@ -16,6 +16,7 @@ depends on it); the node count from the distinct host names of the list, or an `
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -208,8 +209,11 @@ def _numbers(group: list[str]) -> bool:
     """time algbw busbw and the check column: three floats, then N/A, a count of wrong elements (newer
     nccl-tests) or a maximum error printed with %le (older ones: 0e+00, 5e-07), either starred when over the limit."""
     try:
-        [float(x) for x in group[:3]]
+        time_us, algbw, busbw = (float(x) for x in group[:3])
     except ValueError:
+        return False
+    if not (math.isfinite(time_us) and time_us > 0 and math.isfinite(algbw) and algbw >= 0 and math.isfinite(busbw)
+            and busbw >= 0):  # a time of 0, negative, nan or inf: not a measurement (counted as a malformed row)
         return False
     return group[3] == "N/A" or re.fullmatch(r"\d+\*?|\d(\.\d+)?e[-+]\d+\*?", group[3]) is not None
 

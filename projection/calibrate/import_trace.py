@@ -23,7 +23,6 @@ Host: seconds per kernel launch of the traced program (projection/calibrate/impo
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 import json
 import math
 import statistics
@@ -44,6 +43,7 @@ from projection.calibrate.errors import CalibrationError
 from projection.calibrate.import_host import host_issue
 from projection.cost.collectives import CollectiveKind
 from projection.errors import Problem
+from projection.fileio import gunzip_bounded
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::_scaled_mm")
 _GPU_CATS = {"kernel", "gpu_memset", "gpu_memcpy"}
@@ -114,7 +114,7 @@ def load_trace(path: str | Path, data: bytes | None = None) -> dict[str, Any]:
     file = str(path)
     try:
         raw = Path(path).read_bytes() if data is None else data
-        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        text = gunzip_bounded(raw) if raw[:2] == b"\x1f\x8b" else raw
         trace = json.loads(text)
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CalibrationError(Problem(f"cannot read the trace: {err}", file=file,

@@ -9,7 +9,6 @@ CalibrationError naming the file (exit code 2 in the CLI).
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from collections.abc import Iterable
@@ -22,7 +21,7 @@ from projection.calibrate.import_hipblaslt import import_hipblaslt, looks_like_h
 from projection.calibrate.import_nccl import looks_like_nccl, parse_nccl_text
 from projection.calibrate.import_trace import import_trace
 from projection.errors import Problem
-from projection.fileio import require_regular
+from projection.fileio import gunzip_bounded, require_regular
 
 Format = Literal["trace", "calibration", "hipblaslt", "te_algo_cache", "nccl", "unknown"]
 _SUPPORTED = ("an nccl-tests / rccl-tests log, hipblaslt-bench output, a PyTorch profiler trace (.json / .json.gz) "
@@ -93,7 +92,8 @@ def _check_json(text: str, file: str) -> None:
 
 def _unpacked(data: bytes) -> bytes:
     """gzip content unpacked (recognised by its magic bytes), anything else unchanged."""
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+    return gunzip_bounded(data) if data[:2] == b"\x1f\x8b" else data
+
 
 
 def import_files(paths: Iterable[str | Path], *, allow_mixed_devices: bool = False) -> Calibration:

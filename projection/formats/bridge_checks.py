@@ -143,6 +143,11 @@ def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], 
                                     fix=f"give model.{f} (or --set model.{f}=N)"))
     dataset = section(data, "dataset")
     given = {k: dataset[k] for k in SEQUENCE if dataset.get(k) is not None}
+    for k, v in list(given.items()):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            problems.append(Problem(f"dataset.{k} must be a whole number of tokens, got {str(v)[:40]}", file=file,
+                                    line=at("dataset", k), key=f"dataset.{k}", fix=f"give dataset.{k} as a number"))
+            del given[k]
     if len(set(given.values())) > 1:
         problems.append(Problem(f"dataset.seq_length {given['seq_length']} and dataset.sequence_length "
                                 f"{given['sequence_length']} disagree (one field: seq_length from Megatron-Bridge "

@@ -147,7 +147,8 @@ def read_target(value: Any) -> Any:
     if target.startswith("torch.") and last in _DTYPES:
         return _DTYPES[last]
     if last == "AttnBackend":
-        arg = (value.get("_args_") or [None])[0]
+        args = value.get("_args_")
+        arg = args[0] if isinstance(args, list) and args else None
         if arg in _ATTN_BACKENDS:
             return _ATTN_BACKENDS[arg]
         if isinstance(arg, str) and arg in _ATTN_BACKENDS.values():

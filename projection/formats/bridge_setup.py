@@ -152,9 +152,9 @@ def _comm_overlap(data: Table, origins: Origins, file: str) -> None:
         return
     model, ddp = data["model"], data["ddp"]
     here = origins.get(("comm_overlap",), Origin(file, None, "comm_overlap"))
-    pp = int(model.get("pipeline_model_parallel_size") or 1)
-    vp = int(model.get("virtual_pipeline_model_parallel_size") or 1)
-    tp = int(model.get("tensor_model_parallel_size") or 1)
+    # a size that is not a whole number is refused with the layout (Megatron's argument check): 1 here
+    pp, vp, tp = (_whole(model.get(f)) for f in ("pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                                                "tensor_model_parallel_size"))
 
     def pick(field: str, default: Any) -> tuple[Any, Origin]:
         if co.get(field) is not None:
@@ -198,3 +198,8 @@ def _sync(data: Table, origins: Origins, field: str, sections: tuple[str, str]) 
     if on:
         for s in sections:
             _set(data, origins, s, field, True, origins.get((on[0], field), Origin("validate()", None, field)))
+
+
+def _whole(value: Any) -> int:
+    """A parallel size as a whole number >= 1; 1 for anything else (null, a string, a list: reported elsewhere)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1

@@ -31,6 +31,9 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
                                   line=lines.get(("model_type",)),
                                   fix=f"use one of {', '.join(SUPPORTED)}, or describe the model inline in a "
                                       "scenario YAML"))
+    typed = _type_problems(cfg, mt, file, lines)
+    if typed:
+        raise ConfigError(typed)
     out: list[tuple[str, Any, Origin]] = []
     missing: list[Problem] = []
 
@@ -86,6 +89,66 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
     if missing:
         raise ConfigError(missing)
     return out
+
+
+# the value kinds of the keys read (transformers' config classes): counts, non-negative counts, numbers, flags, lists
+_COUNTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+           "max_position_embeddings", "num_key_value_heads", "head_dim", "num_local_experts", "num_experts",
+           "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "n_routed_experts", "moe_layer_freq",
+           "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_ZERO_OK = ("shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace", "q_lora_rank",
+            "num_nextn_predict_layers")
+_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
+_FAMILY_KEYS = {"deepseek": ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size")
+MAX_LAYERS = 10_000  # ModelSpec's bound, checked before a per-layer pattern is built
+
+
+def _type_problems(cfg: dict[str, Any], mt: str, file: str, lines: dict[tuple[str, ...], int]) -> list[Problem]:
+    """Every key read whose value is not of the kind transformers' config gives it, and every key the family needs
+    that is absent, all at once (a wrong type used to crash the loader)."""
+    problems: list[Problem] = []
+
+    def bad(key: str, message: str, fix: str) -> None:
+        problems.append(Problem(message, key=key, file=file, line=lines.get((key,)), fix=fix))
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for key in _COUNTS + _ZERO_OK:
+        v = cfg.get(key)
+        if v is not None and (not whole(v) or v < (0 if key in _ZERO_OK else 1)):
+            bad(key, f"expected a whole number{'' if key in _ZERO_OK else ' >= 1'}, got {_short(v)}",
+                f"give {key} as the model's config.json has it (a number without quotes)")
+    if whole(cfg.get("num_hidden_layers")) and cfg["num_hidden_layers"] > MAX_LAYERS:
+        bad("num_hidden_layers", f"{_short(cfg['num_hidden_layers'])} layers: at most {MAX_LAYERS}",
+            "give the model's layer count")
+    for key in _FLAGS:
+        if cfg.get(key) is not None and not isinstance(cfg[key], bool):
+            bad(key, f"expected true or false, got {_short(cfg[key])}", f"write {key}: true or false (no quotes)")
+    rope = cfg.get("rope_theta")
+    if rope is not None and (isinstance(rope, bool) or not isinstance(rope, int | float) or not rope > 0):
+        bad("rope_theta", f"expected a positive number, got {_short(rope)}", "give the rotary base, e.g. 500000")
+    for key in ("rope_parameters", "text_config"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            bad(key, f"expected a mapping, got {_short(cfg[key])}", f"give {key} as an object, or leave it out")
+    only = cfg.get("mlp_only_layers")
+    if only is not None and not (isinstance(only, list) and all(whole(i) for i in only)):
+        bad("mlp_only_layers", f"expected a list of layer numbers, got {_short(only)}", "e.g. [] or [0, 1]")
+    needed = [k for fam, keys in _FAMILY_KEYS.items() if mt.startswith(fam) for k in keys]
+    if (mt.startswith("deepseek") and cfg.get("n_routed_experts")) or (mt.endswith("_moe") and cfg.get("num_experts")):
+        needed += list(_MOE_KEYS)
+    if mt == "mixtral":
+        needed.append("intermediate_size")
+    for key in dict.fromkeys(needed):
+        if cfg.get(key) is None and not any(p.key == key for p in problems):
+            bad(key, "required key is missing", f"add \"{key}\" to the file (the model's config.json has it)")
+    return problems
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _window(cfg: dict[str, Any], mt: str, o: Any, out: list[tuple[str, Any, Origin]]) -> None:
@@ -144,12 +207,15 @@ def load_hf(path: Path, overrides: dict[str, Any] | None = None) -> RawScenario:
         raise ConfigError(Problem("not a HuggingFace config.json (no model_type / hidden_size)", file=str(path),
                                   fix="pass a model's config.json, or a scenario YAML"))
     if "text_config" in data and "hidden_size" not in data:
+        if not isinstance(data["text_config"], dict):
+            raise ConfigError(Problem(f"expected a mapping, got {_short(data['text_config'])}", key="text_config",
+                                      file=str(path), fix="give the model's text_config object"))
         data = {**data["text_config"], "model_type": data["text_config"].get("model_type", data.get("model_type"))}
     raw = RawScenario(source=str(path), framework="hf")
     for key, value, origin in hf_model_fields(data, str(path), lines):
         raw.set(key, value, origin)
     default = Origin("default (config.json has no training settings; --set training.seq_length=N to change)")
-    raw.set("training.seq_length", min(4096, data.get("max_position_embeddings") or 4096), default)
+    raw.set("training.seq_length", min(4096, data.get("max_position_embeddings") or 4096), default)  # checked above
     # The checkpoint's dtype: a 16-bit one is the mixed-precision dtype the model trains in; float32 is not taken as
     # fp32 training (checkpoints of bf16/fp16 mixed-precision runs are often stored in float32), so it keeps the
     # training default (bf16); --set training.params_dtype=fp32 for a true fp32 job.

@@ -300,6 +300,8 @@ def _vpp(a: MegatronArgs) -> tuple[int, Origin] | None:
     if not given:
         return None
     dest, pp = given[0], a.get("pipeline_model_parallel_size")
+    if not isinstance(pp, int) or pp < 1:  # refused with the layout (ParallelPlan: pp >= 1)
+        return None
     if dest == "num_virtual_stages_per_pipeline_rank":
         vpp = a.get(dest)
     elif dest == "pipeline_model_parallel_layout":

@@ -22,7 +22,7 @@ from projection.formats.megatron_args import (
     flag_to_dest,
     to_bool,
 )
-from projection.formats.megatron_shell import FlagHit, parse_shell
+from projection.formats.megatron_shell import FlagHit, ShellValueTooLong, parse_shell
 from projection.formats.megatron_shell_lex import Expander, Var
 from projection.formats.shell_quotes import unclosed_quote
 from projection.specs.scenario import Origin, RawScenario
@@ -57,7 +57,12 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
             raise ConfigError(Problem(f"the {quote} quote opened on this line is never closed, so bash would read the "
                                       "rest of the script as one word", file=file, line=line, key=quote,
                                       fix=f"close the quote with a matching {quote}"))
-        shell = parse_shell(text, env)
+        try:
+            shell = parse_shell(text, env)
+        except ShellValueTooLong as err:
+            raise ConfigError(Problem(f"{err}: bash would build it, but it is not a launch setting", file=file,
+                                      line=err.line, key=err.name, fix=f"assign {err.name} its value directly")) \
+                from None
         hits = shell.flags
         cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
         cluster.update(_cluster_from_launcher(hits, file))

@@ -40,6 +40,17 @@ class FlagHit:
     unresolved: frozenset[str] = frozenset()
 
 
+MAX_VALUE_CHARS = 1_000_000  # a launch script's variable holds flags and paths: far less
+
+
+class ShellValueTooLong(ValueError):
+    """A variable whose value grows past MAX_VALUE_CHARS (a script doubling it in a loop)."""
+
+    def __init__(self, name: str, line: int):
+        super().__init__(f"${name} grows past {MAX_VALUE_CHARS:,} characters")
+        self.name, self.line = name, line
+
+
 @dataclass
 class ShellResult:
     flags: list[FlagHit] = field(default_factory=list)
@@ -204,6 +215,8 @@ class _Interpreter:
         old = self.vars.get(name)
         values = (tuple(old.value) if append and old and not isinstance(old.value, str) else ()) + tuple(
             f.text for f in fields)
+        if sum(len(v) for v in values) > MAX_VALUE_CHARS:
+            raise ShellValueTooLong(name, head.line)
         self.vars[name] = Var(values, frozenset().union(*(f.unresolved for f in fields)))
         self.result.assigned_at[name] = head.line
         self._flags(emitted)
@@ -242,6 +255,8 @@ class _Interpreter:
         old = self.vars.get(name)
         if append and old is not None:
             value = old.text() + value
+        if len(value) > MAX_VALUE_CHARS:
+            raise ShellValueTooLong(name, word.line)
         unresolved = frozenset(ex.unresolved) | (old.unresolved if append and old else frozenset())
         self.vars[name] = Var(value, unresolved)
         self.result.assigned_at[name] = word.line

@@ -187,9 +187,9 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     if job.flag("training.enable_cpu_offload", False):
         raw.set("plan.offload.fsdp_params", True, job.origin("training.enable_cpu_offload"))
     # Async TP needs torch.compile of the model: [compile] enable + "model" component (v0.2), training.compile (v0.1).
-    compiled = (job.flag("compile.enable", False) and "model" in job.get("compile.components", ["model", "loss"])) \
-        or job.flag("training.compile", False)
-    _compiled_kernels(job, raw, compiled)
+    components = _components(job)
+    compiled = (job.flag("compile.enable", False) and "model" in components) or job.flag("training.compile", False)
+    _compiled_kernels(job, raw, compiled, components)
     if tp > 1 and job.flag(f"{p}.enable_async_tensor_parallel", False):
         if compiled:
             raw.set("plan.overlap.tp_comm", True, job.origin(f"{p}.enable_async_tensor_parallel"))
@@ -200,7 +200,18 @@ def _plan(job: JobReader, raw: RawScenario, tp: int, pp: int, cp: int, model: di
     return fp8_gather_ok
 
 
-def _compiled_kernels(job: JobReader, raw: RawScenario, model_compiled: bool) -> None:
+def _components(job: JobReader) -> list[str]:
+    """[compile] components (TorchTitan's default ["model", "loss"]); a value that is not a list of names is a
+    problem (`"model" in "abc"` would be a substring test)."""
+    value = job.get("compile.components", ["model", "loss"])
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    job.problem("compile.components", f"expected a list of component names, got {str(value)[:40]}",
+                'give components = ["model", "loss"] (or one of them)')
+    return []
+
+
+def _compiled_kernels(job: JobReader, raw: RawScenario, model_compiled: bool, components: list[str]) -> None:
     """torch.compile of the blocks and of the loss, and Primus-Turbo's attention, where they change what is saved.
     The loss compiled (v0.2 component "loss"; v0.1 `training.compile` compiles it with the model) keeps the 16-bit
     logits for backward instead of the fp32 log-softmax, as a fused loss does (measured: 2 B per logit against 4,
@@ -209,8 +220,7 @@ def _compiled_kernels(job: JobReader, raw: RawScenario, model_compiled: bool) ->
     if model_compiled:
         origin = job.origin("compile.enable" if job.has("compile.enable") else "training.compile")
         raw.set("training.kernels.compiled", True, origin)
-    loss = (job.flag("compile.enable", False) and "loss" in job.get("compile.components", ["model", "loss"])) \
-        or job.flag("training.compile", False)
+    loss = (job.flag("compile.enable", False) and "loss" in components) or job.flag("training.compile", False)
     if loss:
         raw.set("training.fused_loss", True, job.origin("compile.components" if job.has("compile.components")
                                                        else "compile.enable" if job.has("compile.enable")

@@ -33,6 +33,13 @@ class LayoutError(ValueError):
     """A pipeline layout that cannot be realised; the message says why."""
 
 
+MAX_LAYOUT_SYMBOLS = 1_000_000  # a layout has a symbol per layer and stage: far fewer
+
+
+def _short(layout: str) -> str:
+    return repr(layout) if len(layout) <= 60 else repr(layout[:40] + "...")
+
+
 def expand_layout(layout: str) -> list[str]:
     """Expand a Megatron `--pipeline-model-parallel-layout` string into one token string per virtual stage.
 
@@ -41,12 +48,22 @@ def expand_layout(layout: str) -> list[str]:
     """
     text = layout.replace(",", "").replace(" ", "")
     group = re.compile(r"\(([^()]*)\)\*(\d+)")
+
+    def repeat(m: re.Match[str]) -> str:
+        if len(m.group(2)) > 7 or len(m.group(1)) * int(m.group(2)) > MAX_LAYOUT_SYMBOLS:
+            raise LayoutError(f"layout {_short(layout)} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
+        return m.group(1) * int(m.group(2))
+
     while "(" in text:
-        new = group.sub(lambda m: m.group(1) * int(m.group(2)), text)
+        new = group.sub(repeat, text)
         if new == text:
-            raise LayoutError(f"unbalanced parentheses in layout {layout!r}")
+            raise LayoutError(f"unbalanced parentheses in layout {_short(layout)}")
+        if len(new) > MAX_LAYOUT_SYMBOLS:
+            raise LayoutError(f"layout {_short(layout)} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
         text = new
-    text = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"([EtmL])\*(\d+)", repeat, text)
+    if len(text) > MAX_LAYOUT_SYMBOLS:
+        raise LayoutError(f"layout {_short(layout)} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
     bad = set(text) - set("EtmL|")
     if bad:
         raise LayoutError(f"layout {layout!r} has unknown symbols {sorted(bad)} (allowed: E t m L | * ( ) ,)")
