@@ -229,6 +229,12 @@ class ArgValueError(ValueError):
     """A value that does not fit its dest's type; the message says what was expected."""
 
 
+def _shown(value: Any) -> str:
+    """A value as a message quotes it: whole when short, its start and length when not (a 5000-digit number)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+
+
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0", ""}
 
@@ -261,12 +267,12 @@ def to_bool(value: Any) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ArgValueError(f"expected true/false, got {value!r}")
+    raise ArgValueError(f"expected true/false, got {_shown(value)}")
 
 
 def to_int(value: Any) -> int:
     if isinstance(value, bool):
-        raise ArgValueError(f"expected an integer, got {value!r}")
+        raise ArgValueError(f"expected an integer, got {_shown(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -276,12 +282,12 @@ def to_int(value: Any) -> int:
             return int(value.strip())
         except ValueError:
             pass
-    raise ArgValueError(f"expected an integer, got {value!r}")
+    raise ArgValueError(f"expected an integer, got {_shown(value)}")
 
 
 def to_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ArgValueError(f"expected a number, got {value!r}")
+        raise ArgValueError(f"expected a number, got {_shown(value)}")
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
@@ -289,7 +295,7 @@ def to_float(value: Any) -> float:
             return float(value.strip())
         except ValueError:
             pass
-    raise ArgValueError(f"expected a number, got {value!r}")
+    raise ArgValueError(f"expected a number, got {_shown(value)}")
 
 
 def to_list(value: Any) -> list[str]:

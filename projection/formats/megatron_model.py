@@ -87,7 +87,7 @@ def model_section(a: MegatronArgs, raw: RawScenario, *, null_tokenizer_adds_eod:
     for dest in ("num_layers", "hidden_size", "num_attention_heads"):
         if a.given(dest):
             raw.set(f"model.{dest}", a.get(dest), a.origin(dest))
-        else:
+        elif dest not in a.args:  # given but unreadable: its own problem says so
             a.problem(dest, f"{a.key(dest)} is required (Megatron has no default)",
                       f"add {a.key(dest)} N, or --set {dest}=N")
     _ffn(a, raw)

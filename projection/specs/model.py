@@ -111,7 +111,7 @@ class ModelSpec(Spec):
     sliding_window_from_layer: int = Field(0, ge=0, description="first decoder layer (0-based) that uses the window "
                                            "(HF max_window_layers); earlier layers attend fully")
     max_position_embeddings: int | None = Field(None, gt=0)
-    rope_theta: float | None = None
+    rope_theta: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -188,7 +188,7 @@ class KernelSpec(Spec):
 class TrainingSpec(Spec):
     """Per-step workload. Batch sizes count sequences; global batch = micro * dp * gradient-accumulation steps."""
 
-    seq_length: int = Field(gt=0)
+    seq_length: int = Field(gt=0, le=2**27)  # 134M tokens a sample: past any long-context run
     micro_batch_size: int = Field(1, gt=0)
     global_batch_size: int | None = Field(None, gt=0, description="None = local_batch_size * dp")
     local_batch_size: int | None = Field(None, gt=0, description="sequences per DP rank per step when "

@@ -92,3 +92,21 @@ def test_benchmark_logs_with_impossible_times_and_gzip_bombs(tmp_path: Path,
     bomb.write_bytes(gzip.compress(b"{" + b" " * (200 << 20) + b"}", compresslevel=9))
     err = refused(capsys, ["calibrate", "import", str(bomb), "--out", str(tmp_path / "d.json")])
     assert "unpacks to more than" in err and not (tmp_path / "d.json").exists()
+
+
+def test_an_unreadable_megatron_size_is_one_problem_quoted_short(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    args = tmp_path / "args.txt"
+    args.write_text(ARGS.replace("--hidden-size 512", "--hidden-size " + "9x" * 3000) + "\n", encoding="utf-8")
+    err = refused(capsys, ["memory", "--config", str(args)])
+    assert "key '--hidden-size': expected an integer" in err and "(6002 characters)" in err
+    assert "--hidden-size is required" not in err and len(err) < 2000
+
+
+def test_native_values_outside_any_real_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (REPO / "examples" / "llama3_8b_inline.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "job.yaml"
+    path.write_text(text.replace("seq_length: 8192", f"seq_length: {2**40}"), encoding="utf-8")
+    assert "key 'training.seq_length'" in refused(capsys, ["memory", "--config", str(path)])
+    path.write_text(text.replace("rope_theta: 500000", "rope_theta: -1"), encoding="utf-8")
+    assert "key 'model.rope_theta'" in refused(capsys, ["memory", "--config", str(path)])
