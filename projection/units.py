@@ -64,6 +64,8 @@ def parse_duration(text: str | int | float) -> float:
     if not isinstance(text, str):
         return _number(text, "duration")
     m = _DURATION.match(text)
+    if not m and _DURATION.match(text.strip().removeprefix("-")):
+        raise ValueError(f"duration {text!r} is negative: a time must be >= 0")
     if not m:
         raise ValueError(f"cannot parse duration {text!r} (expected e.g. '2us', '3ms', '1.5s' or seconds)")
     unit = m.group(2)

@@ -157,7 +157,7 @@ def parse_set(items: list[str] | tuple[str, ...] | None) -> dict[str, Any]:
     for item in items or ():
         if "=" not in item:
             problems.append(Problem(f"--set {item!r} is not KEY=VALUE", key=item, file=COMMAND_LINE,
-                                    fix="write it as --set key=value, e.g. --set tensor_model_parallel_size=8"))
+                                    fix="write it as --set key=value, e.g. --set plan.tp=8 (or the config's own key)"))
             continue
         k, v = item.split("=", 1)
         if not v.strip():  # an empty value would reset the key to its default without a word

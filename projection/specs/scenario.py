@@ -203,7 +203,10 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
             fix = (f"give its keys instead, as a nested table in the file or e.g. --set {dotted}.{keys[0]}=... "
                    f"(keys: {', '.join(keys)})")
         else:
-            fix = f"give {dotted} a valid value (got {e.get('input')!r})"
+            where = raw.origins.get(dotted)
+            got = repr(e.get("input"))
+            got = got if len(got) <= 60 else f"{got[:40]}... ({len(got)} characters)"
+            fix = f"give {where.key if where is not None and where.key else dotted} a valid value (got {got})"
         out.append(origin_problem(raw, dotted, msg, fix))
     return out
 

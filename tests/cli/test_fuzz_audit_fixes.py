@@ -110,3 +110,13 @@ def test_native_values_outside_any_real_job(tmp_path: Path, capsys: pytest.Captu
     assert "key 'training.seq_length'" in refused(capsys, ["memory", "--config", str(path)])
     path.write_text(text.replace("rope_theta: 500000", "rope_theta: -1"), encoding="utf-8")
     assert "key 'model.rope_theta'" in refused(capsys, ["memory", "--config", str(path)])
+
+
+def test_messages_name_the_key_as_given(capsys: pytest.CaptureFixture[str]) -> None:
+    example = str(REPO / "examples" / "llama3_8b_inline.yaml")
+    err = refused(capsys, ["memory", "--config", example, "--nodes", "9" * 23])
+    assert "fix: give --nodes a valid value" in err
+    err = refused(capsys, ["schedule", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--fwd-s", "-1"])
+    assert "is negative: a time must be >= 0" in err
+    err = refused(capsys, ["memory", "--config", example, "--set", "foo"])
+    assert "--set plan.tp=8" in err and "tensor_model_parallel_size" not in err
