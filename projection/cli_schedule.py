@@ -92,13 +92,14 @@ def _schedule(args: argparse.Namespace) -> Schedule:
         return sched
     missing = [f for f, v in (("--schedule", args.schedule), ("--pp", args.pp), ("--microbatches",
                                                                                   args.microbatches)) if v is None]
-    if missing:
-        raise ConfigError(Problem(f"missing {', '.join(missing)}", key=missing[0], file=COMMAND_LINE,
-                                  fix="give --schedule NAME --pp P --microbatches M (or --csv FILE)"))
-    bad = [Problem(f"must be a positive whole number (got {v})", key=flag, file=COMMAND_LINE,
-                   fix="give a whole number of at least 1")
-           for flag, v in (("--pp", args.pp), ("--microbatches", args.microbatches), ("--vpp", args.vpp),
-                           ("--microbatch-group-size", args.microbatch_group_size)) if v is not None and v < 1]
+    bad = [Problem(f"missing {', '.join(missing)}", key=missing[0], file=COMMAND_LINE,
+                   fix="give --schedule NAME --pp P --microbatches M (or --csv FILE)")] if missing else []
+    bad += [Problem(f"must be a positive whole number (got {v})", key=flag, file=COMMAND_LINE,
+                    fix="give a whole number of at least 1")
+            for flag, v in (("--pp", args.pp), ("--microbatches", args.microbatches), ("--vpp", args.vpp),
+                            ("--microbatch-group-size", args.microbatch_group_size)) if v is not None and v < 1]
+    if missing:  # every problem of the flags given, with what is missing (the rest needs a schedule to check)
+        raise ConfigError(bad)
     if args.microbatch_group_size is not None and args.schedule != "interleaved_1f1b":
         bad.append(Problem(f"Megatron's microbatch group size applies to interleaved_1f1b only, not to "
                            f"{args.schedule}", key="--microbatch-group-size", file=COMMAND_LINE,

@@ -120,3 +120,8 @@ def test_messages_name_the_key_as_given(capsys: pytest.CaptureFixture[str]) -> N
     assert "is negative: a time must be >= 0" in err
     err = refused(capsys, ["memory", "--config", example, "--set", "foo"])
     assert "--set plan.tp=8" in err and "tensor_model_parallel_size" not in err
+
+
+def test_schedule_lists_a_bad_size_beside_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(capsys, ["schedule", "--pp", "0"])
+    assert "missing --schedule, --microbatches" in err and "key '--pp': must be a positive whole number" in err
