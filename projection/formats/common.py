@@ -121,6 +121,7 @@ def load_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], dict
 def load_json(path: Path, text: str | None = None) -> tuple[Any, dict[KeyPath, int]]:
     """Parse JSON; line numbers of top-level keys found by a light scan."""
     text = read_text(path) if text is None else text
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as the YAML reader takes it
     try:
         data = loads_json_unique(text)
     except json.JSONDecodeError as e:

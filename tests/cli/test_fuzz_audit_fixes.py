@@ -125,3 +125,11 @@ def test_messages_name_the_key_as_given(capsys: pytest.CaptureFixture[str]) -> N
 def test_schedule_lists_a_bad_size_beside_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(capsys, ["schedule", "--pp", "0"])
     assert "missing --schedule, --microbatches" in err and "key '--pp': must be a positive whole number" in err
+
+
+def test_a_json_config_with_a_byte_order_mark_reads_as_yaml_does(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_MOE), encoding="utf-8-sig")
+    assert main(["memory", "--config", str(path), "--nodes", "2"]) == 0
+    assert "Peak allocated" in capsys.readouterr().out
