@@ -91,6 +91,11 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
     origin = raw.origins.get("cluster.hardware")  # an unknown name is reported where it was written
+    if not isinstance(raw.get("cluster.hardware"), str):
+        o = origin or Origin(str(config), None, "cluster.hardware")
+        raise _with(problems, ConfigError(Problem(
+            f"must be a device name or a device YAML's path, got {str(raw.get('cluster.hardware'))[:60]}",
+            key=o.key or "cluster.hardware", file=o.file, line=o.line, fix="e.g. hardware: mi300x")))
     try:
         if origin is None or origin.file.startswith("default"):
             device = load_device(str(raw.get("cluster.hardware")), hardware_dir)

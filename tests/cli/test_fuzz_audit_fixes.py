@@ -133,3 +133,10 @@ def test_a_json_config_with_a_byte_order_mark_reads_as_yaml_does(tmp_path: Path,
     path.write_text(json.dumps(QWEN3_MOE), encoding="utf-8-sig")
     assert main(["memory", "--config", str(path), "--nodes", "2"]) == 0
     assert "Peak allocated" in capsys.readouterr().out
+
+
+def test_a_device_must_be_named_not_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (REPO / "examples" / "llama3_8b_inline.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "job.yaml"
+    path.write_text(text.replace("hardware: mi300x", "hardware: [mi300x]"), encoding="utf-8")
+    assert "key 'cluster.hardware': must be a device name" in refused(capsys, ["memory", "--config", str(path)])
