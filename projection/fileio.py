@@ -375,12 +375,21 @@ def loads_json_unique(text: str) -> Any:
 
 
 def gunzip_bounded(data: bytes) -> bytes:
-    """gzip unpacked, refusing what unpacks past 100 times its size (and 64 MiB): benchmark logs and profiler traces
-    compress 5-30 times; a file that unpacks a thousand times larger is not one (OSError, reported as unreadable)."""
+    """gzip unpacked, every member of it (`gzip -c a >> x.gz` appends one), refusing what unpacks past 100 times its
+    size (and 64 MiB): benchmark logs and profiler traces compress 5-30 times, a file that unpacks a thousand times
+    larger is not one; and a truncated stream (EOFError, as gzip.decompress raises it), not read in part."""
     limit = max(64 << 20, 100 * len(data))
-    out = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    text = out.decompress(data, limit + 1)
-    if len(text) > limit:
-        raise OSError(f"it unpacks to more than {limit:,} bytes ({len(text) // max(len(data), 1)}x its size): not a "
-                      "benchmark log or trace")
-    return text
+    parts: list[bytes] = []
+    size, rest = 0, data
+    while rest:
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        part = member.decompress(rest, limit + 1 - size)
+        size += len(part)
+        if size > limit:
+            raise OSError(f"it unpacks to more than {limit:,} bytes ({size // max(len(data), 1)}x its size): not a "
+                          "benchmark log or trace")
+        if not member.eof:
+            raise EOFError("the gzip stream ends before its end marker (a cut file)")
+        parts.append(part)
+        rest = member.unused_data.lstrip(b"\0")  # gzip's own padding between members is zeros
+    return b"".join(parts)

@@ -72,7 +72,8 @@ def import_hipblaslt(path: str | Path, text: str | None = None) -> Calibration:
             continue
         values = next(csv.reader([line]))
         if len(values) != len(header):
-            skipped.append(number)
+            if values[0].strip().upper() in ("N", "T"):  # a result row (it starts with transA), not banner text
+                skipped.append(number)
             continue
         row = {k.strip(): v.strip() for k, v in zip(header, values, strict=True)}
         try:

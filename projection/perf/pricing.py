@@ -35,9 +35,10 @@ from projection.memory.offload import layer_offload_splits
 from projection.perf.action_time import ActionTime, add_times, run_items
 from projection.perf.checks import scalar_check_items, token_count_syncs
 from projection.perf.costmodel import framework_host_factors, host_issue
+from projection.perf.fsdp_sizes import FsdpSizes
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
-from projection.perf.placement import boundary_placement, expert_shard_placements, op_placements, shard_placements
-from projection.perf.stage_params import StageParams, gather_bytes, stage_params
+from projection.perf.placement import boundary_placement, op_placements
+from projection.perf.stage_params import StageParams, stage_params
 from projection.schedule.action import Schedule
 from projection.sim.costs import CommTask, StageCosts
 from projection.specs.model import keys_per_query
@@ -192,7 +193,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         return coll_memo[key]
 
     builder = ItemBuilder(plan, compute_s, coll_s, token_count_syncs(scenario))
-    fsdp = _FsdpSizes(scenario, cost_model)
+    fsdp = FsdpSizes(scenario, cost_model)
     once_ag = plan.pipelined_fsdp and not plan.sharding.reshard_after_forward
     prov: dict[str, float] = {}
     out = []
@@ -213,7 +214,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         hooked = {n: (k, e) for n, k, e in params.hooked} if plan.sharding.zero_stage < 3 else {}
         mine: dict[str, float] = {}
         gathers, scatters, replicas = fsdp.unit_seconds(params, [name for name, _ in comps])
-        mine.update(fsdp.labels)  # the units' collectives, once per microbatch as the layers' ops
+        mine.update(fsdp.sources(plan, training.num_microbatches(plan.dp_())))  # the units' collectives
         copy_s = _offload_seconds(scenario, slot, offload_memo)
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
@@ -310,79 +311,6 @@ def _with_grad_accumulation(bwd: list[Op], training: TrainingSpec) -> list[Op]:
                                bytes_read=elems * (act + main), bytes_written=elems * main, m=0, n=0, k=0, batch=1,
                                layout="", count=1))
     return out
-
-
-class _FsdpSizes:
-    """Seconds of the FSDP all-gather and reduce-scatter of each unit (zero_stage 3), else nothing. With TorchTitan's
-    CPU offload (FSDP2 CPUOffloadPolicy, `offload.fsdp_params`) the sharded parameters live on the host: each
-    all-gather first copies the rank's shard (the fp32 master with mixed precision) to the device, and each
-    reduce-scatter's output shard is copied back, on the same stream over the host link."""
-
-    def __init__(self, scenario: Scenario, cost_model: CostModel) -> None:
-        plan, training = scenario.plan, scenario.training
-        self.on = plan.sharding.zero_stage == 3
-        self.cost_model = cost_model
-        self.replicate: GroupPlacement | None = None
-        self.expert: GroupPlacement | None = None
-        self.expert_replicate: GroupPlacement | None = None
-        if self.on:
-            self.dense, self.replicate = shard_placements(scenario.cluster, plan)
-            if scenario.model.moe is not None:
-                self.expert, self.expert_replicate = expert_shard_placements(scenario.cluster, plan)
-        self.training, self.num_layers = training, scenario.model.num_layers
-        self.labels: dict[str, float] = {}  # cost sources of the collectives priced since the last unit_seconds
-        self.param_b = DTYPE_BYTES[training.params_dtype]
-        self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
-        self.link = scenario.cluster.device.host_link_bytes_per_s if plan.offload.fsdp_params else None
-        mixed = training.params_dtype != "fp32"
-        self.shard_b = DTYPE_BYTES[training.optimizer.main_params_dtype] if mixed else self.param_b
-
-    def unit_seconds(self, params: StageParams, names: Sequence[str]
-                     ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], list[float]]:
-        """Per unit: all-gather seconds, reduce-scatter seconds (dense, then expert group) and, with HSDP, the
-        seconds of the replica all-reduce of its reduced dense shard."""
-        self.labels = {}
-        if not self.on:
-            return [()] * len(names), [()] * len(names), [0.0] * len(names)
-        sizes = {name: (d, e) for name, d, e in params.components}
-        per = [sizes.pop(n, (0, 0)) for n in names]
-        # all-gather bytes of each unit (fp8 all-gather: 1 B per converted GEMM weight, stage_params.gather_bytes)
-        wire = [gather_bytes(self.training, self.num_layers, n, d, e) for n, (d, e) in zip(names, per, strict=True)]
-        if sizes and per:  # params without an op component of their own (an MTP stage's embedding)
-            d0, e0 = per[0]
-            per[0] = (d0 + sum(d for d, _ in sizes.values()), e0 + sum(e for _, e in sizes.values()))
-            extra = [gather_bytes(self.training, self.num_layers, n, d, e) for n, (d, e) in sizes.items()]
-            wire[0] = (wire[0][0] + sum(b for b, _ in extra), wire[0][1] + sum(b for _, b in extra))
-        gathers, scatters, replicas = [], [], []
-        for (dense, expert), (dense_b, expert_b) in zip(per, wire, strict=True):
-            g, r = [self._gather(dense, dense_b, self.dense)], [self._scatter(dense, self.dense)]
-            if expert and self.expert is not None:
-                g.append(self._gather(expert, expert_b, self.expert))
-                r.append(self._scatter(expert, self.expert))
-            gathers.append(tuple(g))
-            scatters.append(tuple(r))
-            shard = dense / max(1, self.dense.n_ranks) * self.grad_b
-            ar = self._s("all_reduce", shard, self.replicate) if self.replicate and dense else 0.0
-            if expert and self.expert is not None and self.expert_replicate is not None:
-                ar += self._s("all_reduce", expert / max(1, self.expert.n_ranks) * self.grad_b, self.expert_replicate)
-            replicas.append(ar)
-        return gathers, scatters, replicas
-
-    def _gather(self, elements: float, nbytes: float, group: GroupPlacement) -> float:
-        return self._s("all_gather", nbytes, group) + self._copy(elements, self.shard_b, group)
-
-    def _scatter(self, elements: float, group: GroupPlacement) -> float:
-        return self._s("reduce_scatter", elements * self.grad_b, group) + self._copy(elements, self.grad_b, group)
-
-    def _copy(self, elements: float, nbytes: int, group: GroupPlacement) -> float:
-        """Host-link seconds of the rank's shard of a unit (CPU offload only)."""
-        return elements / max(1, group.n_ranks) * nbytes / self.link if self.link else 0.0
-
-    def _s(self, kind: str, size: float, group: GroupPlacement) -> float:
-        seconds = self.cost_model.collective_seconds(kind, size, group)  # type: ignore[arg-type]
-        label = self.cost_model.collective_provenance(kind, size, group)  # type: ignore[arg-type]
-        self.labels[label] = self.labels.get(label, 0.0) + seconds
-        return seconds
 
 
 def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice]

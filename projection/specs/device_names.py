@@ -24,7 +24,7 @@ def device_match(measured: str, dev: DeviceSpec) -> Match:
     names = {_squash(n) for n in (dev.name, dev.marketing_name, *dev.aliases) if n}
     names = {n for n in names if len(n) >= 3}
     squashed = _squash(measured)
-    if any(n in squashed or squashed in n for n in names):
+    if any(n in squashed for n in names):  # the printed name holds one of the part's (not the reverse: H20, H200)
         mine, theirs = _tokens(dev.marketing_name or dev.name), _tokens(measured)
         for kind in ("memory", "form"):
             if theirs[kind] and mine[kind] and not theirs[kind] & mine[kind]:

@@ -40,3 +40,21 @@ def test_a_kind_without_a_curve_names_the_fitted_tier_and_a_scaled_curve_its_pla
         "calibrated: a100-80g.json all_reduce curve"
     assert cm.collective_provenance("all_reduce", 1 << 24, GroupPlacement(4, 4, 1)) == \
         "calibrated: a100-80g.json all_reduce curve (scaled from 8 ranks on 1 node(s))"
+
+
+def test_fsdp_collectives_count_as_often_as_they_run() -> None:
+    """An FSDP unit is gathered for its forward and, resharded after forward, again for its backward, and reduced
+    once a microbatch; pipelined FSDP2 (TorchTitan with pp > 1) gathers in backward only when resharding, else once
+    a step, and reduces once a step (pricing.py's fag / bag / frs): its sources count each as often (an audit found
+    a pipelined job's once-a-step collectives counted once a microbatch)."""
+    from projection.perf.fsdp_sizes import FsdpSizes
+    from projection.specs.plan import ParallelPlan, ShardingSpec
+
+    sizes = FsdpSizes.__new__(FsdpSizes)
+    sizes.labels = {("all_gather", "g"): 1.0, ("reduce_scatter", "r"): 2.0}
+    for pipelined, reshard, gathers, reduces in ((False, True, 2.0, 2.0), (False, False, 1.0, 2.0),
+                                                 (True, True, 1.0, 0.5), (True, False, 0.25, 0.5)):
+        plan = ParallelPlan(pp=2 if pipelined else 1, schedule_style="torch", sharding=ShardingSpec(
+            zero_stage=3, fsdp="torch_fsdp2", reshard_after_forward=reshard))
+        assert plan.pipelined_fsdp == pipelined
+        assert sizes.sources(plan, 4) == {"g": gathers, "r": reduces}

@@ -25,6 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.y
     ("NVIDIA H100 80GB HBM3", "h100-sxm", "same"), ("NVIDIA H100 PCIe", "h100-sxm", "other"),
     ("NVIDIA H100 NVL", "h100-sxm", "other"), ("AMD Instinct MI300X", "mi325x", "other"),
     ("AMD Instinct MI325X", "mi325x", "same"), ("AMD Radeon Graphics gfx942:sramecc+:xnack-", "mi325x", "arch"),
+    ("NVIDIA H20", "h200", "other"), ("NVIDIA H200", "h200", "same"), ("NVIDIA B200", "b200", "same"),
 ])
 def test_printed_names(printed: str, device: str, match: str) -> None:
     assert device_match(printed, load_device(device)) == match

@@ -80,3 +80,35 @@ def test_current_hipblaslt_bench_header_and_unreadable_rows(tmp_path: Path) -> N
     assert row.time_s == pytest.approx(850.941e-6)
     assert 2 * 8192**3 / row.time_s / 1e9 == pytest.approx(1292101, rel=1e-5)  # the file's own hipblaslt-Gflops
     assert any("skipped 1 malformed data row" in n for p in cal.provenance for n in p.notes)
+
+
+def test_gzip_members_are_all_read_and_a_cut_stream_is_refused(tmp_path: Path) -> None:
+    """`gzip -c a >> x.gz` makes one gzip of two members: every row of both is read; a cut stream is refused, not
+    read in part."""
+    import gzip
+
+    from projection.calibrate.importers import import_file
+
+    text = _nccl_log().encode()
+    cut = text.index(b"\n", len(text) // 2) + 1
+    whole = tmp_path / "two.log.gz"
+    whole.write_bytes(gzip.compress(text[:cut]) + gzip.compress(text[cut:]))
+    assert len(import_file(whole).collective) == len(parse_nccl_text(text.decode()).collective) == 4
+    packed = gzip.compress(text)
+    short = tmp_path / "cut.log.gz"
+    short.write_bytes(packed[: len(packed) - 20])
+    with pytest.raises(CalibrationError, match="ends before its end marker"):
+        import_file(short)
+
+
+def test_a_second_runs_banner_is_not_a_malformed_row(tmp_path: Path) -> None:
+    """Two hipblaslt-bench runs appended to one log: the second run's device banner (text with commas) is not a
+    result row, so no row is reported skipped."""
+    banner = ("hipBLASLt version: 100200\nDevice ID 0 : AMD Instinct MI350X gfx950:sramecc+:xnack-\n"
+              "with 270.6 GB memory, max. SCLK 2200 MHz, max. MCLK 1900 MHz, compute capability 9.5\n")
+    row = ("[0]:transA,transB,batch_count,m,n,k,a_type,d_type,hipblaslt-Gflops,us\n"
+           "    T,N,1,4096,4096,4096,bf16_r,bf16_r,1000,137.4\n")
+    path = tmp_path / "runs.txt"
+    path.write_text((banner + row) * 2, encoding="utf-8")
+    cal = import_hipblaslt(path)
+    assert len(cal.gemm) == 2 and not [n for p in cal.provenance for n in p.notes if "skipped" in n]
