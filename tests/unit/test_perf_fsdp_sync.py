@@ -18,8 +18,8 @@ import pytest
 from projection.perf import project
 from projection.perf.action_time import launch, run, run_items, wait
 from projection.perf.costmodel import default_cost_model
+from projection.perf.fsdp_sizes import FsdpSizes
 from projection.perf.items import Entry, ItemBuilder, Unit
-from projection.perf.pricing import _FsdpSizes
 from projection.perf.stage_params import stage_params
 from projection.specs.hardware import ClusterSpec, load_device
 from projection.specs.model import ModelSpec
@@ -48,7 +48,7 @@ def unit_seconds(sc: Scenario, pp_rank: int) -> tuple[list[str], list[float], li
     (slot,) = [s for s in split_stages(sc.model, sc.plan) if s.pp_rank == pp_rank]
     params = stage_params(sc.model, sc.plan, slot)
     names = [n for n, _, _ in params.components]
-    ag, rs, ar = _FsdpSizes(sc, default_cost_model(sc)).unit_seconds(params, names)
+    ag, rs, ar = FsdpSizes(sc, default_cost_model(sc)).unit_seconds(params, names)
     return names, [sum(g) for g in ag], [sum(r) for r in rs], ar
 
 
@@ -181,7 +181,7 @@ def test_hsdp_shards_experts_inside_the_replica_and_all_reduces_them_across() ->
     (slot,) = split_stages(sc.model, sc.plan)
     params = stage_params(sc.model, sc.plan, slot)
     names = [n for n, _, _ in params.components]
-    sizes = _FsdpSizes(sc, default_cost_model(sc))
+    sizes = FsdpSizes(sc, default_cost_model(sc))
     _, _, ar = sizes.unit_seconds(params, names)
     sizes.expert_replicate = None  # the same units without the experts' replica all-reduce
     _, _, dense_ar = sizes.unit_seconds(params, names)

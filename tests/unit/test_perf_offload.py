@@ -99,7 +99,7 @@ def test_fsdp_cpu_offload_copies_each_shard_beside_its_collectives() -> None:
     """TorchTitan enable_cpu_offload (FSDP2 CPUOffloadPolicy): each unit's all-gather first brings the rank's fp32
     shard to the device, each reduce-scatter sends the fp32 gradient shard back; the host runs the optimizer (a note
     says it is not priced) and the GPU's optimizer step has no update work left."""
-    from projection.perf.pricing import _FsdpSizes
+    from projection.perf.fsdp_sizes import FsdpSizes
     from projection.perf.stage_params import stage_params
 
     def fsdp(cpu: bool) -> Scenario:
@@ -114,7 +114,7 @@ def test_fsdp_cpu_offload_copies_each_shard_beside_its_collectives() -> None:
     slot = split_stages(off.model, off.plan)[0]
     params = stage_params(off.model, off.plan, slot)
     names = [n for n, _, _ in params.components]
-    (g1, r1, _), (g0, r0, _) = _FsdpSizes(off, cm).unit_seconds(params, names), _FsdpSizes(on_gpu, cm).unit_seconds(
+    (g1, r1, _), (g0, r0, _) = FsdpSizes(off, cm).unit_seconds(params, names), FsdpSizes(on_gpu, cm).unit_seconds(
         params, names)
     link = H100.host_link_bytes_per_s
     assert link is not None
