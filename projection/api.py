@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError, count_of
+from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError, count_of, shown
 from projection.formats.common import parse_set
 from projection.formats.detect import load_raw
 from projection.formats.job_env import READ, job_environment, merged
@@ -94,7 +94,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if not isinstance(raw.get("cluster.hardware"), str):
         o = origin or Origin(str(config), None, "cluster.hardware")
         raise _with(problems, ConfigError(Problem(
-            f"must be a device name or a device YAML's path, got {str(raw.get('cluster.hardware'))[:60]}",
+            f"must be a device name or a device YAML's path, got {shown(raw.get('cluster.hardware'))}",
             key=o.key or "cluster.hardware", file=o.file, line=o.line, fix="e.g. hardware: mi300x")))
     try:
         if origin is None or origin.file.startswith("default"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 COMMAND_LINE = "<command line>"  # the `file` of a Problem about a command-line flag or --set value
 
@@ -60,3 +61,10 @@ class ConfigError(ProjectionError):
 
 class PlanError(ProjectionError):
     """The parallel layout is inconsistent with the model, the batch or the cluster."""
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: whole when short, else its start and its length (a 5000-digit number, a
+    layout of a million symbols), so that the message stays a line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"

@@ -54,12 +54,21 @@ def group_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, Grou
     edp = plan.edp()
     for axis, grid_axis in EXPERT_AXES.items():
         out[axis] = group_placement(cluster, plan.etp_, 1, plan.ep, edp, plan.pp, grid_axis, order)
-    if plan.cp_hierarchy is not None and len(plan.cp_hierarchy) == 2 and plan.cp_hierarchy[0] * plan.cp_hierarchy[1] \
-            == plan.cp:  # a2a+p2p's two levels of the cp group
+    if plan.cp_levels is not None:  # a2a+p2p's two levels of the cp group
         for level, axis in enumerate(("cp_a2a", "cp_ring")):
             out[axis] = group_placement(cluster, plan.tp, plan.cp, 1, dp, plan.pp, "cp", order,
-                                        cp_level=(plan.cp_hierarchy[0], level))
+                                        cp_level=(plan.cp_levels[0], level))
     return out
+
+
+def priced_collective(model: CostModel, kind: CollectiveKind, size_bytes: float, group: GroupPlacement,
+                      sources: dict[str, float]) -> float:
+    """Seconds of one collective priced outside an op (data-parallel buckets, FSDP units), added to `sources` under
+    its cost source (what `projection performance` prints as cost sources)."""
+    seconds = model.collective_seconds(kind, size_bytes, group)
+    label = model.collective_provenance(kind, size_bytes, group)
+    sources[label] = sources.get(label, 0.0) + seconds
+    return seconds
 
 
 def collective_op_seconds(model: CostModel, op: Op, groups: Mapping[str, GroupPlacement]) -> float:

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
-from projection.errors import Problem
+from projection.errors import Problem, shown
 from projection.formats.bridge_fields import BRIDGE_NAMES, FIELDS, IGNORED_SECTIONS, SECTIONS, section
 from projection.formats.bridge_setup import MP_DEFAULTS, recipe_name, recipe_table
 from projection.formats.common import coerce_scalar, one_slip, set_nested
@@ -145,7 +145,7 @@ def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], 
     given = {k: dataset[k] for k in SEQUENCE if dataset.get(k) is not None}
     for k, v in list(given.items()):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            problems.append(Problem(f"dataset.{k} must be a whole number of tokens, got {str(v)[:40]}", file=file,
+            problems.append(Problem(f"dataset.{k} must be a whole number of tokens, got {shown(v)}", file=file,
                                     line=at("dataset", k), key=f"dataset.{k}", fix=f"give dataset.{k} as a number"))
             del given[k]
     if len(set(given.values())) > 1:

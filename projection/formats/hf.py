@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from projection.errors import COMMAND_LINE, ConfigError, Problem
+from projection.errors import COMMAND_LINE, ConfigError, Problem, shown
 from projection.formats.common import load_json
 from projection.specs.scenario import Origin, RawScenario
 
@@ -118,23 +118,23 @@ def _type_problems(cfg: dict[str, Any], mt: str, file: str, lines: dict[tuple[st
     for key in _COUNTS + _ZERO_OK:
         v = cfg.get(key)
         if v is not None and (not whole(v) or v < (0 if key in _ZERO_OK else 1)):
-            bad(key, f"expected a whole number{'' if key in _ZERO_OK else ' >= 1'}, got {_short(v)}",
+            bad(key, f"expected a whole number{'' if key in _ZERO_OK else ' >= 1'}, got {shown(v)}",
                 f"give {key} as the model's config.json has it (a number without quotes)")
     if whole(cfg.get("num_hidden_layers")) and cfg["num_hidden_layers"] > MAX_LAYERS:
-        bad("num_hidden_layers", f"{_short(cfg['num_hidden_layers'])} layers: at most {MAX_LAYERS}",
+        bad("num_hidden_layers", f"{shown(cfg['num_hidden_layers'])} layers: at most {MAX_LAYERS}",
             "give the model's layer count")
     for key in _FLAGS:
         if cfg.get(key) is not None and not isinstance(cfg[key], bool):
-            bad(key, f"expected true or false, got {_short(cfg[key])}", f"write {key}: true or false (no quotes)")
+            bad(key, f"expected true or false, got {shown(cfg[key])}", f"write {key}: true or false (no quotes)")
     rope = cfg.get("rope_theta")
     if rope is not None and (isinstance(rope, bool) or not isinstance(rope, int | float) or not rope > 0):
-        bad("rope_theta", f"expected a positive number, got {_short(rope)}", "give the rotary base, e.g. 500000")
+        bad("rope_theta", f"expected a positive number, got {shown(rope)}", "give the rotary base, e.g. 500000")
     for key in ("rope_parameters", "text_config"):
         if cfg.get(key) is not None and not isinstance(cfg[key], dict):
-            bad(key, f"expected a mapping, got {_short(cfg[key])}", f"give {key} as an object, or leave it out")
+            bad(key, f"expected a mapping, got {shown(cfg[key])}", f"give {key} as an object, or leave it out")
     only = cfg.get("mlp_only_layers")
     if only is not None and not (isinstance(only, list) and all(whole(i) for i in only)):
-        bad("mlp_only_layers", f"expected a list of layer numbers, got {_short(only)}", "e.g. [] or [0, 1]")
+        bad("mlp_only_layers", f"expected a list of layer numbers, got {shown(only)}", "e.g. [] or [0, 1]")
     needed = [k for fam, keys in _FAMILY_KEYS.items() if mt.startswith(fam) for k in keys]
     if (mt.startswith("deepseek") and cfg.get("n_routed_experts")) or (mt.endswith("_moe") and cfg.get("num_experts")):
         needed += list(_MOE_KEYS)
@@ -144,11 +144,6 @@ def _type_problems(cfg: dict[str, Any], mt: str, file: str, lines: dict[tuple[st
         if cfg.get(key) is None and not any(p.key == key for p in problems):
             bad(key, "required key is missing", f"add \"{key}\" to the file (the model's config.json has it)")
     return problems
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _window(cfg: dict[str, Any], mt: str, o: Any, out: list[tuple[str, Any, Origin]]) -> None:
@@ -208,7 +203,7 @@ def load_hf(path: Path, overrides: dict[str, Any] | None = None) -> RawScenario:
                                   fix="pass a model's config.json, or a scenario YAML"))
     if "text_config" in data and "hidden_size" not in data:
         if not isinstance(data["text_config"], dict):
-            raise ConfigError(Problem(f"expected a mapping, got {_short(data['text_config'])}", key="text_config",
+            raise ConfigError(Problem(f"expected a mapping, got {shown(data['text_config'])}", key="text_config",
                                       file=str(path), fix="give the model's text_config object"))
         data = {**data["text_config"], "model_type": data["text_config"].get("model_type", data.get("model_type"))}
     raw = RawScenario(source=str(path), framework="hf")

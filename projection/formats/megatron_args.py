@@ -13,6 +13,8 @@ import ast
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from projection.errors import shown
+
 Kind = Literal["int", "float", "bool", "str", "list", "freq"]
 
 # dest -> (kind, argparse default). Only the dests that feed the canonical scenario are listed; every other flag is
@@ -229,12 +231,6 @@ class ArgValueError(ValueError):
     """A value that does not fit its dest's type; the message says what was expected."""
 
 
-def _shown(value: Any) -> str:
-    """A value as a message quotes it: whole when short, its start and length when not (a 5000-digit number)."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
-
-
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0", ""}
 
@@ -267,12 +263,12 @@ def to_bool(value: Any) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ArgValueError(f"expected true/false, got {_shown(value)}")
+    raise ArgValueError(f"expected true/false, got {shown(value)}")
 
 
 def to_int(value: Any) -> int:
     if isinstance(value, bool):
-        raise ArgValueError(f"expected an integer, got {_shown(value)}")
+        raise ArgValueError(f"expected an integer, got {shown(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -282,12 +278,12 @@ def to_int(value: Any) -> int:
             return int(value.strip())
         except ValueError:
             pass
-    raise ArgValueError(f"expected an integer, got {_shown(value)}")
+    raise ArgValueError(f"expected an integer, got {shown(value)}")
 
 
 def to_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ArgValueError(f"expected a number, got {_shown(value)}")
+        raise ArgValueError(f"expected a number, got {shown(value)}")
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
@@ -295,7 +291,7 @@ def to_float(value: Any) -> float:
             return float(value.strip())
         except ValueError:
             pass
-    raise ArgValueError(f"expected a number, got {_shown(value)}")
+    raise ArgValueError(f"expected a number, got {shown(value)}")
 
 
 def to_list(value: Any) -> list[str]:

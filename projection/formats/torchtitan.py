@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from projection.errors import ConfigError
+from projection.errors import ConfigError, shown
 from projection.formats.common import coerce_scalar, load_toml, set_nested
 from projection.formats.torchtitan_flavors import NO_PIPELINE_MODELS, FlavorError, known_models, model_fields
 from projection.formats.torchtitan_fp8 import read_fp8
@@ -206,7 +206,7 @@ def _components(job: JobReader) -> list[str]:
     value = job.get("compile.components", ["model", "loss"])
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
-    job.problem("compile.components", f"expected a list of component names, got {str(value)[:40]}",
+    job.problem("compile.components", f"expected a list of component names, got {shown(value)}",
                 'give components = ["model", "loss"] (or one of them)')
     return []
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from projection.cost.collectives import CollectiveKind, GroupPlacement
-from projection.cost.model import CostModel
+from projection.cost.model import CostModel, priced_collective
 from projection.perf.placement import (
     boundary_placement,
     expert_dp_placement,
@@ -135,12 +135,8 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
     provenance: dict[str, float] = {}  # cost sources of the step's buckets, over every pp rank
 
     def sec(k: CollectiveKind, nbytes: float, place: GroupPlacement) -> float:
-        if place.n_ranks <= 1 or nbytes <= 0:
-            return 0.0
-        seconds = cost_model.collective_seconds(k, nbytes, place)
-        label = cost_model.collective_provenance(k, nbytes, place)
-        provenance[label] = provenance.get(label, 0.0) + seconds
-        return seconds
+        return priced_collective(cost_model, k, nbytes, place, provenance) if place.n_ranks > 1 and nbytes > 0 \
+            else 0.0
 
     for r, acts in enumerate(schedule.actions):
         end_tasks: list[float] = []

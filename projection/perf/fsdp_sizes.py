@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from projection.cost.collectives import GroupPlacement
-from projection.cost.model import CostModel
+from projection.cost.model import CostModel, priced_collective
 from projection.perf.placement import expert_shard_placements, shard_placements
 from projection.perf.stage_params import StageParams, gather_bytes
 from projection.specs.plan import ParallelPlan
@@ -33,7 +33,7 @@ class FsdpSizes:
             if scenario.model.moe is not None:
                 self.expert, self.expert_replicate = expert_shard_placements(scenario.cluster, plan)
         self.training, self.num_layers = training, scenario.model.num_layers
-        self.labels: dict[tuple[str, str], float] = {}  # (kind, cost source) -> seconds, since the last unit_seconds
+        self.labels: dict[str, dict[str, float]] = {}  # kind -> cost source -> seconds, since the last unit_seconds
         self.param_b = DTYPE_BYTES[training.params_dtype]
         self.grad_b = DTYPE_BYTES[training.optimizer.main_grads_dtype]
         self.link = scenario.cluster.device.host_link_bytes_per_s if plan.offload.fsdp_params else None
@@ -82,10 +82,8 @@ class FsdpSizes:
         return elements / max(1, group.n_ranks) * nbytes / self.link if self.link else 0.0
 
     def _s(self, kind: str, size: float, group: GroupPlacement) -> float:
-        seconds = self.cost_model.collective_seconds(kind, size, group)  # type: ignore[arg-type]
-        label = self.cost_model.collective_provenance(kind, size, group)  # type: ignore[arg-type]
-        self.labels[(kind, label)] = self.labels.get((kind, label), 0.0) + seconds
-        return seconds
+        return priced_collective(self.cost_model, kind, size, group,  # type: ignore[arg-type]
+                                 self.labels.setdefault(kind, {}))
 
     def sources(self, plan: ParallelPlan, microbatches: int) -> dict[str, float]:
         """The seconds of the last unit_seconds' collectives by cost source, per microbatch as they run: gathered
@@ -95,7 +93,8 @@ class FsdpSizes:
         gathers = (0.0 if plan.pipelined_fsdp else 1.0) + (1.0 if plan.sharding.reshard_after_forward else 0.0)
         gathers = gathers or once
         out: dict[str, float] = {}
-        for (kind, label), seconds in self.labels.items():
-            out[label] = out.get(label, 0.0) + seconds * (gathers if kind == "all_gather" else
-                                                          once if plan.pipelined_fsdp else 1.0)
+        for kind, labels in self.labels.items():
+            times = gathers if kind == "all_gather" else once if plan.pipelined_fsdp else 1.0
+            for label, seconds in labels.items():
+                out[label] = out.get(label, 0.0) + seconds * times
         return out

@@ -168,8 +168,8 @@ class ItemBuilder:
                 attn = _pair(ops, k, forward=op.recompute or not backward, kinds=("attention",))
                 # a ring step hides behind one of the ring's chunks of attention: cp of them, or the hierarchical
                 # ring's cp / cp_a2a (ParallelPlan.cp_hierarchy)
-                steps = self.plan.cp // self.plan.cp_hierarchy[0] if group == "cp_ring" and self.plan.cp_hierarchy \
-                    else self.plan.cp
+                levels = self.plan.cp_levels
+                steps = levels[1] if group == "cp_ring" and levels is not None else self.plan.cp
                 a = self.compute_s(attn) / steps if attn is not None else 0.0
                 if op.name.endswith(".exposed"):  # a last ring step nothing is left to hide
                     out.append(blocking("cp", full, full, op.count))

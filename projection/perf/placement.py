@@ -103,14 +103,13 @@ def op_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, GroupPl
     out["ep"] = grid_placement(cluster, expert, "ep", order)
     out["etp"] = grid_placement(cluster, expert, "tp", order)
     out["etp_ep"] = grid_placement(cluster, expert, "tp-ep", order)
-    if plan.cp_hierarchy is not None and len(plan.cp_hierarchy) == 2 and math.prod(plan.cp_hierarchy) == plan.cp:
+    if plan.cp_levels is not None:
         # a2a+p2p's levels: cp split in place into an all-to-all group of a consecutive cp ranks (inner) and the ring
         # over the ranks of stride a (Megatron-Core create_hierarchical_groups)
         axes = order.split("-")
         at = axes.index("cp")
         split = (*axes[:at], "cp_a2a", "cp_ring", *axes[at + 1:])
-        by_axis = {**dict(zip(AXES, dense, strict=True)), "cp_a2a": plan.cp_hierarchy[0],
-                   "cp_ring": plan.cp_hierarchy[1]}
+        by_axis = {**dict(zip(AXES, dense, strict=True)), "cp_a2a": plan.cp_levels[0], "cp_ring": plan.cp_levels[1]}
         for level in ("cp_a2a", "cp_ring"):
             out[level] = _grid(cluster.gpus_per_node, tuple(by_axis[a] for a in split), frozenset({level}), split)
     return out

@@ -137,10 +137,9 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
 def hierarchy_for(base: ParallelPlan, cp: int) -> tuple[int, ...] | None:
     """A hierarchical cp split (a2a+p2p) for another cp: the same all-to-all group, the ring over the rest; the
     config's own split where the group does not divide cp (the layout rules then refuse it, saying why)."""
-    levels = base.cp_hierarchy
-    if levels is None or cp == base.cp or len(levels) != 2 or cp % levels[0]:
-        return levels
-    return levels[0], cp // levels[0]
+    if base.cp_levels is None or cp == base.cp or cp % base.cp_levels[0]:
+        return base.cp_hierarchy
+    return base.cp_levels[0], cp // base.cp_levels[0]
 
 
 def dropped_group_size(base: ParallelPlan, pp: int) -> bool:

@@ -163,6 +163,13 @@ class ParallelPlan(Spec):
         return self
 
     @property
+    def cp_levels(self) -> tuple[int, int] | None:
+        """The hierarchical cp split (all-to-all group, ring) where it is one: two levels whose product is cp (the
+        layout rules refuse any other, specs/validate_kernels.py); None without one."""
+        h = self.cp_hierarchy
+        return (h[0], h[1]) if h is not None and len(h) == 2 and h[0] * h[1] == self.cp else None
+
+    @property
     def vpp_(self) -> int:
         return self.vpp or 1
 

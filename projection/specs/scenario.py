@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from projection.errors import ConfigError, PlanError, Problem
+from projection.errors import ConfigError, PlanError, Problem, shown
 from projection.specs.base import Spec
 from projection.specs.hardware import ClusterSpec, DeviceSpec
 from projection.specs.model import ModelSpec
@@ -204,9 +204,8 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
                    f"(keys: {', '.join(keys)})")
         else:
             where = raw.origins.get(dotted)
-            got = repr(e.get("input"))
-            got = got if len(got) <= 60 else f"{got[:40]}... ({len(got)} characters)"
-            fix = f"give {where.key if where is not None and where.key else dotted} a valid value (got {got})"
+            key = where.key if where is not None and where.key else dotted
+            fix = f"give {key} a valid value (got {shown(e.get('input'))})"
         out.append(origin_problem(raw, dotted, msg, fix))
     return out
 

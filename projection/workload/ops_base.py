@@ -192,7 +192,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
 
 def cp_a2a_size(plan: ParallelPlan, layer_index: int = 0) -> int:
     """The all-to-all group of a hierarchical a2a+p2p exchange (Dims.cp_a2a), 1 for the other exchanges."""
-    return plan.cp_hierarchy[0] if cp_exchange(plan, layer_index) == "a2a+p2p" and plan.cp_hierarchy else 1
+    levels = plan.cp_levels
+    return levels[0] if levels is not None and cp_exchange(plan, layer_index) == "a2a+p2p" else 1
 
 
 def cp_exchange(plan: ParallelPlan, layer_index: int = 0) -> str:
@@ -205,8 +206,8 @@ def cp_exchange(plan: ParallelPlan, layer_index: int = 0) -> str:
     if plan.cp == 1 or not kinds:
         return "p2p"
     kind, torch = kinds[layer_index % len(kinds)], plan.tp_style == "dtensor"  # specs/validate_kernels: 1 or all
-    if kind == "a2a+p2p" and plan.cp_hierarchy is not None and len(plan.cp_hierarchy) == 2:
-        a, ring = plan.cp_hierarchy
+    if kind == "a2a+p2p" and plan.cp_levels is not None:
+        a, ring = plan.cp_levels
         kind = "p2p" if a == 1 else "a2a" if ring == 1 else kind
     if kind == "all_gather":  # TorchTitan runs torch's context parallel, Megatron TE's
         return "all_gather_torch" if torch else "all_gather"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from projection.errors import shown
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 
@@ -36,10 +37,6 @@ class LayoutError(ValueError):
 MAX_LAYOUT_SYMBOLS = 1_000_000  # a layout has a symbol per layer and stage: far fewer
 
 
-def _short(layout: str) -> str:
-    return repr(layout) if len(layout) <= 60 else repr(layout[:40] + "...")
-
-
 def expand_layout(layout: str) -> list[str]:
     """Expand a Megatron `--pipeline-model-parallel-layout` string into one token string per virtual stage.
 
@@ -49,21 +46,24 @@ def expand_layout(layout: str) -> list[str]:
     text = layout.replace(",", "").replace(" ", "")
     group = re.compile(r"\(([^()]*)\)\*(\d+)")
 
-    def repeat(m: re.Match[str]) -> str:
+    too_long = LayoutError(f"layout {shown(layout)} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
+
+    def capped(expanded: str) -> str:
+        if len(expanded) > MAX_LAYOUT_SYMBOLS:
+            raise too_long
+        return expanded
+
+    def repeat(m: re.Match[str]) -> str:  # refused before it is multiplied out
         if len(m.group(2)) > 7 or len(m.group(1)) * int(m.group(2)) > MAX_LAYOUT_SYMBOLS:
-            raise LayoutError(f"layout {_short(layout)} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
+            raise too_long
         return m.group(1) * int(m.group(2))
 
     while "(" in text:
-        new = group.sub(repeat, text)
+        new = capped(group.sub(repeat, text))
         if new == text:
-            raise LayoutError(f"unbalanced parentheses in layout {_short(layout)}")
-        if len(new) > MAX_LAYOUT_SYMBOLS:
-            raise LayoutError(f"layout {_short(layout)} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
+            raise LayoutError(f"unbalanced parentheses in layout {shown(layout)}")
         text = new
-    text = re.sub(r"([EtmL])\*(\d+)", repeat, text)
-    if len(text) > MAX_LAYOUT_SYMBOLS:
-        raise LayoutError(f"layout {_short(layout)} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
+    text = capped(re.sub(r"([EtmL])\*(\d+)", repeat, text))
     bad = set(text) - set("EtmL|")
     if bad:
         raise LayoutError(f"layout {layout!r} has unknown symbols {sorted(bad)} (allowed: E t m L | * ( ) ,)")

@@ -51,7 +51,7 @@ def test_fsdp_collectives_count_as_often_as_they_run() -> None:
     from projection.specs.plan import ParallelPlan, ShardingSpec
 
     sizes = FsdpSizes.__new__(FsdpSizes)
-    sizes.labels = {("all_gather", "g"): 1.0, ("reduce_scatter", "r"): 2.0}
+    sizes.labels = {"all_gather": {"g": 1.0}, "reduce_scatter": {"r": 2.0}}
     for pipelined, reshard, gathers, reduces in ((False, True, 2.0, 2.0), (False, False, 1.0, 2.0),
                                                  (True, True, 1.0, 0.5), (True, False, 0.25, 0.5)):
         plan = ParallelPlan(pp=2 if pipelined else 1, schedule_style="torch", sharding=ShardingSpec(
