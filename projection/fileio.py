@@ -198,7 +198,7 @@ class OutputJournal:
         self._before: dict[Path, set[Path]] = {}  # protected path -> what existed of it, its folders, its content
         self._kept: list[tuple[Path, Path]] = []  # (old file, the hidden hard link holding its content)
 
-    def protect(self, path: str | Path) -> None:
+    def protect(self, path: str | Path, key: str | None = None) -> None:
         """Note what exists of `path` (a file, or a folder and everything under it) and keep every regular file
         there under a hidden name beside it. The writers replace a file by renaming a new one over it
         (atomic_write_bytes; cli_args.write_outputs sets the old one aside for the others), so a hard link keeps
@@ -207,9 +207,9 @@ class OutputJournal:
         for out in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
             if out not in self._before:
                 self._before[out] = existing_entries(out)
-                self._keep(out)
+                self._keep(out, key)
 
-    def _keep(self, out: Path) -> None:
+    def _keep(self, out: Path, key: str | None) -> None:
         files = [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else [out] if out.is_file() else []
         for f in files:
             real = Path(os.path.realpath(f))  # a symlink stays as it is: its target is what a writer replaces
@@ -228,9 +228,9 @@ class OutputJournal:
                     kept.unlink()  # a partial copy (a full disk)
                 if isinstance(err, OSError):
                     raise ConfigError(Problem(f"cannot keep a copy of {real} before replacing it: "
-                                              f"{err.strerror or err}", file=str(real),
-                                              fix="free space beside the output, or choose another output "
-                                                  "path")) from None
+                                              f"{err.strerror or err}", key=key, file=str(real),
+                                              fix="choose an output path in a folder you can write to (and "
+                                                  "with free space)")) from None
                 raise
 
     def commit(self) -> None:
@@ -271,12 +271,12 @@ def output_journal() -> Iterator[OutputJournal]:
         _JOURNAL.reset(token)
 
 
-def protect(path: str | Path) -> None:
+def protect(path: str | Path, key: str | None = None) -> None:
     """Record `path` in the active output journal before it is written (no journal, as when a command's function
-    is called from Python: nothing to do)."""
+    is called from Python: nothing to do); `key` (the option that named it) is named if it cannot be kept."""
     journal = _JOURNAL.get()
     if journal is not None:
-        journal.protect(path)
+        journal.protect(path, key)
 
 
 Job = tuple[str, str, Callable[[], object]]  # (flag, output path, writer), as cli_args.write_outputs takes them
@@ -288,8 +288,8 @@ def protect_jobs(jobs: Sequence[Job]) -> list[Job]:
     the files a failed writer created by comparing names: under a relative path it would remove the old content
     it set aside instead of putting it back."""
     out = [(flag, os.path.realpath(path), fn) for flag, path, fn in jobs]
-    for _, path, _ in out:
-        protect(path)
+    for flag, path, _ in out:
+        protect(path, flag)
     return out
 
 

@@ -139,3 +139,13 @@ def test_csv_and_schedule_together_are_refused(inputs: Path) -> None:
 
 def test_empty_csv_is_refused_not_replaced_by_the_built_in_schedule() -> None:
     assert_user_error(run(*SCHEDULE, "--csv", ""), "key '--csv'", "the path is empty")
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc/version (a file beside which "
+                                                                "nothing can be created)")
+def test_an_output_that_cannot_be_set_aside_names_its_option() -> None:
+    """An existing output whose old content cannot be kept (a folder no file can be created in) is one problem that
+    names the option it came from, not only the path."""
+    res = run("performance", "--config", CONFIG, "--trace", "/proc/version")
+    assert_user_error(res, "/proc/version: key '--trace': cannot keep a copy of /proc/version",
+                      "choose an output path in a folder you can write to")
