@@ -87,7 +87,25 @@ def _model(job: JobReader, raw: RawScenario) -> dict[str, Any] | None:
     origin = job.origin("model.flavor")
     for field, value in fields.items():
         raw.set(f"model.{field}", value, origin)
+    _norm_type(job, raw)
     return {**fields, "model": name}
+
+
+def _norm_type(job: JobReader, raw: RawScenario) -> None:
+    """[model] norm_type of the 2024 TorchTitan releases (torchtitan/models/norms.py build_norm): 'rmsnorm' is
+    TorchTitan's own RMSNorm, the composite aten chain run eagerly (x.float(), pow, mean, rsqrt, products, cast:
+    KernelSpec.rms_norm_kernel 'composite'); 'fused_rmsnorm' its Triton kernel and 'compiled_rmsnorm' a compiled
+    one, one kernel a direction; 'layernorm' / 'np_layernorm' nn.LayerNorm without bias (with / without weight).
+    Later releases build nn.RMSNorm and have no such key: PyTorch's fused kernel since 2.8."""
+    key = "model.norm_type"
+    if not job.has(key):
+        return
+    kind = job.choice(key, "rmsnorm", ("rmsnorm", "fused_rmsnorm", "compiled_rmsnorm", "layernorm",
+                                       "np_layernorm"))
+    if kind == "rmsnorm":
+        raw.set("training.kernels.rms_norm_kernel", "composite", job.origin(key))
+    elif kind.endswith("layernorm") and kind != "fused_rmsnorm":
+        raw.set("model.norm", "layernorm", job.origin(key))
 
 
 def _training(job: JobReader, raw: RawScenario, pp: int) -> None:

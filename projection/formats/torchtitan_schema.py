@@ -22,7 +22,8 @@ KNOWN_SECTIONS = frozenset({
     "experimental", "validation", "debug", "primus_turbo",
 })
 STRICT_KEYS: dict[str, frozenset[str]] = {
-    "model": frozenset({"name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"}),
+    "model": frozenset({"name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion",
+                        "norm_type"}),
     "training": frozenset({
         "dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
         "enable_cpu_offload", "dtype", "mixed_precision_param", "mixed_precision_reduce", "gc_freq", "gc_debug",

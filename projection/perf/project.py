@@ -181,9 +181,9 @@ def _unmodelled(sc: Scenario) -> list[str]:
                      + (" (float8 converters keep fp32 master weights and outputs there, which is not modelled: "
                         "priced with bf16 mixed precision)" if fp8_no_amp else ""))
     if k.compiled:
-        notes.append("torch.compile: memory follows the compiled blocks' saved tensors, but the blocks' kernels and "
-                     "host launches are priced as eager PyTorch's (compile fuses the memory-bound ops and launches "
-                     "fewer kernels); a compiled loss is priced as a fused one")
+        notes.append("torch.compile: memory follows the compiled blocks' saved tensors, and each norm, RoPE and "
+                     "activation is priced as one fused kernel a direction (uncompiled, TorchTitan's blocks run them "
+                     "aten call by call: projection/workload/ops_eager.py); a compiled loss is priced as a fused one")
     if (off.activation_modules or off.activation_layers or off.optimizer or off.fsdp_params) \
             and not sc.cluster.device.host_link_bytes_per_s:
         notes.append(f"offload copies not priced: device '{sc.cluster.device.name}' has no host_link_bytes_per_s")

@@ -169,7 +169,15 @@ class KernelSpec(Spec):
     compiled: bool = Field(
         False, description="torch.compile of the decoder blocks (TorchTitan [compile] enable with the 'model' "
         "component; set by the TorchTitan loaders): the min-cut partitioner recomputes the SwiGLU's SiLU output "
-        "instead of saving it (tests/oracle/test_memory_torchtitan_compile.py); kernels are priced as eager ones")
+        "instead of saving it (tests/oracle/test_memory_torchtitan_compile.py), and each elementwise chain (norm, "
+        "RoPE, SwiGLU) is one kernel a direction; uncompiled, TorchTitan's blocks run them aten call by call "
+        "(projection/workload/ops_eager.py)")
+    rms_norm_kernel: Literal["fused", "composite"] = Field(
+        "fused", description="the kernels of PyTorch's eager RMSNorm (torch.nn.RMSNorm / F.rms_norm), where "
+        "TorchTitan's blocks run uncompiled: 'fused' = one `_fused_rms_norm` kernel a direction (PyTorch 2.8 and "
+        "later, pytorch/pytorch#153666), 'composite' = the aten chain of earlier releases and of TorchTitan's own 2024 "
+        "RMSNorm (upcast, pow, mean, add, rsqrt, two products, cast: 8 kernels forward, 17 backward; "
+        "projection/workload/ops_eager.py). Other layer implementations and compiled blocks are not affected")
     gqa_native_attention: bool = Field(
         False, description="the attention kernel takes K and V with their own (fewer) heads, so TorchTitan's "
         "repeat_kv copies are not made: Primus-Turbo's flash attention patched into TorchTitan's Llama models "

@@ -45,6 +45,7 @@ from projection.workload.ops_base import (
     pointwise,
     tp_exit,
 )
+from projection.workload.ops_eager import eager_cross_entropy, norm
 from projection.workload.ops_mlp import ffn_pieces
 from projection.workload.stages import StageSlot, split_stages
 
@@ -91,8 +92,7 @@ def mtp_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, depth:
                    (coll(f"{pre}.eh_proj.rs", "I", "reduce_scatter", t * h * d.act_bytes, "tp"),)) if d.tp > 1 \
         else Piece("mtp", (), ())
     head = [*_embedding_pieces(model, d, f"{pre}.embedding"),
-            pointwise(f"{pre}.enorm", d, d.tokens_sp * h, d.tokens_sp * h, "mtp", fn=d.norm, width=h),
-            pointwise(f"{pre}.hnorm", d, d.tokens_sp * h, d.tokens_sp * h, "mtp", fn=d.norm, width=h),
+            norm(f"{pre}.enorm", d, d.tokens_sp, h, "mtp"), norm(f"{pre}.hnorm", d, d.tokens_sp, h, "mtp"),
             column_linear(f"{pre}.eh_proj", d, t, h // d.tp, 2 * h, dtype=d.act, tag="mtp"), gather]
     last = model.num_layers - 1
     layer = [_prefixed(p, pre) for p in _layer_pieces(model, d, last)]
@@ -161,13 +161,17 @@ def _output_pieces(model: ModelSpec, training: TrainingSpec, d: Dims, name: str)
     # (read, written) bytes of forward and backward
     (f_r, f_w), (b_r, b_w) = ((e * ab, 3 * t * 4), (e * ab, e * ab)) if training.fused_loss else \
         ((e * ab + 2 * e * 4, 2 * e * 4), (e * 4, e * ab))
-    loss_f = mem(f"{name}.loss", "F", f_r, f_w, d.act, fn="cross_entropy", rows=t, width=v)
-    loss_b = mem(f"{name}.loss.bwd", "I", b_r, b_w, d.act, fn="cross_entropy", rows=t, width=v)
+    loss_f: tuple[Op, ...] = (mem(f"{name}.loss", "F", f_r, f_w, d.act, fn="cross_entropy", rows=t, width=v),)
+    loss_b: tuple[Op, ...] = (mem(f"{name}.loss.bwd", "I", b_r, b_w, d.act, fn="cross_entropy", rows=t, width=v),)
+    if d.torchtitan and not training.fused_loss and d.tp == 1:
+        # TorchTitan's uncompiled cross_entropy(pred.float(), labels), aten call by call (ops_eager); under TP its
+        # loss_parallel runs the vocabulary-parallel form priced above
+        loss_f, loss_b = eager_cross_entropy(f"{name}.loss", d, t, v)
     reduce = (coll(f"{name}.loss.ar", "F", "all_reduce", t * 4, "tp", count=3),) if d.tp > 1 else ()
-    return [pointwise(f"{name}.norm", d, d.tokens_sp * h, d.tokens_sp * h, "layernorm", fn=d.norm, width=h),
+    return [norm(f"{name}.norm", d, d.tokens_sp, h, "layernorm"),
             column_linear(name, d, t, model.padded_vocab(d.tp) // d.tp, h, tag="output",
                           dtype="fp8" if training.fp8 is not None and training.fp8.converts("output") else d.act),
-            Piece("loss", (loss_f, *reduce), (loss_b,))]
+            Piece("loss", (*loss_f, *reduce), loss_b)]
 
 
 def _recompute_mode(model: ModelSpec, plan: ParallelPlan, layer_index: int) -> str | frozenset[str]:

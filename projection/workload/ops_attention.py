@@ -36,6 +36,7 @@ from projection.workload.ops_base import (
     row_linear,
     tp_enter,
 )
+from projection.workload.ops_eager import input_grad_adds, norm, rope
 
 
 def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str = "attn.core",
@@ -159,12 +160,15 @@ def gqa_attention(model: ModelSpec, d: Dims, window: int | None = None) -> list[
     row-parallel output projection. KV heads are split over TP, or replicated when fewer than TP (Megatron)."""
     hd, h, t = model.head_dim_, d.h, d.tokens
     heads, kv = model.num_attention_heads // d.tp, max(1, model.kv_heads // d.tp)
-    pieces = [column_linear("attn.qkv", d, t, (heads + 2 * kv) * hd, h, tag="attn")]
+    # TorchTitan's wq, wk and wv are linears of their own on one input (ops_eager.input_grad_adds)
+    pieces = [input_grad_adds("attn.qkv", d, t * h, 2 if d.torchtitan else 0, "attn"),
+              column_linear("attn.qkv", d, t, (heads + 2 * kv) * hd, h, tag="attn")]
     if model.position_embedding == "rope":
-        pieces.append(pointwise("attn.rope", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn"))
-    if model.qk_norm:
-        pieces.append(pointwise("attn.qk_norm", d, t * (heads + kv) * hd, t * (heads + kv) * hd, "attn", fn=d.norm,
-                                width=hd))
+        pieces.append(rope("attn.rope", d, t * heads * hd, t * kv * hd, hd, "attn"))
+    if model.qk_norm and d.rms_composite:  # TorchTitan's q_norm and k_norm, each its own chain of kernels
+        pieces += [norm("attn.q_norm", d, t * heads, hd, "attn"), norm("attn.k_norm", d, t * kv, hd, "attn")]
+    elif model.qk_norm:
+        pieces.append(norm("attn.qk_norm", d, t * (heads + kv), hd, "attn"))
     if d.repeat_kv and kv < heads:
         # repeat_kv: K and V copied to every local query head (a copy forward; backward sums the copies' gradients),
         # so the attention kernel and torch's context-parallel exchanges move the query heads' K/V
@@ -242,6 +246,5 @@ def _latent_gather(d: Dims, width: int) -> Piece:
 
 def attention_pieces(model: ModelSpec, d: Dims, layer_index: int = 0) -> list[Piece]:
     """Input norm, self-attention and the residual add of decoder layer `layer_index`."""
-    norm = pointwise("attn.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm", fn=d.norm, width=d.h)
     body = mla_attention(model, d) if model.mla is not None else gqa_attention(model, d, model.window_of(layer_index))
-    return [norm, *body, residual("attn.residual", d)]
+    return [norm("attn.norm", d, d.tokens_sp, d.h, "layernorm"), *body, residual("attn.residual", d)]

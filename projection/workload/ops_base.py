@@ -155,6 +155,11 @@ class Dims:
     # eager TorchTitan copies K and V to every query head before SDPA (torchtitan models/llama3/model/model.py
     # `repeat_kv`), unless an attention kernel takes GQA as it is (KernelSpec.gqa_native_attention)
     repeat_kv: bool = False
+    # TorchTitan's modules (separate linears, complex RoPE, cross_entropy on upcast logits), and whether they run
+    # eagerly, each elementwise aten call a kernel (ops_eager); with the composite RMSNorm of PyTorch < 2.8
+    torchtitan: bool = False
+    eager: bool = False
+    rms_composite: bool = False
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -162,6 +167,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
     sp = plan.sp_
     act = training.params_dtype
     fp8 = training.fp8
+    titan = training.kernels.transformer_impl == "torchtitan"
+    eager = titan and not training.kernels.compiled  # TorchTitan's blocks not compiled: aten call by call
     return Dims(b=training.micro_batch_size, s=training.seq_length, h=model.hidden_size, tp=plan.tp, cp=plan.cp,
                 sp=sp, ep=plan.ep, etp=plan.etp_, tokens=tokens, tokens_sp=tokens // plan.tp if sp else tokens,
                 act=act, act_bytes=DTYPE_BYTES[act], gemm="fp8" if fp8 is not None else act,
@@ -187,7 +194,9 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 unfused_permute=training.kernels.moe_permute_fusion is False, cp_exchange=cp_exchange(plan),
                 cp_a2a=cp_a2a_size(plan),
                 repeat_kv=training.kernels.transformer_impl == "torchtitan"
-                and not training.kernels.gqa_native_attention)
+                and not training.kernels.gqa_native_attention,
+                torchtitan=titan, eager=eager,
+                rms_composite=eager and training.kernels.rms_norm_kernel == "composite")
 
 
 def cp_a2a_size(plan: ParallelPlan, layer_index: int = 0) -> int:

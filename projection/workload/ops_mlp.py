@@ -33,17 +33,19 @@ from projection.workload.ops_base import (
     join,
     linear,
     mem,
-    pointwise,
     residual,
     row_linear,
 )
+from projection.workload.ops_eager import activation, input_grad_adds, norm
 
 
 def dense_mlp(model: ModelSpec, d: Dims, ffn: int, name: str = "mlp", tag: str = "mlp") -> Piece:
     branches = 2 if model.gated_mlp else 1
     f, t, h = ffn // d.tp, d.tokens, d.h
-    return join(tag, column_linear(f"{name}.fc1", d, t, branches * f, h, tag=tag),
-                pointwise(f"{name}.act", d, t * branches * f, t * f, tag, fn=d.act_fn, width=f),
+    # TorchTitan's w1 and w3 are linears of their own on one input (ops_eager.input_grad_adds)
+    return join(tag, input_grad_adds(f"{name}.fc1", d, t * h, branches - 1 if d.torchtitan else 0, tag),
+                column_linear(f"{name}.fc1", d, t, branches * f, h, tag=tag),
+                activation(f"{name}.act", d, t, f, tag),
                 row_linear(f"{name}.fc2", d, t, h, f, tag=tag))
 
 
@@ -89,8 +91,9 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
     router = [linear("moe.router", d, tl, e, h, dtype=d.act, tag="moe"),
               Piece("moe", (mem(ROUTER_TOPK, "F", tl * e * 4, tl * e * 4 + moe.top_k * tl * 8, "fp32", "moe"),),
                     (mem("moe.router.topk.bwd", "I", 2 * tl * e * 4, tl * e * 4, "fp32", "moe"),))]
-    experts = [grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
-               pointwise("moe.act", d, rows * branches * fe, rows * fe, "moe_act", fn=d.act_fn, width=fe),
+    experts = [input_grad_adds("moe.fc1", d, rows * h, branches - 1 if d.torchtitan else 0, "moe"),
+               grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
+               activation("moe.act", d, rows, fe, "moe_act"),
                grouped_linear("moe.fc2", d, local, rows, h, fe, "moe")]
     if d.sequential_experts:
         experts = [_per_expert(p, local) for p in experts]
@@ -212,6 +215,5 @@ def _exchange(name: str, d: Dims, a2a_bytes: float, etp_bytes: float, combine: b
 
 def ffn_pieces(model: ModelSpec, d: Dims, layer_index: int) -> list[Piece]:
     """Pre-MLP norm, the dense MLP or MoE block of decoder layer `layer_index`, and the residual add."""
-    norm = pointwise("mlp.norm", d, d.tokens_sp * d.h, d.tokens_sp * d.h, "layernorm", fn=d.norm, width=d.h)
     body = moe_pieces(model, d) if model.is_moe_layer(layer_index) else [dense_mlp(model, d, model.ffn_hidden_size)]
-    return [norm, *body, residual("mlp.residual", d)]
+    return [norm("mlp.norm", d, d.tokens_sp, d.h, "layernorm"), *body, residual("mlp.residual", d)]

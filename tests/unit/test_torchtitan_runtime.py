@@ -83,3 +83,23 @@ def test_primus_turbo_attention_takes_kv_without_repeat() -> None:
     qwen = _cfg(**on)
     qwen["model"] = {"name": "qwen3", "flavor": "0.6B"}
     assert not _raw(qwen).get("training.kernels.gqa_native_attention")
+
+
+@pytest.mark.parametrize(("norm_type", "kernel", "norm"), [
+    (None, None, "rmsnorm"),  # releases without the key: nn.RMSNorm, PyTorch's fused kernel
+    ("rmsnorm", "composite", "rmsnorm"),  # TorchTitan's own eager RMSNorm of 2024
+    ("fused_rmsnorm", None, "rmsnorm"),  # its Triton kernel
+    ("np_layernorm", None, "layernorm"),
+])
+def test_norm_type_of_the_2024_releases(norm_type: str | None, kernel: str | None, norm: str) -> None:
+    """[model] norm_type (torchtitan/models/norms.py build_norm of 2024) is read, not refused as an unknown key: the
+    eager 'rmsnorm' runs the composite chain of kernels (projection/workload/ops_eager.py)."""
+    raw = _raw(_cfg(model={"norm_type": norm_type}) if norm_type else _cfg())
+    assert raw.get("training.kernels.rms_norm_kernel") == kernel
+    assert raw.get("model.norm") == norm
+
+
+def test_unknown_norm_type_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        _raw(_cfg(model={"norm_type": "batchnorm"}))
+    assert "model.norm_type" in str(err.value) and "fused_rmsnorm" in str(err.value)

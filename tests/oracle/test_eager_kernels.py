@@ -1,0 +1,164 @@
+"""Eager TorchTitan's elementwise chains (projection/workload/ops_eager.py) against the aten calls PyTorch makes.
+
+Each chain is run the way TorchTitan's model code writes it, on the CPU at the scenario's shapes and dtype, forward
+and backward, under a TorchDispatchMode that records every aten call that is not a view: one call is one kernel
+(on a GPU too: the calls and their tensors do not depend on the device). A call reads its tensor inputs (a broadcast
+input only its own storage, e.g. the RoPE table and the row statistics) and writes its outputs. nll_loss is the one
+call whose kernel reads less than its inputs: it reads one log-probability per row and the labels, not the whole
+log-probability matrix it is given (aten/src/ATen/native/cuda/Loss.cu), and its backward only the labels and
+scalars. The projected ops of each chain must equal the recorded kernels in number and in bytes read and written,
+in each direction. The norms run through `F.rms_norm`, whose CPU build is the composite chain PyTorch ran on CUDA
+before 2.8 (and which TorchTitan's own RMSNorm of 2024 runs too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from projection import api  # noqa: E402
+from projection.workload.ops import layer_ops, output_ops  # noqa: E402
+from projection.workload.ops_base import Op  # noqa: E402
+
+B, S, H, HEADS, KV, FFN, VOCAB = 2, 16, 64, 4, 2, 96, 80
+HD = H // HEADS
+
+CONFIG = """\
+model: {{name: tiny, num_layers: 1, hidden_size: {h}, num_attention_heads: {heads}, num_kv_heads: {kv},
+        ffn_hidden_size: {ffn}, vocab_size: {vocab}, norm: rmsnorm, gated_mlp: true, activation: silu,
+        position_embedding: rope, tie_embeddings: false}}
+training: {{seq_length: {s}, micro_batch_size: {b}, global_batch_size: {b}, params_dtype: {dtype},
+           kernels: {{transformer_impl: torchtitan, rms_norm_kernel: composite}}}}
+plan: {{tp: 1}}
+cluster: {{hardware: h100-sxm, nodes: 1, gpus_per_node: 1}}
+"""
+
+
+class Kernels(TorchDispatchMode):
+    """(aten call, bytes read, bytes written) of every call that is not a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func.is_view:
+            return out
+        name = func.__name__.split(".")[0]
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if name == "nll_loss_forward":  # the labels and one log-probability a row (module docstring)
+            read = inputs[1].nbytes + inputs[1].numel() * inputs[0].element_size()
+        elif name == "nll_loss_backward":  # grad_output, the labels and total_weight; self gives the shape only
+            read = sum(t.nbytes for i, t in enumerate(inputs) if i != 1)
+        else:
+            read = sum(min(t.nbytes, t.untyped_storage().nbytes()) for t in inputs)
+        written = sum(t.nbytes for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        self.calls.append((name, read, written))
+        return out
+
+
+def _recorded(make: Callable[[], list[Any]], forward: Callable[..., Any]) -> dict[str, tuple[int, float, float]]:
+    """{'F': (kernels, read, written), 'I': ...} of `forward` on the tensors `make` returns, then its backward."""
+    leaves = make()
+    with Kernels() as fwd:
+        out = forward(*leaves)
+    seed = torch.ones_like(out)
+    with Kernels() as bwd:
+        out.backward(seed)
+    return {phase: (len(k.calls), float(sum(c[1] for c in k.calls)), float(sum(c[2] for c in k.calls)))
+            for phase, k in (("F", fwd), ("I", bwd))}
+
+
+def _projected(ops: list[Op]) -> dict[str, tuple[int, float, float]]:
+    return {phase: (sum(o.count for o in ops if o.phase == phase),
+                    sum(o.bytes_read * o.count for o in ops if o.phase == phase),
+                    sum(o.bytes_written * o.count for o in ops if o.phase == phase)) for phase in ("F", "I")}
+
+
+@pytest.fixture(params=["bf16", "fp32"])
+def job(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[list[Op], torch.dtype]:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(CONFIG.format(h=H, heads=HEADS, kv=KV, ffn=FFN, vocab=VOCAB, s=S, b=B, dtype=request.param),
+                    encoding="utf-8")
+    sc = api.load(path)
+    ops = [*layer_ops(sc.model, sc.training, sc.plan, 0), *output_ops(sc.model, sc.training, sc.plan)]
+    return ops, {"bf16": torch.bfloat16, "fp32": torch.float32}[request.param]
+
+
+def _chain(ops: list[Op], prefix: str) -> list[Op]:
+    return [o for o in ops if o.name.startswith(prefix + ".") and o.kind == "memory_bound"]
+
+
+def _leaf(*shape: int, dtype: torch.dtype) -> Any:
+    return torch.randn(*shape, dtype=dtype).requires_grad_()
+
+
+def test_rms_norm_is_the_composite_chain(job: tuple[list[Op], torch.dtype]) -> None:
+    ops, dt = job
+    got = _recorded(lambda: [_leaf(B, S, H, dtype=dt), _leaf(H, dtype=dt)],
+                    lambda x, w: F.rms_norm(x, (H,), w, 1e-6))
+    assert _projected(_chain(ops, "attn.norm")) == got
+    assert _projected(_chain(ops, "output.norm")) == got
+
+
+def test_rope_is_torchtitans_complex_product(job: tuple[list[Op], torch.dtype]) -> None:
+    ops, dt = job
+    angles = torch.outer(torch.arange(S).float(), torch.rand(HD // 2))
+    table = torch.polar(torch.ones_like(angles), angles).view(1, S, 1, HD // 2)  # freqs_cis, made once
+
+    def rotate(x: Any) -> Any:
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * table).flatten(3).type_as(x)
+
+    got = _recorded(lambda: [_leaf(B, S, HEADS, HD, dtype=dt), _leaf(B, S, KV, HD, dtype=dt)],
+                    lambda q, k: torch.cat([rotate(q).flatten(), rotate(k).flatten()]))
+    cat = B * S * (HEADS + KV) * HD * (2 if dt == torch.bfloat16 else 4)  # the test's own join, not TorchTitan's
+    got = {"F": (got["F"][0] - 1, got["F"][1] - cat, got["F"][2] - cat), "I": got["I"]}
+    assert _projected(_chain(ops, "attn.rope")) == got
+
+
+def test_swiglu_and_the_separate_linears_input_gradients(job: tuple[list[Op], torch.dtype]) -> None:
+    ops, dt = job
+    got = _recorded(lambda: [_leaf(B * S, FFN, dtype=dt), _leaf(B * S, FFN, dtype=dt)],
+                    lambda a, b: F.silu(a) * b)
+    assert _projected(_chain(ops, "mlp.act")) == got
+    # wq, wk, wv on one input: autograd sums the three input gradients (the adds among the backward's calls)
+    wq, wk, wv = (torch.nn.Linear(H, n * HD, bias=False).to(dt) for n in (HEADS, KV, KV))
+    x = _leaf(B * S, H, dtype=dt)
+    out = torch.cat([wq(x), wk(x), wv(x)], dim=-1)
+    with Kernels() as bwd:
+        out.backward(torch.ones_like(out))
+    adds = [c for c in bwd.calls if c[0] == "add"]
+    assert _projected(_chain(ops, "attn.qkv"))["I"] == (len(adds), float(sum(c[1] for c in adds)),
+                                                        float(sum(c[2] for c in adds))) and len(adds) == 2
+
+
+def test_loss_is_cross_entropy_on_upcast_logits(job: tuple[list[Op], torch.dtype]) -> None:
+    ops, dt = job
+    labels = torch.randint(0, VOCAB, (B * S,))
+    got = _recorded(lambda: [_leaf(B, S, VOCAB, dtype=dt)],
+                    lambda logits: F.cross_entropy(logits.flatten(0, 1).float(), labels))
+    assert _projected(_chain(ops, "output.loss")) == got
+
+
+def test_compiled_blocks_keep_one_kernel_a_direction(tmp_path: Path) -> None:
+    """torch.compile (KernelSpec.compiled) fuses the chains: one norm, RoPE and activation kernel a direction, no
+    separate input-gradient adds."""
+    path = tmp_path / "tiny.yaml"
+    text = CONFIG.format(h=H, heads=HEADS, kv=KV, ffn=FFN, vocab=VOCAB, s=S, b=B, dtype="bf16")
+    path.write_text(text.replace("rms_norm_kernel: composite", "rms_norm_kernel: composite, compiled: true"),
+                    encoding="utf-8")
+    sc = api.load(path)
+    ops = list(layer_ops(sc.model, sc.training, sc.plan, 0))
+    for prefix in ("attn.norm", "attn.rope", "mlp.act"):
+        assert [o.phase for o in ops if o.name.split(".bwd")[0] == prefix] == ["F", "I"], prefix
+    assert not [o for o in ops if ".dgrad_add" in o.name]
