@@ -143,6 +143,14 @@ def _training(job: JobReader, raw: RawScenario, pp: int) -> None:
     name = str(job.get("optimizer.name", "AdamW"))
     if name.lower() in ("adam", "adamw"):  # torchtitan build_optimizers: Adam / AdamW
         raw.set(f"{opt}.name", name.lower(), job.origin("optimizer.name"))
+        # build_optimizers passes fused / foreach: [optimizer] implementation (default 'fused'), or in the 2024
+        # releases optimizer.fused (default false: foreach = not fused)
+        if job.has("optimizer.implementation"):
+            way = job.choice("optimizer.implementation", "fused", ("fused", "foreach", "for-loop"))
+            raw.set(f"{opt}.implementation", way, job.origin("optimizer.implementation"))
+        elif job.has("optimizer.fused"):
+            fused = job.flag("optimizer.fused", False)
+            raw.set(f"{opt}.implementation", "fused" if fused else "foreach", job.origin("optimizer.fused"))
     else:
         job.problem("optimizer.name", f"optimizer {name!r} is not a TorchTitan optimizer", "use AdamW or Adam")
 

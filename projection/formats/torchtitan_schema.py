@@ -47,7 +47,8 @@ STRICT_KEYS: dict[str, frozenset[str]] = {
         "visualize_memory_budget_pareto", "preserve_rng_state", "determinism_check", "debug",
     }),
     "optimizer": frozenset({"name", "lr", "beta1", "beta2", "eps", "weight_decay", "implementation",
-                            "early_step_in_backward"}),
+                            "early_step_in_backward",
+                            "fused"}),  # 2024 releases
 }
 # torch.distributed.pipelining schedule names (matched case-insensitively, as get_schedule_class does) ->
 # (canonical schedule, multi-stage). LoopedBFS (breadth-first looped) is gpipe with vpp = stages per rank.

@@ -45,13 +45,17 @@ from projection.perf.dp import buckets, is_bucketed
 from projection.perf.placement import world_placement
 from projection.perf.stage_params import stage_params
 from projection.specs.scenario import Scenario
-from projection.specs.training import DTYPE_BYTES
+from projection.specs.training import DTYPE_BYTES, OptimizerSpec
 from projection.workload.ops import Op
 from projection.workload.stages import split_stages
 
 ADAM_TENSORS_PER_LAUNCH = 36
 L2NORM_TENSORS_PER_LAUNCH = 110
 COPY_TENSORS_PER_LAUNCH = 64
+# torch's multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh): at most depth_to_max_tensors[lists - 1]
+# tensors and 320 blocks of 65536 elements per launch
+FOREACH_TENSORS = {1: 110, 2: 64, 3: 48}
+FOREACH_ELEMENTS = 320 * 65536
 # Per gradient tensor: count_nonzero (on CUDA a compare and a sum: ATen ReduceOps.cpp count_nonzero_cuda computes
 # (self != 0).sum()), the rsub of numel and the add into the total; tests/oracle/test_op_bytes.py checks the three
 # dispatched ops.
@@ -109,8 +113,14 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     if plan.offload.optimizer and cpu > 0.0 and link:  # the CPU share's gradients out, its parameters back
         items += [blocking("optimizer", updated * cpu * grad_b / link),
                   blocking("optimizer", updated * cpu * master_b / link)]
-    memory("adam", on_gpu * (grad_b + master_b + moments_b), on_gpu * (master_b + moments_b),
-           math.ceil(tensors / ADAM_TENSORS_PER_LAUNCH))
+    if opt.implementation != "fused" and opt.name in ("adam", "adamw"):
+        for name, read, written, lists in foreach_adam(opt, master_b):
+            launches = tensors if opt.implementation == "for-loop" else \
+                max(math.ceil(tensors / FOREACH_TENSORS[lists]), math.ceil(on_gpu / FOREACH_ELEMENTS))
+            memory(f"adam.{name}", on_gpu * read, on_gpu * written, launches)
+    else:
+        memory("adam", on_gpu * (grad_b + master_b + moments_b), on_gpu * (master_b + moments_b),
+               math.ceil(tensors / ADAM_TENSORS_PER_LAUNCH))
     if mixed and not (zero == 3 and plan.sharding.fsdp == "torch_fsdp2"):
         looped = training.params_dtype == "bf16" or zero in (1, 2)
         memory("copy_main_to_model", updated * master_b, updated * param_b,
@@ -119,6 +129,19 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
         memory("params_norm", updated * master_b, 0.0, math.ceil(tensors / L2NORM_TENSORS_PER_LAUNCH))
         items += [blocking("optimizer", norm_s), blocking("optimizer", norm_s), sync()]
     return items
+
+
+def foreach_adam(opt: OptimizerSpec, param_b: int) -> list[tuple[str, float, float, int]]:
+    """(pass, bytes read, bytes written per updated element, tensor lists) of torch.optim's foreach Adam / AdamW
+    (torch/optim/adam.py _multi_tensor_adam, capturable off: the step counts stay on the host, so their
+    _foreach_add_ and the bias corrections are host work): weight decay (AdamW: params *= 1 - lr wd; Adam:
+    grads + wd params, a new gradient list), exp_avg lerp towards the gradient, exp_avg_sq scaled then addcmul of the
+    gradient with itself (read twice), its sqrt into a new list, divided and shifted in place, and the addcdiv into the
+    parameters. TorchTitan's weight decay is 0.1 by default; the oracle is tests/oracle/test_eager_kernels.py."""
+    g, m, v = DTYPE_BYTES[opt.main_grads_dtype], DTYPE_BYTES[opt.exp_avg_dtype], DTYPE_BYTES[opt.exp_avg_sq_dtype]
+    decay = ("decay_mul_", param_b, param_b, 1) if opt.name == "adamw" else ("decay_add", g + param_b, g, 3)
+    return [decay, ("lerp_", m + g, m, 2), ("scale_", v, v, 1), ("addcmul_", v + 2 * g, v, 3), ("sqrt", v, v, 2),
+            ("div_", v, v, 1), ("add_", v, v, 1), ("addcdiv_", param_b + m + v, param_b, 3)]
 
 
 def shard_tensors(tensors: int, n_buckets: int, d: int) -> float:

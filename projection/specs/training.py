@@ -133,6 +133,11 @@ class OptimizerSpec(Spec):
     exp_avg_dtype: DType = "fp32"
     exp_avg_sq_dtype: DType = "fp32"
     precision_aware: bool = False
+    implementation: Literal["fused", "foreach", "for-loop"] = Field(
+        "fused", description="how Adam / AdamW update: 'fused' = one multi-tensor kernel (Megatron's, torch's "
+        "fused=True), 'foreach' = torch.optim's _foreach_* passes, one per line of the update (TorchTitan's "
+        "[optimizer] implementation = 'foreach', and its default before 2025, optimizer.fused = false), "
+        "'for-loop' = the same passes tensor by tensor (projection/perf/optimizer.py foreach_adam)")
 
     @property
     def num_moments(self) -> int:

@@ -23,7 +23,7 @@ MEMORY_LIMIT = 0.10
 _H100 = ("; the runs' H100s are 96 GB HBM2e parts at the default 500 W power limit, projected as the 700 W HBM3 "
          "h100-sxm (the A100 rows of the same file, projected on their own part, come out +12 % fast)")
 _COMPILE = ("; the compile gain is priced (eager TorchTitan's norms, RoPE, SwiGLU and loss kernel by kernel, "
-            "compiled blocks as fused kernels: projection/workload/ops_eager.py): +19.2 % in the projection, +15.7 % "
+            "compiled blocks as fused kernels: projection/workload/ops_eager.py): +19.0 % in the projection, +15.7 % "
             "measured (T3 +19.3 / +16.2 %)")
 _EAGER_FP8 = "; Float8 on the compiled blocks" + _H100
 _PP = "; the pipeline split and microbatches are assumed (TorchTitan's defaults of the period, see the TOML)"
@@ -31,32 +31,32 @@ _CP = ("; with 32k tokens per GPU in every row, the measured throughput falls 1.
        "CP 2 / 4 / 8, the projected 1.6x / 2.9x / 5.4x")
 
 PERFORMANCE: dict[str, str | None] = {
-    "T1 8B fsdp8": "projected 7,513.9 tokens/s/GPU (2.180 s per step) against 5,762 measured: +30.4 %" + _H100,
-    "T1 8B fsdp8 compile": "projected 8,957.9 tokens/s/GPU (1.829 s) against 6,667 measured: +34.4 %" + _COMPILE,
-    "T1 8B fsdp8 compile fp8": "projected 10,810.3 tokens/s/GPU (1.516 s) against 8,532 measured: +26.7 %" + _EAGER_FP8,
-    "T2 8B fsdp8 cp1 32k": "projected 5,342.6 tokens/s/GPU (6.133 s) against 3,890 measured: +37.3 %" + _H100,
-    "T2 8B fsdp4 cp2 64k": "projected 3,247.8 tokens/s/GPU (10.089 s) against 2,540 measured: +27.9 %" + _CP,
-    "T2 8B fsdp2 cp4 128k": "projected 1,839.3 tokens/s/GPU (17.815 s) against 1,071 measured: +71.7 %" + _CP,
-    "T2 8B fsdp1 cp8 256k": "projected 983.9 tokens/s/GPU (33.305 s) against 548 measured: +79.5 %" + _CP,
-    "T3 8B fsdp128": "projected 7,539.6 tokens/s/GPU (2.173 s) against 5,605 measured: +34.5 %" + _H100,
-    "T3 8B fsdp128 compile": "projected 8,994.4 tokens/s/GPU (1.822 s) against 6,514 measured: +38.1 %" + _COMPILE,
-    "T3 8B fsdp128 compile fp8": ("projected 10,864.0 tokens/s/GPU (1.508 s) against 8,380 measured: +29.6 %"
+    "T1 8B fsdp8": "projected 7,448.2 tokens/s/GPU (2.200 s per step) against 5,762 measured: +29.3 %" + _H100,
+    "T1 8B fsdp8 compile": "projected 8,864.6 tokens/s/GPU (1.848 s) against 6,667 measured: +33.0 %" + _COMPILE,
+    "T1 8B fsdp8 compile fp8": "projected 10,674.8 tokens/s/GPU (1.535 s) against 8,532 measured: +25.1 %" + _EAGER_FP8,
+    "T2 8B fsdp8 cp1 32k": "projected 5,325.9 tokens/s/GPU (6.153 s) against 3,890 measured: +36.9 %" + _H100,
+    "T2 8B fsdp4 cp2 64k": "projected 3,241.6 tokens/s/GPU (10.109 s) against 2,540 measured: +27.6 %" + _CP,
+    "T2 8B fsdp2 cp4 128k": "projected 1,837.3 tokens/s/GPU (17.835 s) against 1,071 measured: +71.6 %" + _CP,
+    "T2 8B fsdp1 cp8 256k": "projected 983.3 tokens/s/GPU (33.324 s) against 548 measured: +79.4 %" + _CP,
+    "T3 8B fsdp128": "projected 7,535.6 tokens/s/GPU (2.174 s) against 5,605 measured: +34.4 %" + _H100,
+    "T3 8B fsdp128 compile": "projected 8,988.7 tokens/s/GPU (1.823 s) against 6,514 measured: +38.0 %" + _COMPILE,
+    "T3 8B fsdp128 compile fp8": ("projected 10,855.7 tokens/s/GPU (1.509 s) against 8,380 measured: +29.5 %"
                                   + _EAGER_FP8),
-    "T4 70B fsdp32 tp8": None,  # +19.0 % (986.3 projected, 829 measured), 2026-11-30
-    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,169.7 tokens/s/GPU (14.007 s) against 876 measured: +33.5 %; async TP "
+    "T4 70B fsdp32 tp8": None,  # +18.9 % (985.9 projected, 829 measured), 2026-11-30
+    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,169.3 tokens/s/GPU (14.012 s) against 876 measured: +33.5 %; async TP "
                                   "gains 18.6 % in the projection and 5.7 % in the measurement" + _H100),
-    "T5 405B 3D 1F1B": "projected 145.3 tokens/s/GPU (28.181 s) against 100 measured: +45.3 %" + _PP + _H100,
-    "T5 405B 3D interleaved": ("projected 225.5 tokens/s/GPU (18.160 s) against 128 measured: +76.2 %; Interleaved "
+    "T5 405B 3D 1F1B": "projected 145.3 tokens/s/GPU (28.196 s) against 100 measured: +45.3 %" + _PP + _H100,
+    "T5 405B 3D interleaved": ("projected 225.4 tokens/s/GPU (18.175 s) against 128 measured: +76.1 %; Interleaved "
                                "1F1B gains 55 % over 1F1B in the projection and 28 % in the measurement" + _PP),
-    "T6 405B 4D fsdp8 cp1 32k": "projected 105.3 tokens/s/GPU (38.910 s) against 76 measured: +38.5 %" + _PP + _H100,
-    "T6 405B 4D fsdp4 cp2 64k": "projected 73.3 tokens/s/GPU (55.867 s) against 47 measured: +56.0 %" + _PP,
-    "T6 405B 4D fsdp2 cp4 128k": "projected 47.1 tokens/s/GPU (86.880 s) against 31 measured: +52.1 %" + _PP,
-    "T6 405B 4D fsdp1 cp8 256k": "projected 25.5 tokens/s/GPU (160.506 s) against 16 measured: +59.5 %" + _PP,
+    "T6 405B 4D fsdp8 cp1 32k": "projected 105.2 tokens/s/GPU (38.925 s) against 76 measured: +38.5 %" + _PP + _H100,
+    "T6 405B 4D fsdp4 cp2 64k": "projected 73.3 tokens/s/GPU (55.882 s) against 47 measured: +56.0 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "projected 47.1 tokens/s/GPU (86.895 s) against 31 measured: +52.1 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "projected 25.5 tokens/s/GPU (160.521 s) against 16 measured: +59.5 %" + _PP,
     # eager FSDP2 rows on the part they ran on, within the limit since the eager elementwise chains are priced
     # (2026-11-30; before: +26.6 / +29.0 / +20.1 %)
-    "A 8B fsdp64 sel layer": None,  # 3,254.4 projected, 2,904 measured: +12.1 %
-    "A 8B fsdp64 sel op": None,  # 3,328.1 projected, 2,973 measured: +11.9 %
-    "A 70B fsdp64 full": None,  # 369.8 projected, 331 measured: +11.7 %
+    "A 8B fsdp64 sel layer": None,  # 3,248.7 projected, 2,904 measured: +11.9 %
+    "A 8B fsdp64 sel op": None,  # 3,322.2 projected, 2,973 measured: +11.7 %
+    "A 70B fsdp64 full": None,  # 369.2 projected, 331 measured: +11.5 %
 }
 
 _FP8_MEM = ("; Float8 lowers the projection by 19 GiB against the compiled bf16 row while the measured reserved "

@@ -103,3 +103,17 @@ def test_unknown_norm_type_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
         _raw(_cfg(model={"norm_type": "batchnorm"}))
     assert "model.norm_type" in str(err.value) and "fused_rmsnorm" in str(err.value)
+
+
+@pytest.mark.parametrize(("optimizer", "implementation"), [
+    ({}, None),  # today's default: implementation = "fused"
+    ({"implementation": "foreach"}, "foreach"),
+    ({"implementation": "for-loop"}, "for-loop"),
+    ({"fused": False}, "foreach"),  # the 2024 releases: foreach = not fused
+    ({"fused": True}, "fused"),
+])
+def test_optimizer_implementation(optimizer: dict[str, Any], implementation: str | None) -> None:
+    """build_optimizers passes fused / foreach from [optimizer] implementation, or the 2024 optimizer.fused; the
+    foreach passes are priced one by one (projection/perf/optimizer.py foreach_adam)."""
+    raw = _raw(_cfg(optimizer=optimizer))
+    assert raw.get("training.optimizer.implementation") == implementation
