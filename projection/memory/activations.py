@@ -52,6 +52,7 @@ class Dims:
     eager: bool = False  # TorchTitan's eager modules (module docstring)
     compiled: bool = False  # ... compiled (KernelSpec.compiled): the SiLU output is recomputed, not saved
     repeat_kv: bool = True  # ... whose attention needs K and V copied to every query head (KernelSpec)
+    local_attn: bool = False  # Megatron-Core's own DotProductAttention (local spec), which repeats K and V
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -74,7 +75,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 dropout=training.dropout > 0, unfused=training.attention_backend == "unfused",
                 attn_dropout=training.attention_dropout_ > 0,
                 eager=training.kernels.transformer_impl == "torchtitan", compiled=training.kernels.compiled,
-                repeat_kv=not training.kernels.gqa_native_attention)
+                repeat_kv=not training.kernels.gqa_native_attention,
+                local_attn=training.kernels.transformer_impl == "local")
 
 
 def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
@@ -105,6 +107,12 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
             # repeat_kv: SDPA saves K and V copied to every local query head. With one local KV head its
             # expand + reshape merges a size-1 dim into the stride-0 one: a view of that head, nothing copied
             # (tests/oracle/test_memory_torchtitan_tp.py measures both at tp 2)
+            k_w = v_w = heads * d
+        elif D.local_attn and kv < heads:
+            # Megatron-Core's DotProductAttention: key/value.repeat_interleave(np / ng, dim=2) copies K and V to
+            # every local query head, and baddbmm / bmm save the copies (the query is a copy too, the fused qkv
+            # output, all-gathered when num_query_groups < tp, is freed): measured at tp 1, 2 and 4 in
+            # tests/oracle/test_memory_megatron_core_layers.py
             k_w = v_w = heads * d
     out["attn.qkv"] = e * T * (q_w + k_w + v_w)
     v_total = heads * (model.mla.v_head_dim if model.mla else model.head_dim_)

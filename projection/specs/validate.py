@@ -12,6 +12,7 @@ from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import runs_megatron
 from projection.specs.training import TrainingSpec
+from projection.specs.validate_gqa import kv_heads_problem
 from projection.specs.validate_kernels import kernel_problems
 from projection.workload.stages import LayoutError, layer_counts
 
@@ -110,9 +111,9 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
     if model.num_attention_heads % tp:
         bad("plan.tp", f"tp = {tp} does not divide num_attention_heads = {model.num_attention_heads}",
             f"use a tp that divides {model.num_attention_heads}")
-    if model.mla is None and model.kv_heads % tp:
-        bad("plan.tp", f"tp = {tp} does not divide the number of KV heads = {model.kv_heads}",
-            f"use a tp that divides {model.kv_heads} (or more KV heads)")
+    kv_problem = kv_heads_problem(raw.framework, model, training, plan)
+    if kv_problem is not None:
+        bad("plan.tp", *kv_problem)
     if model.moe is not None:
         if model.moe.num_experts % plan.ep:
             bad("plan.ep", f"ep = {plan.ep} does not divide num_experts = {model.moe.num_experts}",

@@ -155,6 +155,24 @@ def _cp_pieces(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int) -> tuple
                   (coll("attn.cp_ring.bwd", "I", "send_recv", 2 * chunk, "cp", count=cp - 1),)), none)
 
 
+def _qkv(model: ModelSpec, d: Dims) -> list[Piece]:
+    """The fused QKV column-parallel linear of MHA / GQA / MQA. With fewer query groups g than TP ranks,
+    Megatron-Core (transformer/attention.py SelfAttention.get_query_key_value_tensors, num_query_groups < tp) keeps
+    linear_qkv column-parallel over all (heads + 2 g) heads, (heads + 2 g) * hd / tp columns per rank, all-gathers
+    its output over TP along the last dim (all_gather_last_dim_from_tensor_parallel_region; its backward
+    reduce-scatters the gradient along that dim) and keeps heads / tp query heads of its group and the group's one
+    K and one V head (core attention: 1 KV head per rank)."""
+    hd, t, groups = model.head_dim_, d.tokens, model.kv_heads
+    if groups >= d.tp:
+        heads, kv = model.num_attention_heads // d.tp, groups // d.tp
+        return [column_linear("attn.qkv", d, t, (heads + 2 * kv) * hd, d.h, tag="attn")]
+    width = (model.num_attention_heads + 2 * groups) * hd
+    size = t * width * d.act_bytes  # the gathered output (all-gather), and its gradient (reduce-scatter input)
+    return [column_linear("attn.qkv", d, t, width // d.tp, d.h, tag="attn"),
+            Piece("attn", (coll("attn.qkv_out.ag", "F", "all_gather", size, "tp", tag="attn"),),
+                  (coll("attn.qkv_out.rs", "I", "reduce_scatter", size, "tp", tag="attn"),))]
+
+
 def gqa_attention(model: ModelSpec, d: Dims, window: int | None = None) -> list[Piece]:
     """MHA / GQA / MQA: fused QKV column-parallel linear, rotary embedding, optional per-head Q/K norms, core,
     row-parallel output projection. KV heads are split over TP, or replicated when fewer than TP (Megatron)."""
@@ -162,7 +180,7 @@ def gqa_attention(model: ModelSpec, d: Dims, window: int | None = None) -> list[
     heads, kv = model.num_attention_heads // d.tp, max(1, model.kv_heads // d.tp)
     # TorchTitan's wq, wk and wv are linears of their own on one input (ops_eager.input_grad_adds)
     pieces = [input_grad_adds("attn.qkv", d, t * h, 2 if d.torchtitan else 0, "attn"),
-              column_linear("attn.qkv", d, t, (heads + 2 * kv) * hd, h, tag="attn")]
+              *_qkv(model, d)]
     if model.position_embedding == "rope":
         pieces.append(rope("attn.rope", d, t * heads * hd, t * kv * hd, hd, "attn"))
     if model.qk_norm and d.rms_composite:  # TorchTitan's q_norm and k_norm, each its own chain of kernels

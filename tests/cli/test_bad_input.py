@@ -96,7 +96,8 @@ def test_bad_set_item(tmp_path: Path) -> None:
 
 
 def test_every_layout_violation_at_once(tmp_path: Path) -> None:
-    """tp not dividing heads and KV heads, layers not divisible by pp*vpp, gbs not divisible by mbs*dp, ep with
+    """tp not dividing heads, KV heads neither a multiple nor a divisor of tp, layers not divisible by pp*vpp, gbs
+    not divisible by mbs*dp, ep with
     no experts: all reported in one run, each with the line that set it."""
     text = GOOD.replace("num_attention_heads: 32", "num_attention_heads: 30\n  head_dim: 128").replace(
         "num_kv_heads: 8", "num_kv_heads: 6")
@@ -104,7 +105,8 @@ def test_every_layout_violation_at_once(tmp_path: Path) -> None:
     text = text.replace("micro_batch_size: 1", "micro_batch_size: 2")
     text = text.replace("  tp: 2\n  pp: 2", "  tp: 4\n  pp: 2\n  vpp: 5\n  schedule: interleaved_1f1b\n  ep: 2")
     res = run("inspect", "--config", str(write(tmp_path, text)))
-    assert_user_error(res, "num_attention_heads = 30", "KV heads = 6", "pp * vpp", "global batch 63",
+    assert_user_error(res, "num_attention_heads = 30", "num_query_groups = 6 is neither a multiple nor a divisor of "
+                      "tp = 4", "pp * vpp", "global batch 63",
                       "no experts", "problems:")
     assert "exp.yaml:14" in res.stderr  # the line of `tp: 4`
 

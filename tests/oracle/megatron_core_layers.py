@@ -20,10 +20,13 @@ keeps.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
+import tempfile
 import weakref
+from pathlib import Path
 from typing import Any
 
 HIDDEN, HEADS, FFN, SEQ, MICRO_BATCH = 256, 8, 1024, 256, 2
@@ -50,21 +53,31 @@ CASES: dict[str, dict[str, Any]] = {
     # top-1, the allgather dispatcher, dropout 0.1, all Megatron's defaults there) at tp = ep = 1
     "moe-functional-test": {"moe": True, "dispatcher": "allgather", "lb": "sinkhorn", "experts": 4, "topk": 1,
                             "ffn": FFN, "dropout": 0.1},
+    # GQA (2 query groups): DotProductAttention repeats K and V to the query heads
+    "gqa-swiglu": {"moe": False, "dropout": 0.0, "gated": True, "groups": 2},
+}
+# Tensor-parallel layers, one gloo process per TP rank (`main_tp`), with fewer query groups than TP ranks: Megatron
+# all-gathers linear_qkv's output over TP (attention.py get_query_key_value_tensors). No sequence parallelism: the
+# local spec's torch LayerNorm refuses it.
+TP_CASES: dict[str, dict[str, Any]] = {
+    "gqa-g2-tp4": {"moe": False, "dropout": 0.0, "gated": True, "groups": 2, "tp": 4},
+    "mqa-tp2": {"moe": False, "dropout": 0.0, "gated": True, "groups": 1, "tp": 2},
 }
 
 
-def _setup() -> Any:
-    """One-rank gloo group and Megatron's parallel state on the CPU (bench_megatron_host.py setup_megatron_cpu)."""
+def _setup(rank: int = 0, world: int = 1) -> Any:
+    """A gloo group of `world` ranks (tensor parallel over all) and Megatron's parallel state on the CPU
+    (bench_megatron_host.py setup_megatron_cpu)."""
     import torch
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29541")  # the test passes a free port
-    torch.set_num_threads(4)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    torch.set_num_threads(4 if world == 1 else 1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     from megatron.core import parallel_state, tensor_parallel
 
-    parallel_state.initialize_model_parallel(1, 1)
+    parallel_state.initialize_model_parallel(world, 1)
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
@@ -109,12 +122,13 @@ def _layer(torch: Any, case: dict[str, Any]) -> Any:
     cfg = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
                             use_cpu_initialization=True, hidden_dropout=case["dropout"],
                             attention_dropout=case["dropout"], params_dtype=torch.float32,
-                            gradient_accumulation_fusion=False, bias_activation_fusion=fusion, **extra)
+                            gradient_accumulation_fusion=False, bias_activation_fusion=fusion,
+                            num_query_groups=case.get("groups"), tensor_model_parallel_size=case.get("tp", 1), **extra)
     spec = get_gpt_layer_local_spec(num_experts=extra.get("num_moe_experts"), moe_grouped_gemm=False)
     return build_module(spec, config=cfg, layer_number=1)
 
 
-def measure(torch: Any, name: str) -> dict[str, Any]:
+def measure(torch: Any, name: str, cases: dict[str, dict[str, Any]] = CASES) -> dict[str, Any]:
     from megatron.core import parallel_state
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -123,15 +137,19 @@ def measure(torch: Any, name: str) -> dict[str, Any]:
         def __init__(self) -> None:
             super().__init__()
             self.refs: list[tuple[Any, str, list[int], str]] = []
+            self.collectives: list[tuple[str, list[int]]] = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             out = func(*args, **(kwargs or {}))
+            if func.namespace == "c10d":  # a collective: the bytes of its tensor arguments (output, input)
+                self.collectives.append((str(func), [t.nbytes for t in tree_flatten(args)[0]
+                                                     if isinstance(t, torch.Tensor)]))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.refs.append((weakref.ref(t.untyped_storage()), str(func), list(t.shape), str(t.dtype)))
             return out
 
-    case = CASES[name]
+    case = cases[name]
     torch.manual_seed(0)
     layer = _layer(torch, case)
     layer.train()
@@ -140,6 +158,11 @@ def measure(torch: Any, name: str) -> dict[str, Any]:
     mode = Alive()
     with mode:
         y, _ = layer(x, attention_mask=mask)
+    if torch.distributed.get_world_size() > 1:
+        # a collective's work object can hold its tensors a moment after the call returns (a full CI run once
+        # counted a row-parallel output, 0.5 MiB, alive on one rank): every rank past its collectives, then collected
+        torch.distributed.barrier()
+    gc.collect()
     first: dict[int, dict[str, Any]] = {}  # storage -> the op that created it (the first op returning it)
     for ref, op, shape, dtype in mode.refs:
         st = ref()
@@ -155,9 +178,55 @@ def measure(torch: Any, name: str) -> dict[str, Any]:
             dropped.append(d)
     kept = list(first.values())
     total = sum(d["bytes"] for d in kept) + x.untyped_storage().nbytes()
-    y.sum().backward()  # the layer is a real, differentiable one
+    forward_collectives, mode.collectives = mode.collectives, []
+    with mode:
+        y.sum().backward()  # the layer is a real, differentiable one
     assert x.grad is not None
-    return {"bytes": total, "input": x.untyped_storage().nbytes(), "tensors": kept, "excluded_buffers": dropped}
+    out = {"bytes": total, "input": x.untyped_storage().nbytes(), "tensors": kept, "excluded_buffers": dropped}
+    if "tp" in case:
+        out.update(collectives={"F": forward_collectives, "B": mode.collectives},
+                   params=sum(p.numel() for p in layer.parameters()),
+                   qkv_weight=list(layer.self_attention.linear_qkv.weight.shape), flop=_flops(torch, layer, x, mask))
+    return out
+
+
+def _flops(torch: Any, layer: Any, x: Any, mask: Any) -> dict[str, int]:
+    """FlopCounterMode's totals of one more forward and backward of the layer (mm, baddbmm, bmm)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fwd:
+        y, _ = layer(x, attention_mask=mask)
+    with FlopCounterMode(display=False) as bwd:
+        y.sum().backward()
+    return {"F": fwd.get_total_flops(), "B": bwd.get_total_flops()}
+
+
+def _tp_rank(rank: int, world: int, port: int, name: str, out: str) -> None:
+    """One spawned TP rank of `main_tp`: measure TP case `name`, written as JSON to `out.<rank>`."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch = _setup(rank, world)
+    try:
+        Path(f"{out}.{rank}").write_text(json.dumps(measure(torch, name, TP_CASES)))
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def main_tp(names: list[str]) -> None:
+    """Each TP case on `tp` spawned gloo processes; prints every rank's measurement."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from projection.calibrate.bench_collective import free_port
+
+    out: dict[str, Any] = {"torch": torch.__version__, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in names:
+            world = TP_CASES[n]["tp"]
+            mp.start_processes(_tp_rank, args=(world, free_port(), n, f"{tmp}/{n}"), nprocs=world,
+                               start_method="spawn")
+            out["cases"][n] = [json.loads(Path(f"{tmp}/{n}.{r}").read_text()) for r in range(world)]
+    print("@@JSON@@" + json.dumps(out))
 
 
 def main(names: list[str]) -> None:
@@ -170,4 +239,7 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(CASES))
+    if sys.argv[1:2] == ["--tp"]:
+        main_tp(sys.argv[2:] or list(TP_CASES))
+    else:
+        main(sys.argv[1:] or list(CASES))
