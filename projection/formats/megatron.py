@@ -33,10 +33,8 @@ from typing import Any
 
 from projection.errors import ConfigError
 from projection.formats.common import one_slip
-from projection.formats.megatron_args import (
-    DESTS,
-    to_list,
-)
+from projection.formats.megatron_args import DESTS, to_list
+from projection.formats.megatron_checks import argument_problems, deepep_problem, zero_bubble_rules
 from projection.formats.megatron_model import MegatronArgs, model_section
 from projection.specs.scenario import Origin, RawScenario
 from projection.workload.stages import LayoutError, expand_layout
@@ -51,7 +49,7 @@ def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, sourc
     they were derived from; defaults: Origin('default (Megatron-LM argparse)', key=<flag>)). Raises ConfigError
     listing every problem (bad value types, missing model shape, impossible pipeline split); an unknown vocabulary
     is stood in for and its problem kept in `raw.placeholders` (build_scenario reports it with the layout's)."""
-    a = MegatronArgs(args, origins, source=source, flags=framework == "megatron")
+    a = MegatronArgs(args, origins, source=source, flags=framework == "megatron", bridge=framework == "megatron-bridge")
     for dest in args:  # a misspelt flag would be inert (Megatron's argparse rejects it; Primus passes it on)
         meant = [d for d in DESTS if one_slip(dest, d)]
         if dest not in DESTS and meant:
@@ -61,6 +59,8 @@ def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, sourc
     model_section(a, raw, null_tokenizer_adds_eod=eod)
     _training(a, raw)
     _plan(a, raw)
+    vpp = raw.get("plan.vpp")
+    argument_problems(a, framework, vpp if isinstance(vpp, int) and vpp > 1 else None)
     if a.problems:
         raise ConfigError([*a.problems, *a.unknown.values()])
     raw.placeholders.update(a.unknown)
@@ -133,6 +133,8 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
     turbo_deepep = raw.framework.startswith("primus") and bool(a.args.get("enable_primus_turbo")) \
         and bool(a.args.get("use_turbo_deepep")) and a.get("tensor_model_parallel_size") == 1
     deepep = "use_turbo_deepep" if turbo_deepep else "moe_enable_deepep" if a.get("moe_enable_deepep") else ""
+    if deepep == "moe_enable_deepep":
+        deepep_problem(a, raw.framework)  # Megatron-Core wants the flex dispatcher named beside it
     dispatcher = "flex" if deepep else a.get("moe_token_dispatcher_type")
     dispatcher = {"alltoall_seq": "alltoall"}.get(dispatcher, dispatcher)  # §1.7: the older sequence variant
     if dispatcher not in ("alltoall", "allgather", "flex"):
@@ -261,7 +263,7 @@ def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
             pending = str(a.get("zero_bubble_max_pending_backward"))
             name = "zb_h2" if pending.isdigit() and int(pending) >= 2 * pp else "zb_h1"
             origin = a.origin("patch_zero_bubble")
-        _zero_bubble_rules(a)
+        zero_bubble_rules(a)
     if name is None or origin is None:
         return
     raw.set("plan.schedule", name, origin)
@@ -273,20 +275,6 @@ def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
                       "set the virtual pipeline to 2 stages per rank, or pick a non-V schedule")
             return
         raw.set("plan.vpp", 2, origin)
-
-
-def _zero_bubble_rules(a: MegatronArgs) -> None:
-    """What Primus's zero-bubble runtime refuses at start-up (AMD-AGI/Primus zerobubble/zbpp_utils.py
-    validate_arguments, read at f8abd27): with the distributed optimizer, overlapped gradient reduction or parameter
-    gather; and the runtime without gradient-accumulation fusion."""
-    if a.get("use_distributed_optimizer"):
-        for dest in ("overlap_grad_reduce", "overlap_param_gather"):
-            if a.get(dest):
-                a.problem(dest, f"Primus's zero-bubble schedules refuse {a.key(dest)} with the distributed optimizer",
-                          f"turn {a.key(dest)} off, or use a schedule without zero bubble")
-    if a.get("gradient_accumulation_fusion") is False:
-        a.problem("gradient_accumulation_fusion", "Primus's zero-bubble runtime needs gradient-accumulation fusion",
-                  f"turn {a.key('gradient_accumulation_fusion')} back on, or use a schedule without zero bubble")
 
 
 def _vpp(a: MegatronArgs) -> tuple[int, Origin] | None:
@@ -339,7 +327,8 @@ def _bf16_layers(a: MegatronArgs, raw: RawScenario) -> None:
     (specs/validate_kernels.py `_bf16_layers`)."""
     for dest, key in (("num_layers_at_start_in_bf16", "bf16_first_layers"),
                       ("num_layers_at_end_in_bf16", "bf16_last_layers")):
-        raw.set(f"training.fp8.{key}", a.get(dest), a.origin(dest))
+        # a count left at its default is reported at --first-last-layers-bf16, the flag the file does give
+        raw.set(f"training.fp8.{key}", a.get(dest), a.origin(dest if a.given(dest) else "first_last_layers_bf16"))
 
 
 def _sharding(a: MegatronArgs, raw: RawScenario) -> None:
@@ -380,9 +369,12 @@ def _recompute(a: MegatronArgs, raw: RawScenario) -> None:
             modules.append("moe")
         origin = origin if a.given("recompute_granularity") else a.origin("moe_layer_recompute")
     raw.set(f"{rc}.granularity", granularity or "none", origin)
-    if granularity == "selective" and (a.given("recompute_method") or a.given("recompute_num_layers")):
-        a.problem("recompute_method", "selective recompute takes no recompute method / num_layers (Megatron "
-                  "validate_args)", "drop --recompute-method and --recompute-num-layers, or use full granularity")
+    given = [d for d in ("recompute_method", "recompute_num_layers") if a.given(d)]
+    if granularity == "selective" and given:
+        # validate_args: 'recompute method is not yet supported for selective recomputing granularity';
+        # TransformerConfig: 'When using recompute_granularity: selective recompute_num_layers must be None.'
+        a.problem(given[0], f"selective recompute takes no {' / '.join(a.key(d) for d in given)} (Megatron "
+                  "refuses them)", f"drop {' and '.join(a.key(d) for d in given)}, or use full granularity")
     for dest, key in (("recompute_method", "method"), ("recompute_num_layers", "num_layers")):
         if a.given(dest) and granularity == "full":
             raw.set(f"{rc}.{key}", a.get(dest), a.origin(dest))

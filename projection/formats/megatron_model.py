@@ -19,8 +19,10 @@ class MegatronArgs:
     """Typed access to Megatron args: `get` coerces a given value or returns the argparse default; `origin` says
     where a value came from; bad values become Problems (collected in `problems`) and fall back to the default."""
 
-    def __init__(self, args: Mapping[str, Any], origins: Mapping[str, Origin], *, source: str, flags: bool):
+    def __init__(self, args: Mapping[str, Any], origins: Mapping[str, Origin], *, source: str, flags: bool,
+                 bridge: bool = False):
         self.args = merged(args)
+        self.bridge = bridge  # Megatron-Bridge fields: problems are respelt from Megatron-LM's flags (bridge_spelling)
         self.origins = {canonical_dest(k): o for k, o in origins.items()}
         self.source = source
         self.flags = flags  # name keys as flags (--num-layers) rather than dests (num_layers) in messages

@@ -118,7 +118,8 @@ class ModelSpec(Spec):
         problems = []
         if self.mla is None and self.head_dim is None and self.hidden_size % self.num_attention_heads:
             problems.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
-                            f"{self.num_attention_heads}; give head_dim explicitly")
+                            f"{self.num_attention_heads}, and no head dimension is given (head_dim, Megatron's "
+                            "--kv-channels)")
         kv = self.kv_heads
         if self.mla is None and self.num_attention_heads % kv:
             problems.append(f"num_attention_heads {self.num_attention_heads} is not a multiple of num_kv_heads {kv}")

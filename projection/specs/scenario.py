@@ -198,6 +198,9 @@ def _pydantic_problems(raw: RawScenario, section: str, err: ValidationError) -> 
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             fix = "change the values named above so that they agree"
+            named = _FIELD_IN_MESSAGE.match(msg)  # a sub-table's check ("top_k (16) is ..."): at the field it names
+            if named and _is_field(section, f"{loc}.{named.group(1)}"):
+                dotted = f"{dotted}.{named.group(1)}"
         elif e["type"] in ("model_type", "dict_type") and (keys := _nested_keys(section, e["loc"])):
             msg = f"{dotted} is a table of settings, not a single value (got {e.get('input')!r})"
             fix = (f"give its keys instead, as a nested table in the file or e.g. --set {dotted}.{keys[0]}=... "

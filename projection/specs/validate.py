@@ -14,6 +14,7 @@ from projection.specs.scenario import runs_megatron
 from projection.specs.training import TrainingSpec
 from projection.specs.validate_gqa import kv_heads_problem
 from projection.specs.validate_kernels import kernel_problems
+from projection.specs.validate_megatron import megatron_parity
 from projection.workload.stages import LayoutError, layer_counts
 
 if TYPE_CHECKING:
@@ -124,7 +125,9 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                 f"{grid} (Megatron expert grid: world = etp*ep*edp*pp; world {world})",
                 "choose ep and etp whose product divides the non-pipeline ranks" + _assumed_nodes(raw))
         if model.moe.expert_ffn_hidden_size % plan.etp_:
-            bad("plan.etp", f"etp = {plan.etp_} does not divide the expert FFN size "
+            # etp defaults to tp (Megatron): blamed on tp where the file gives no etp
+            bad("plan.etp" if "plan.etp" in raw.origins else "plan.tp", f"etp = {plan.etp_} does not divide the "
+                f"expert FFN size "
                 f"{model.moe.expert_ffn_hidden_size}", "use a smaller etp")
     elif plan.ep > 1:
         bad("plan.ep", f"ep = {plan.ep} but the model has no experts", "set ep to 1")
@@ -163,13 +166,17 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("training.global_batch_size", f"global batch {gbs} is not divisible by micro batch * dp = "
                 f"{training.micro_batch_size} * {plan.dp} = {per_step}",
                 f"use a global batch that is a multiple of {per_step}")
-        if plan.rank_order != "tp-cp-ep-dp-pp" and plan.pp > 1 and model.moe is not None and plan.edp() != plan.dp_():
-            # parallel_state.initialize_model_parallel: "When not using pp-last rank ordering, the data parallel
-            # size of the attention and moe layers must be the same"
+        if plan.rank_order != "tp-cp-ep-dp-pp" and plan.pp > 1 and plan.edp() != plan.dp_():
+            # parallel_state.initialize_model_parallel asserts `order.endswith("pp") or pipeline_model_parallel_size
+            # == 1 or expert_data_parallel_size == data_parallel_size` ("When not using pp-last rank ordering, the data
+            # parallel size of the attention and moe layers must be the same") for dense models too: the expert grid
+            # world / (etp * ep * pp) is built whatever the model, and has no cp
             bad("plan.rank_order", f"the rank order {plan.rank_order} (--use-tp-pp-dp-mapping) with pp {plan.pp} needs "
-                f"the experts' data-parallel size ({plan.edp()}) equal to the attention's ({plan.dp_()}): "
-                "Megatron-Core refuses it", "drop --use-tp-pp-dp-mapping, or choose ep / etp so that the two "
-                "data-parallel sizes agree")
+                f"the expert grid's data-parallel size, world / (etp * ep * pp) = {plan.edp()}, equal to the "
+                f"attention's ({plan.dp_()}): Megatron-Core refuses it"
+                + (", for a dense model too" if model.moe is None else ""),
+                "drop --use-tp-pp-dp-mapping, or choose " + ("ep / etp" if model.moe is not None else "etp = tp and "
+                                                               "cp 1") + " so that the two data-parallel sizes agree")
         if plan.sharding.dp_replicate > 1 and plan.rank_order != "tp-cp-ep-dp-pp":
             bad("plan.rank_order", f"HSDP replicas (dp_replicate {plan.sharding.dp_replicate}) with the rank order "
                 f"{plan.rank_order} are not modelled", "drop --use-tp-pp-dp-mapping (rank order tp-cp-ep-dp-pp) or "
@@ -237,8 +244,14 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
     kernel_problems(raw, model, training, plan, bad)
     r = plan.recompute
     if r.granularity == "full" and r.layer_ids is None and (r.method is None or r.num_layers is None):
-        bad("plan.recompute.granularity", "full recompute needs a method (uniform/block) and num_layers, or "
-            "layer_ids", "set recompute method and num_layers")
+        # TransformerConfig: full granularity needs recompute_method and recompute_num_layers (Primus adds
+        # recompute_layer_ids)
+        names = {"megatron": "--recompute-method and --recompute-num-layers", "megatron-bridge":
+                 "--recompute-method and --recompute-num-layers", "primus-megatron": "recompute_method and "
+                 "recompute_num_layers (or recompute_layer_ids)"}.get(raw.framework, "recompute method and "
+                                                                       "num_layers (or layer_ids)")
+        bad("plan.recompute.granularity", f"full recompute needs {names}", f"set {names}")
+    megatron_parity(raw, model, training, plan, bad)
     return out
 
 
@@ -284,11 +297,14 @@ def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
     overlaps the backward by itself."""
     if "torchtitan" in raw.framework:
         return
-    if model.moe is not None and plan.ep > 1 and plan.tp > 1 and not plan.sp:
-        # megatron/core/transformer/transformer_config.py: "When using expert parallelism and tensor parallelism,
-        # sequence parallelism must be used"
-        bad("plan.sp", f"expert parallelism (ep = {plan.ep}) with tensor parallelism (tp = {plan.tp}) needs sequence "
-            "parallelism (Megatron-Core refuses the plan)",
+    if model.moe is not None and plan.tp > 1 and not plan.sp and (plan.ep > 1 or runs_megatron(raw.framework)):
+        # Megatron-Core 0.16.1 transformer/moe/moe_layer.py MoELayer.forward raises in training whenever the attention
+        # tp group is larger than 1 without sequence parallelism, whatever ep ("During training, performance may
+        # degrade if MoE and tensor parallelism are enabled without also enabling sequence parallelism."); older
+        # releases refused ep > 1 with tp > 1 in TransformerConfig
+        bad("plan.sp", f"an MoE model with tensor parallelism (tp = {plan.tp}"
+            + (f", ep = {plan.ep}" if plan.ep > 1 else "") + ") needs sequence parallelism (Megatron-Core's MoE "
+            "layer raises at the first training step without it)",
             "turn sequence parallelism on (plan.sp: true; Megatron's --sequence-parallel)")
     # megatron/training/arguments.py validate_args turns sequence parallelism off at tp 1, then asserts "Tensor parallel
     # communication/GEMM overlap can happen only when sequence parallelism is enabled": a Megatron launch with

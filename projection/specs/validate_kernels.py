@@ -37,7 +37,8 @@ def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
     levels = plan.cp_hierarchy
     if levels is not None and math.prod(levels) != plan.cp:
         # megatron/training/arguments.py validate_args and parallel_state.py: the product of the levels is cp
-        inner = max(d for d in range(1, min(plan.cp, 8) + 1) if plan.cp % d == 0)
+        # two levels of 2 or more where cp has them (an all-to-all group of at most 8, one node)
+        inner = max((d for d in range(2, min(plan.cp - 1, 8) + 1) if plan.cp % d == 0), default=plan.cp)
         bad("plan.cp_hierarchy", f"hierarchical context-parallel sizes {list(levels)} multiply to "
             f"{math.prod(levels)}, not cp = {plan.cp} (Megatron asserts they equal)",
             f"give sizes whose product is {plan.cp}, e.g. [{inner}, {plan.cp // inner}]")

@@ -154,10 +154,14 @@ def test_moe_token_dropping_flags() -> None:
 
 
 def test_moe_token_dispatcher() -> None:
-    """Megatron's default dispatcher is allgather; alltoall_seq is the older all-to-all; DeepEP selects flex."""
+    """Megatron's default dispatcher is allgather; alltoall_seq is the older all-to-all; DeepEP runs on flex, which
+    Megatron-Core wants named beside it (TransformerConfig refuses --moe-enable-deepep with another dispatcher)."""
     assert training().kernels.moe_token_dispatcher == "allgather"
     assert training(moe_token_dispatcher_type="alltoall_seq").kernels.moe_token_dispatcher == "alltoall"
-    assert training(moe_token_dispatcher_type="alltoall", moe_enable_deepep=True).kernels.moe_token_dispatcher == "flex"
+    assert training(moe_token_dispatcher_type="flex", moe_enable_deepep=True).kernels.moe_token_dispatcher == "flex"
+    with pytest.raises(ConfigError) as err:
+        raw_of(moe_token_dispatcher_type="alltoall", moe_enable_deepep=True)
+    assert err.value.problems[0].key == "moe_enable_deepep"
     with pytest.raises(ConfigError) as err:
         raw_of(moe_token_dispatcher_type="carrier_pigeon")
     assert err.value.problems[0].key == "moe_token_dispatcher_type"
@@ -244,7 +248,8 @@ def test_recompute_flags() -> None:
 
 
 def test_precision_and_optimizer() -> None:
-    t = training(bf16=True, fp8="hybrid", fp8_param_gather=True, grad_reduce_in_bf16=True)
+    t = training(bf16=True, fp8="hybrid", fp8_param_gather=True, grad_reduce_in_bf16=True,
+                 use_distributed_optimizer=True)
     assert t.params_dtype == "bf16" and t.fp8 is not None
     assert (t.fp8.format, t.fp8.recipe, t.fp8.param_gather) == ("hybrid", "delayed", True)
     assert t.optimizer.main_grads_dtype == "bf16"
@@ -331,7 +336,7 @@ MODEL_ARGS=(
 )
 DTYPE_ARGS=()
 if [[ "$DTYPE" == "fp8" ]]; then
-    DTYPE_ARGS+=( "--fp8-format hybrid" "--fp8-param-gather" )
+    DTYPE_ARGS+=( "--fp8-format hybrid" "--fp8-param-gather" --use-distributed-optimizer )
 else
     DTYPE_ARGS+=( --fp8-format e4m3 )
 fi

@@ -66,9 +66,9 @@ def test_pp_inside_dp_needs_one_data_parallel_size_for_experts_and_attention(tmp
     base = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 4 --hidden-size 512 "
             "--num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 --vocab-size 32000 "
             "--micro-batch-size 1 --global-batch-size 16 --pipeline-model-parallel-size 2 --num-experts 8 "
-            "--moe-grouped-gemm --use-tp-pp-dp-mapping ")
+            "--moe-grouped-gemm --bf16 --use-tp-pp-dp-mapping ")
     script.write_text(base + "--expert-model-parallel-size 4 --sequence-parallel\n")
-    with pytest.raises(PlanError, match="experts' data-parallel size \\(2\\) equal to the attention's \\(8\\)"):
+    with pytest.raises(PlanError, match="world / \\(etp \\* ep \\* pp\\) = 2, equal to the attention's \\(8\\)"):
         api.load(script)
     script.write_text(base + "\n")
     assert api.load(script).plan.rank_order == ALT
