@@ -220,34 +220,34 @@ def _mm_outputs(model: ModelSpec, training: TrainingSpec, D: Dims, i: int) -> li
     which the default `per_op_sac_force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]` recomputes without
     counting it, the routed experts, which are `torch._grouped_mm` (not mm), then the shared experts). Column-
     parallel outputs hold the full local sequence and a TP shard of the width; row-parallel ones (wo, w2) the full
-    sequence and the full hidden width (partial sums before the reduce-scatter). FP8 linears run `_scaled_mm`, which
-    the policy neither counts nor saves."""
+    sequence and the full hidden width (partial sums before the reduce-scatter). A torchao float8 linear is one of
+    them: it multiplies Float8Tensors with `torch.mm`, which the policy's dispatch mode sees as `aten.mm` (the
+    subclass turns it into `_scaled_mm` below the mode), and its output is in the activation dtype
+    (tests/oracle/test_memory_torchtitan_float8_sac.py)."""
     T, t, h, e = D.T, D.t, D.h, D.e
-    f8 = training.fp8
     heads = model.num_attention_heads // t
 
-    def mm(component: str, name: str, width: float) -> list[tuple[str, float]]:
-        return [] if f8 is not None and f8.converts(component) else [(name, e * T * width)]
+    def mm(name: str, width: float) -> list[tuple[str, float]]:
+        return [(name, e * T * width)]
 
     out: list[tuple[str, float]] = []
     if model.mla is not None:
         m = model.mla
         qk = m.qk_head_dim + m.qk_rope_head_dim
         if m.q_lora_rank:
-            out += mm("attention", "wq_a", m.q_lora_rank) + mm("attention", "wq_b", heads * qk)
+            out += mm("wq_a", m.q_lora_rank) + mm("wq_b", heads * qk)
         else:
-            out += mm("attention", "wq", heads * qk)
-        out += mm("attention", "wkv_a", m.kv_lora_rank + m.qk_rope_head_dim)
-        out += mm("attention", "wkv_b", heads * (m.qk_head_dim + m.v_head_dim))
+            out += mm("wq", heads * qk)
+        out += mm("wkv_a", m.kv_lora_rank + m.qk_rope_head_dim)
+        out += mm("wkv_b", heads * (m.qk_head_dim + m.v_head_dim))
     else:
         d, kv = model.head_dim_, max(1, model.kv_heads // t)
-        out += mm("attention", "wq", heads * d) + mm("attention", "wk", kv * d) + mm("attention", "wv", kv * d)
-    out += mm("attention", "wo", h)
+        out += mm("wq", heads * d) + mm("wk", kv * d) + mm("wv", kv * d)
+    out += mm("wo", h)
     moe = model.moe if model.is_moe_layer(i) else None
     ffn = model.ffn_hidden_size if moe is None else moe.shared_expert_ffn_hidden_size
     if ffn:
-        comp = "dense_mlp" if moe is None else "shared_experts"
-        out += mm(comp, "w1", ffn / t) + mm(comp, "w3", ffn / t) + mm(comp, "w2", h)
+        out += mm("w1", ffn / t) + mm("w3", ffn / t) + mm("w2", h)
     return out
 
 
@@ -367,9 +367,15 @@ def loss_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -
 
 def loss_working_set(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
     """Transient bytes while the loss runs on the last stage: the 16-bit logits and the fp32 copy (or, in backward,
-    the fp32 gradient and its 16-bit cast) live at once besides the saved softmax."""
+    the fp32 gradient and its 16-bit cast) live at once besides the saved softmax. TorchTitan's uncompiled
+    `cross_entropy(pred.float(), labels)` (TP 1; the step deletes pred before backward) holds more in backward:
+    nll_loss_backward's zero-filled fp32 gradient and log_softmax's backward output, both fp32 logits, beside the saved
+    log-softmax (derivatives.yaml `_log_softmax_backward_data(grad, result)`; PyTorch's memory tracker measures 3 fp32
+    logits at the peak, tests/oracle/test_memory_torchtitan_loss.py)."""
     D = dims(model, training, plan)
     v = model.padded_vocab(plan.tp) / D.t
+    if training.kernels.transformer_impl == "torchtitan" and not training.fused_loss and plan.tp == 1:
+        return 8 * D.T * v
     return (D.e + (0 if training.fused_loss else 4)) * D.T * v
 
 

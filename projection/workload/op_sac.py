@@ -5,8 +5,10 @@ parallelize.py) keeps the outputs of SDPA, reduce_scatter, all_to_all_single and
 every second one counted in the block; the router gate's mm is recomputed without being counted (the default
 `per_op_sac_force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]`). Everything else is re-run when the backward
 first needs the block: norms, activations, RoPE and other memory-bound ops, the routed experts' `torch._grouped_mm`,
-FP8 linears (`_scaled_mm`, not in the list), the counted mm calls the policy skips, and the TP all-gathers
-(`all_gather_into_tensor`, not in the list). The saved set is memory/activations.op_sac_tensors.
+the counted mm calls the policy skips, and the TP all-gathers (`all_gather_into_tensor`, not in the list). A torchao
+float8 linear counts as a bf16 one: it multiplies Float8Tensors with `torch.mm`, which the policy's dispatch mode
+sees as `aten.mm` before the subclass turns it into `_scaled_mm` (tests/oracle/test_memory_torchtitan_float8_sac.py);
+its casts are memory-bound ops, re-run. The saved set is memory/activations.op_sac_tensors.
 
 projection's op list fuses some of TorchTitan's separate linears: `attn.qkv` stands for wq, wk, wv and a gated
 `fc1` for w1, w3. Each is counted as the mm calls it stands for, and the recomputed share of it is re-run as one GEMM
@@ -51,8 +53,8 @@ def op_sac_recompute(fwd: Sequence[Op], model: ModelSpec, plan: ParallelPlan) ->
             if op.coll == "all_gather":
                 chosen.append(op)
         elif op.kind == "gemm" and ".core" not in op.name:  # the attention kernel's own GEMMs are SDPA's (kept)
-            if op.dtype not in ("bf16", "fp16", "fp32") or op.name.endswith(".router"):
-                chosen.append(op)  # FP8 _scaled_mm, or the force-recomputed router gate: re-run, not counted
+            if op.name.endswith(".router"):
+                chosen.append(op)  # the force-recomputed router gate: re-run, not counted
                 continue
             widths = _mm_widths(op, model, plan)
             redo = 0
