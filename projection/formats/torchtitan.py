@@ -151,6 +151,8 @@ def _training(job: JobReader, raw: RawScenario, pp: int) -> None:
         elif job.has("optimizer.fused"):
             fused = job.flag("optimizer.fused", False)
             raw.set(f"{opt}.implementation", "fused" if fused else "foreach", job.origin("optimizer.fused"))
+        if job.has("optimizer.weight_decay"):
+            raw.set(f"{opt}.weight_decay", job.get("optimizer.weight_decay"), job.origin("optimizer.weight_decay"))
     else:
         job.problem("optimizer.name", f"optimizer {name!r} is not a TorchTitan optimizer", "use AdamW or Adam")
 

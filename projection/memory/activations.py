@@ -223,31 +223,35 @@ def _mm_outputs(model: ModelSpec, training: TrainingSpec, D: Dims, i: int) -> li
     sequence and the full hidden width (partial sums before the reduce-scatter). A torchao float8 linear is one of
     them: it multiplies Float8Tensors with `torch.mm`, which the policy's dispatch mode sees as `aten.mm` (the
     subclass turns it into `_scaled_mm` below the mode), and its output is in the activation dtype
-    (tests/oracle/test_memory_torchtitan_float8_sac.py)."""
+    (tests/oracle/test_memory_torchtitan_float8_sac.py); Primus-Turbo's fp8 linears call their own op, which the
+    policy neither counts nor saves (Fp8Spec.mm_dispatched)."""
     T, t, h, e = D.T, D.t, D.h, D.e
+    f8 = training.fp8
     heads = model.num_attention_heads // t
 
-    def mm(name: str, width: float) -> list[tuple[str, float]]:
-        return [(name, e * T * width)]
+    def mm(component: str, name: str, width: float) -> list[tuple[str, float]]:
+        hidden = f8 is not None and f8.converts(component) and not f8.mm_dispatched  # Primus-Turbo's own op
+        return [] if hidden else [(name, e * T * width)]
 
     out: list[tuple[str, float]] = []
     if model.mla is not None:
         m = model.mla
         qk = m.qk_head_dim + m.qk_rope_head_dim
         if m.q_lora_rank:
-            out += mm("wq_a", m.q_lora_rank) + mm("wq_b", heads * qk)
+            out += mm("attention", "wq_a", m.q_lora_rank) + mm("attention", "wq_b", heads * qk)
         else:
-            out += mm("wq", heads * qk)
-        out += mm("wkv_a", m.kv_lora_rank + m.qk_rope_head_dim)
-        out += mm("wkv_b", heads * (m.qk_head_dim + m.v_head_dim))
+            out += mm("attention", "wq", heads * qk)
+        out += mm("attention", "wkv_a", m.kv_lora_rank + m.qk_rope_head_dim)
+        out += mm("attention", "wkv_b", heads * (m.qk_head_dim + m.v_head_dim))
     else:
         d, kv = model.head_dim_, max(1, model.kv_heads // t)
-        out += mm("wq", heads * d) + mm("wk", kv * d) + mm("wv", kv * d)
-    out += mm("wo", h)
+        out += mm("attention", "wq", heads * d) + mm("attention", "wk", kv * d) + mm("attention", "wv", kv * d)
+    out += mm("attention", "wo", h)
     moe = model.moe if model.is_moe_layer(i) else None
     ffn = model.ffn_hidden_size if moe is None else moe.shared_expert_ffn_hidden_size
     if ffn:
-        out += mm("w1", ffn / t) + mm("w3", ffn / t) + mm("w2", h)
+        comp = "dense_mlp" if moe is None else "shared_experts"
+        out += mm(comp, "w1", ffn / t) + mm(comp, "w3", ffn / t) + mm(comp, "w2", h)
     return out
 
 

@@ -131,16 +131,18 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     return items
 
 
-def foreach_adam(opt: OptimizerSpec, param_b: int) -> list[tuple[str, float, float, int]]:
+def foreach_adam(opt: OptimizerSpec, param_b: int) -> list[tuple[str, float | int, float | int, int]]:
     """(pass, bytes read, bytes written per updated element, tensor lists) of torch.optim's foreach Adam / AdamW
     (torch/optim/adam.py _multi_tensor_adam, capturable off: the step counts stay on the host, so their
     _foreach_add_ and the bias corrections are host work): weight decay (AdamW: params *= 1 - lr wd; Adam:
     grads + wd params, a new gradient list), exp_avg lerp towards the gradient, exp_avg_sq scaled then addcmul of the
     gradient with itself (read twice), its sqrt into a new list, divided and shifted in place, and the addcdiv into the
-    parameters. TorchTitan's weight decay is 0.1 by default; the oracle is tests/oracle/test_eager_kernels.py."""
+    parameters; no decay pass at weight decay 0 (TorchTitan's default is 0.1). The oracle is
+    tests/oracle/test_eager_kernels.py."""
     g, m, v = DTYPE_BYTES[opt.main_grads_dtype], DTYPE_BYTES[opt.exp_avg_dtype], DTYPE_BYTES[opt.exp_avg_sq_dtype]
-    decay = ("decay_mul_", param_b, param_b, 1) if opt.name == "adamw" else ("decay_add", g + param_b, g, 3)
-    return [decay, ("lerp_", m + g, m, 2), ("scale_", v, v, 1), ("addcmul_", v + 2 * g, v, 3), ("sqrt", v, v, 2),
+    decay = [("decay_mul_", param_b, param_b, 1) if opt.name == "adamw" else ("decay_add", g + param_b, g, 3)]
+    return [*(decay if opt.weight_decay != 0 else []), ("lerp_", m + g, m, 2), ("scale_", v, v, 1),
+            ("addcmul_", v + 2 * g, v, 3), ("sqrt", v, v, 2),
             ("div_", v, v, 1), ("add_", v, v, 1), ("addcdiv_", param_b + m + v, param_b, 3)]
 
 

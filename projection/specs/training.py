@@ -81,6 +81,14 @@ class Fp8Spec(Spec):
         return self.library == "primus_turbo"
 
     @property
+    def mm_dispatched(self) -> bool:
+        """Whether an fp8 linear's GEMM reaches the dispatcher as `aten.mm` (torchao's Float8Tensor and MXTensor
+        subclasses: torchao/float8/float8_linear.py multiplies them with torch.mm), which TorchTitan's per-op
+        checkpoint policy counts and saves like a bf16 linear's; Primus-Turbo's linears call their own op
+        (primus_turbo::gemm_fp8_impl), which the policy neither counts nor saves."""
+        return self.library == "torchao"
+
+    @property
     def experts_in_fp8(self) -> bool:
         """Whether the routed experts' grouped GEMMs run in fp8."""
         return self.library == "transformer_engine" or self.grouped_experts
@@ -138,6 +146,9 @@ class OptimizerSpec(Spec):
         "fused=True), 'foreach' = torch.optim's _foreach_* passes, one per line of the update (TorchTitan's "
         "[optimizer] implementation = 'foreach', and its default before 2025, optimizer.fused = false), "
         "'for-loop' = the same passes tensor by tensor (projection/perf/optimizer.py foreach_adam)")
+    weight_decay: float | None = Field(
+        None, ge=0, description="the weight decay, where a config gives one (TorchTitan [optimizer] weight_decay); "
+        "None = the framework's default, non-zero. Zero drops the decay pass of the foreach update")
 
     @property
     def num_moments(self) -> int:

@@ -42,8 +42,10 @@ def _narrowed(op: Op, width: int) -> Op:
                 tag=op.tag)
 
 
-def op_sac_recompute(fwd: Sequence[Op], model: ModelSpec, plan: ParallelPlan) -> list[Op]:
-    """The forward ops of one block that the per-op policy re-runs (module docstring), in forward order."""
+def op_sac_recompute(fwd: Sequence[Op], model: ModelSpec, plan: ParallelPlan, fp8_mm: bool = True) -> list[Op]:
+    """The forward ops of one block that the per-op policy re-runs (module docstring), in forward order. `fp8_mm`:
+    whether fp8 GEMMs reach the policy as aten.mm (Fp8Spec.mm_dispatched; Primus-Turbo's do not: re-run, not
+    counted)."""
     count = 0
     chosen: list[Op] = []
     for op in fwd:
@@ -53,8 +55,8 @@ def op_sac_recompute(fwd: Sequence[Op], model: ModelSpec, plan: ParallelPlan) ->
             if op.coll == "all_gather":
                 chosen.append(op)
         elif op.kind == "gemm" and ".core" not in op.name:  # the attention kernel's own GEMMs are SDPA's (kept)
-            if op.name.endswith(".router"):
-                chosen.append(op)  # the force-recomputed router gate: re-run, not counted
+            if op.name.endswith(".router") or (op.dtype == "fp8" and not fp8_mm):
+                chosen.append(op)  # the force-recomputed router gate, or an op the policy does not see: re-run
                 continue
             widths = _mm_widths(op, model, plan)
             redo = 0

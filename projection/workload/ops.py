@@ -65,7 +65,7 @@ def layer_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, laye
         d = replace(d, cp_exchange=cp_exchange(plan, layer_index), cp_a2a=cp_a2a_size(plan, layer_index))
     pieces = _layer_pieces(model, d, layer_index)
     fwd = [op for p in pieces for op in p.fwd]
-    rec = _recomputed(fwd, _recompute_mode(model, plan, layer_index), model, plan)
+    rec = _recomputed(fwd, _recompute_mode(model, plan, layer_index), model, plan, _fp8_mm(training))
     return (*fwd, *rec, *(op for p in reversed(pieces) for op in p.bwd))
 
 
@@ -99,7 +99,8 @@ def mtp_ops(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, depth:
     tail = _output_pieces(model, training, d, f"{pre}.output")
     pieces = [*head, *layer, *tail]
     fwd = [op for p in pieces for op in p.fwd]
-    rec = _recomputed([op for p in layer for op in p.fwd], _recompute_mode(model, plan, last), model, plan)
+    rec = _recomputed([op for p in layer for op in p.fwd], _recompute_mode(model, plan, last), model, plan,
+                      _fp8_mm(training))
     return (*fwd, *rec, *(op for p in reversed(pieces) for op in p.bwd))
 
 
@@ -174,6 +175,11 @@ def _output_pieces(model: ModelSpec, training: TrainingSpec, d: Dims, name: str)
             Piece("loss", (*loss_f, *reduce), loss_b)]
 
 
+def _fp8_mm(training: TrainingSpec) -> bool:
+    """Whether fp8 GEMMs reach TorchTitan's per-op policy as aten.mm (Fp8Spec.mm_dispatched)."""
+    return training.fp8 is None or training.fp8.mm_dispatched
+
+
 def _recompute_mode(model: ModelSpec, plan: ParallelPlan, layer_index: int) -> str | frozenset[str]:
     """'none', 'full', 'op', or the set of op tags recomputed in decoder layer `layer_index`."""
     r = plan.recompute
@@ -198,11 +204,11 @@ def _recompute_mode(model: ModelSpec, plan: ParallelPlan, layer_index: int) -> s
     return frozenset(tags) if tags else "none"
 
 
-def _recomputed(fwd: Sequence[Op], mode: str | frozenset[str], model: ModelSpec, plan: ParallelPlan
-                ) -> tuple[Op, ...]:
+def _recomputed(fwd: Sequence[Op], mode: str | frozenset[str], model: ModelSpec, plan: ParallelPlan,
+                fp8_mm: bool = True) -> tuple[Op, ...]:
     if mode == "none":
         return ()
     if mode == "op":
-        return tuple(op_sac_recompute(fwd, model, plan))
+        return tuple(op_sac_recompute(fwd, model, plan, fp8_mm))
     chosen = list(fwd) if mode == "full" else [o for o in fwd if o.tag in mode]
     return tuple(replace(o, recompute=True) for o in chosen)

@@ -19,6 +19,7 @@ all-gather and all-to-all (Ulysses) exchanges are in `_cp_pieces`.
 from __future__ import annotations
 
 from projection.specs.model import ModelSpec, keys_per_query
+from projection.workload import ops_eager
 from projection.workload.ops_base import (
     Dims,
     GroupAxis,
@@ -244,7 +245,9 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     else:
         pieces += [_latent_gather(d, latent),
                    linear("attn.kv_up", d, t, kv_up_out, mla.kv_lora_rank, tag="mla_up_proj")]
-    pieces += [pointwise("attn.rope", d, t * (heads + 1) * rope, t * (heads + 1) * rope, "mla_up_proj"),
+    # rope on the query heads' and the one shared key's rotary parts (TorchTitan's DeepSeek-V3 apply_rotary_emb is the
+    # same complex chain as Llama's: ops_eager.rope)
+    pieces += [ops_eager.rope("attn.rope", d, t * heads * rope, t * rope, rope, "mla_up_proj"),
                core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
     return pieces
 

@@ -164,9 +164,9 @@ def test_compiled_blocks_keep_one_kernel_a_direction(tmp_path: Path) -> None:
     assert not [o for o in ops if ".dgrad_add" in o.name]
 
 
-@pytest.mark.parametrize("name", ["adamw", "adam"])
-def test_foreach_adam_passes_are_torch_optims(name: str) -> None:
-    """torch.optim's foreach Adam / AdamW (weight decay 0.1, TorchTitan's default) on fp32 parameters: every
+@pytest.mark.parametrize(("name", "decay"), [("adamw", 0.1), ("adam", 0.1), ("adamw", 0.0)])
+def test_foreach_adam_passes_are_torch_optims(name: str, decay: float) -> None:
+    """torch.optim's foreach Adam / AdamW (weight decay 0.1, TorchTitan's default, and 0) on fp32 parameters: every
     _foreach_* call on the parameters' device, its bytes read (every tensor of its input lists) and written (the lists
     it updates in place, or returns), and its number of tensor lists, against projection/perf/optimizer.foreach_adam.
     The step counts live on the host (capturable off), so their _foreach_add_ is not a device pass."""
@@ -176,7 +176,7 @@ def test_foreach_adam_passes_are_torch_optims(name: str) -> None:
     n, size = 3, 1000
     params = [torch.nn.Parameter(torch.randn(size)) for _ in range(n)]
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    opt = cls(params, lr=1e-3, weight_decay=0.1, foreach=True)
+    opt = cls(params, lr=1e-3, weight_decay=decay, foreach=True)
     passes: list[tuple[float, float, int]] = []
 
     class Passes(TorchDispatchMode):
@@ -199,5 +199,33 @@ def test_foreach_adam_passes_are_torch_optims(name: str) -> None:
         p.grad = torch.randn(size)
     with Passes():
         opt.step()
-    got = [(r, w, k) for _, r, w, k in foreach_adam(OptimizerSpec(name=name, implementation="foreach"), 4)]
-    assert sorted(got) == sorted(passes) and len(got) == 8
+    spec = OptimizerSpec(name=name, implementation="foreach", weight_decay=decay)
+    got = [(r, w, k) for _, r, w, k in foreach_adam(spec, 4)]
+    assert sorted(got) == sorted(passes) and len(got) == (8 if decay else 7)
+
+
+def test_mla_rope_is_the_same_complex_chain(tmp_path: Path) -> None:
+    """TorchTitan's DeepSeek-V3 rotates the queries' rotary parts and the one shared key part with the same chain as
+    Llama's (apply_rotary_emb: upcast, complex product, cast): the MLA op list's eager `attn.rope` equals PyTorch's
+    calls on those shapes."""
+    rope_dim = 8
+    text = CONFIG.format(h=H, heads=HEADS, kv=HEADS, ffn=FFN, vocab=VOCAB, s=S, b=B, dtype="bf16").replace(
+        "position_embedding: rope,", "position_embedding: rope, mla: {q_lora_rank: 0, kv_lora_rank: 32, "
+        f"qk_head_dim: 16, qk_rope_head_dim: {rope_dim}, v_head_dim: 16}},")
+    path = tmp_path / "mla.yaml"
+    path.write_text(text, encoding="utf-8")
+    sc = api.load(path)
+    ops = list(layer_ops(sc.model, sc.training, sc.plan, 0))
+    angles = torch.outer(torch.arange(S).float(), torch.rand(rope_dim // 2))
+    table = torch.polar(torch.ones_like(angles), angles).view(1, S, 1, rope_dim // 2)
+
+    def rotate(x: Any) -> Any:
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * table).flatten(3).type_as(x)
+
+    got = _recorded(lambda: [_leaf(B, S, HEADS, rope_dim, dtype=torch.bfloat16),
+                             _leaf(B, S, 1, rope_dim, dtype=torch.bfloat16)],
+                    lambda q, k: torch.cat([rotate(q).flatten(), rotate(k).flatten()]))
+    cat = B * S * (HEADS + 1) * rope_dim * 2  # the test's own join
+    got = {"F": (got["F"][0] - 1, got["F"][1] - cat, got["F"][2] - cat), "I": got["I"]}
+    assert _projected(_chain(ops, "attn.rope")) == got

@@ -87,3 +87,58 @@ def test_float8_recompute_replays_every_second_mm() -> None:
     projected = sum(o.flop for o in layer_ops(LLAMA, training, plan, 0) if o.recompute and o.kind == "gemm")
     measured = _kept_bytes(True)[1]
     assert measured > 0 and projected == pytest.approx(measured, rel=1e-9)
+
+
+@torch.library.custom_op("projection_test::fp8_gemm", mutates_args=())
+def _own_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A library's own GEMM op, as Primus-Turbo's linears call `primus_turbo::gemm_fp8_impl` (gemm_fp8.py)."""
+    return x @ w.t()
+
+
+@_own_gemm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+def _own_gemm_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w = ctx.saved_tensors
+    return grad @ w, grad.t() @ x
+
+
+_own_gemm.register_autograd(_own_gemm_backward,
+                            setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+
+class _OwnOpLinear(torch.nn.Module):
+    def __init__(self, lin: torch.nn.Linear) -> None:
+        super().__init__()
+        self.weight = lin.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _own_gemm(x.reshape(-1, x.shape[-1]), self.weight)
+        return out.view(*x.shape[:-1], -1)
+
+
+def test_a_librarys_own_gemm_op_is_neither_counted_nor_saved() -> None:
+    """Primus-Turbo's fp8 linears call their own op: the per-op policy sees `primus_turbo::gemm_fp8_impl`, not
+    aten.mm, so it saves none of their outputs (Fp8Spec.mm_dispatched is False). The block's linears swapped for a
+    custom op standing in for it keep what the projection with Primus-Turbo FP8 keeps."""
+    torch.manual_seed(0)
+    block = OpSacBlock(LLAMA, 0, SEQ).to(torch.bfloat16)
+    for parent in (block.block.attention, block.block.feed_forward):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, _OwnOpLinear(child))
+    x = torch.randn(MICRO_BATCH, SEQ, LLAMA.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    mode = _Alive()
+    with mode:
+        y = block(x)
+    alive = mode.alive()
+    for t in (y, x, *block.parameters(), *block.buffers()):
+        alive.pop(t.untyped_storage()._cdata, None)
+    measured = sum(alive.values()) + x.untyped_storage().nbytes()
+    y.sum().backward()
+    turbo = Fp8Spec(format="hybrid", recipe="tensorwise", library="primus_turbo")
+    want = saved_layer_bytes(LLAMA, *_setup(turbo), 0, False)
+    assert abs(want / measured - 1) <= 1e-4, (want, measured)
+    assert measured < 0.5 * _kept_bytes(True)[0]  # torchao's block keeps its mm outputs
