@@ -34,7 +34,12 @@ from typing import Any
 from projection.errors import ConfigError
 from projection.formats.common import one_slip
 from projection.formats.megatron_args import DESTS, to_list
-from projection.formats.megatron_checks import argument_problems, deepep_problem, zero_bubble_rules
+from projection.formats.megatron_checks import (
+    argument_problems,
+    deepep_problem,
+    fsdp2_drops_fp8_gather,
+    zero_bubble_rules,
+)
 from projection.formats.megatron_model import MegatronArgs, model_section
 from projection.specs.scenario import Origin, RawScenario
 from projection.workload.stages import LayoutError, expand_layout
@@ -90,6 +95,8 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
         for dest, key in (("fp8_recipe", "recipe"), ("fp8_param_gather", "param_gather"),
                           ("fp8_amax_history_len", "amax_history_len")):
             raw.set(f"training.fp8.{key}", a.get(dest), a.origin(dest))
+        if fsdp2_drops_fp8_gather(a, raw.framework):
+            raw.set("training.fp8.param_gather", False, a.origin("use_torch_fsdp2"))
         for dest, keeps in (("fp8_weight_transpose_cache", a.get("fp8_weight_transpose_cache")),
                             ("no_fp8_weight_transpose_cache", not a.get("no_fp8_weight_transpose_cache"))):
             if a.given(dest) and not keeps:

@@ -15,13 +15,20 @@ VALIDATE_ARGS = ("megatron", "primus-megatron")  # jobs whose arguments pass Meg
 CORE = (*VALIDATE_ARGS, "megatron-bridge")  # jobs that build Megatron-Core's TransformerConfig
 
 
+def fsdp2_drops_fp8_gather(a: MegatronArgs, framework: str) -> bool:
+    """validate_args under --use-torch-fsdp2: `if args.fp8_param_gather and is_te_min_version("2.0.0"):
+    args.fp8_param_gather = False` ("FSDP2 FP8 param gather is not supported yet in TE 2.0"), before the model's
+    config is built: the flag is dropped, not refused (Transformer Engine 2.0 or later taken)."""
+    return framework in VALIDATE_ARGS and bool(a.get("use_torch_fsdp2")) and bool(a.get("fp8_param_gather"))
+
+
 def argument_problems(a: MegatronArgs, framework: str, vpp: int | None) -> None:
     """Record (a.problem) every refusal below that applies to `framework`; `vpp` is the virtual pipeline size the
     arguments give (None for 1)."""
     if framework in VALIDATE_ARGS:
         _validate_args(a, framework, vpp)
     if framework in CORE:
-        _core(a, framework)
+        _core(a, framework, dropped=fsdp2_drops_fp8_gather(a, framework))
 
 
 def _validate_args(a: MegatronArgs, framework: str, vpp: int | None) -> None:
@@ -76,10 +83,10 @@ def _validate_args(a: MegatronArgs, framework: str, vpp: int | None) -> None:
                   f"drop {_n(a, 'use_distributed_optimizer')}: FSDP2 shards the optimizer state itself")
 
 
-def _core(a: MegatronArgs, framework: str) -> None:
+def _core(a: MegatronArgs, framework: str, dropped: bool = False) -> None:
     fp8_param = a.origins.get("fp8_param_gather")
     ddp_only = fp8_param is not None and (fp8_param.key or "").startswith("ddp.")  # Bridge's DDP field, not fp8_param
-    if a.get("fp8_param_gather") and a.get("fp8") is None and not ddp_only:
+    if a.get("fp8_param_gather") and a.get("fp8") is None and not ddp_only and not dropped:
         # transformer_config.py __post_init__: "fp8_param must be used together with fp8 mode."
         a.problem("fp8_param_gather", f"{_n(a, 'fp8_param_gather')} without fp8 (Megatron-Core TransformerConfig: "
                   "'fp8_param must be used together with fp8 mode.')", f"add {_n(a, 'fp8')} (e4m3 or hybrid), or "
@@ -90,7 +97,8 @@ def _core(a: MegatronArgs, framework: str) -> None:
         a.problem("moe_ffn_hidden_size", f"{_n(a, 'moe_ffn_hidden_size')} without experts (Megatron-Core "
                   "TransformerConfig asserts it is unset for a dense model)",
                   f"drop {_n(a, 'moe_ffn_hidden_size')}, or give {_n(a, 'num_experts')}")
-    if experts and a.get("moe_pad_expert_input_to_capacity") and (a.get("moe_expert_capacity_factor") or -1) < 0:
+    factor = a.get("moe_expert_capacity_factor")
+    if experts and a.get("moe_pad_expert_input_to_capacity") and (factor is None or factor < 0):
         # transformer_config.py: "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity"
         # (a negative factor is set to None first)
         a.problem("moe_pad_expert_input_to_capacity", f"{_n(a, 'moe_pad_expert_input_to_capacity')} without an "

@@ -104,6 +104,9 @@ ACCEPTED: dict[str, tuple[dict[str, object], bool]] = {
                      "--expert-model-parallel-size": 8}, True),
     "ep_overlap_vpp": ({"--overlap-moe-expert-parallel-comm": T, "--expert-model-parallel-size": 4,
                         "--pipeline-model-parallel-size": 2, "--num-virtual-stages-per-pipeline-rank": 2}, True),
+    # validate_args drops --fp8-param-gather under --use-torch-fsdp2 (TE 2.0+) before TransformerConfig sees it
+    "fsdp2_fp8_param_gather_no_fp8": ({"--use-torch-fsdp2": T, "--fp8-param-gather": T,
+                                       "--no-gradient-accumulation-fusion": T, "--ckpt-format": "torch_dist"}, False),
 }
 
 
@@ -177,3 +180,19 @@ def test_megatron_bridge_names_its_own_fields(tmp_path: Path, capsys: pytest.Cap
                                      "  pipeline_model_parallel_size: 2\n", ""))
     rc, err = memory(run, capsys)
     assert rc == 2 and "key 'model.defer_embedding_wgrad_compute'" in err, err
+
+
+def test_fsdp2_drops_the_fp8_parameter_gather(tmp_path: Path) -> None:
+    """Under --use-torch-fsdp2 Megatron-LM's validate_args sets fp8_param_gather False (TE 2.0+), so the weights are
+    gathered in bf16: the memory is the same as without the flag."""
+    from projection import api
+    from projection.memory.estimate import estimate_memory
+
+    fp8 = {"--use-torch-fsdp2": T, "--no-gradient-accumulation-fusion": T, "--ckpt-format": "torch_dist",
+           "--fp8-format": "hybrid", "--fp8-recipe": "tensorwise"}
+    peaks = []
+    for extra in ({}, {"--fp8-param-gather": T}):
+        sc = api.load(write(tmp_path, {**fp8, **extra}, False), overrides=["cluster.nodes=1", "cluster.gpus_per_node=8"])
+        assert sc.training.fp8 is not None and not sc.training.fp8.param_gather
+        peaks.append(max(r.peak_bytes for r in estimate_memory(sc).ranks))
+    assert peaks[0] == peaks[1]
