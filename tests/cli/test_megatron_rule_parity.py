@@ -192,7 +192,8 @@ def test_fsdp2_drops_the_fp8_parameter_gather(tmp_path: Path) -> None:
            "--fp8-format": "hybrid", "--fp8-recipe": "tensorwise"}
     peaks = []
     for extra in ({}, {"--fp8-param-gather": T}):
-        sc = api.load(write(tmp_path, {**fp8, **extra}, False), overrides=["cluster.nodes=1", "cluster.gpus_per_node=8"])
+        sc = api.load(write(tmp_path, {**fp8, **extra}, False),
+                      overrides=["cluster.nodes=1", "cluster.gpus_per_node=8"])
         assert sc.training.fp8 is not None and not sc.training.fp8.param_gather
         peaks.append(max(r.peak_bytes for r in estimate_memory(sc).ranks))
     assert peaks[0] == peaks[1]
