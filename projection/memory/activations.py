@@ -53,6 +53,11 @@ class Dims:
     compiled: bool = False  # ... compiled (KernelSpec.compiled): the SiLU output is recomputed, not saved
     repeat_kv: bool = True  # ... whose attention needs K and V copied to every query head (KernelSpec)
     local_attn: bool = False  # Megatron-Core's own DotProductAttention (local spec), which repeats K and V
+    # bytes a norm saves per element: its input, or with PyTorch's composite RMSNorm run eagerly (KernelSpec
+    # .rms_norm_kernel) the fp32 input and fp32 normalised value, 8 B (tests/oracle/test_memory_torchtitan_layers.py);
+    # TorchTitan compiles the blocks only, so its final norm stays eager under compile (e_final_norm)
+    e_norm: int = 2
+    e_final_norm: int = 2
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -67,6 +72,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
     e_lin = 1 if f8 is not None and f8.saves_fp8_inputs else e
     # the float8 TP plan covers attention and dense feed-forward blocks only (not MoE blocks, not the output layer)
     e_blk = 1 if f8 is not None and (f8.saves_fp8_inputs or (f8.tp_float8 and plan.tp > 1)) else e
+    k = training.kernels
+    composite = k.transformer_impl == "torchtitan" and k.rms_norm_kernel == "composite" and model.norm == "rmsnorm"
     return Dims(b=b, s=s, seq=training.seq_length, T=b * s, h=model.hidden_size, t=plan.tp,
                 r=1 / plan.tp if plan.sp_ else 1.0, e=e,
                 e_lin=e_lin, e_blk=e_blk, e_exp=e_lin if f8 is not None and f8.experts_in_fp8 else e,
@@ -76,13 +83,14 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 attn_dropout=training.attention_dropout_ > 0,
                 eager=training.kernels.transformer_impl == "torchtitan", compiled=training.kernels.compiled,
                 repeat_kv=not training.kernels.gqa_native_attention,
-                local_attn=training.kernels.transformer_impl == "local")
+                local_attn=training.kernels.transformer_impl == "local",
+                e_norm=8 if composite and not k.compiled else e, e_final_norm=8 if composite else e)
 
 
 def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
     """Saved tensors of the attention block (input norm .. output dropout)."""
     T, h, t, r, e = D.T, D.h, D.t, D.r, D.e
-    out: dict[str, float] = {"attn.norm_in": e * T * h * r, "attn.linear_in": D.e_blk * T * h * D.r_lin}
+    out: dict[str, float] = {"attn.norm_in": D.e_norm * T * h * r, "attn.linear_in": D.e_blk * T * h * D.r_lin}
     heads = model.num_attention_heads // t
     if model.mla is not None:
         m = model.mla
@@ -102,7 +110,7 @@ def attention_tensors(model: ModelSpec, D: Dims) -> dict[str, float]:
         kv = max(1, model.kv_heads // t)
         q_w, k_w, v_w = heads * d, kv * d, kv * d
         if model.qk_norm:
-            out["attn.qk_norm_in"] = e * T * (q_w + k_w)  # the Q and K norms' inputs: the projected q and k
+            out["attn.qk_norm_in"] = D.e_norm * T * (q_w + k_w)  # the Q and K norms' inputs: the projected q, k
         if D.eager and kv > 1 and D.repeat_kv:
             # repeat_kv: SDPA saves K and V copied to every local query head. With one local KV head its
             # expand + reshape merges a size-1 dim into the stride-0 one: a view of that head, nothing copied
@@ -143,7 +151,7 @@ def mlp_tensors(model: ModelSpec, D: Dims, ffn: int, prefix: str = "mlp", tokens
     shard = D.t if shard is None else shard
     out: dict[str, float] = {}
     if with_norm:
-        out[f"{prefix}.norm_in"] = D.e * D.T * D.h * D.r
+        out[f"{prefix}.norm_in"] = D.e_norm * D.T * D.h * D.r
         out[f"{prefix}.linear_in"] = (D.e_blk if prefix == "mlp" else D.e_lin) * D.T * D.h * D.r_lin
     branches = 2 if model.gated_mlp else 1
     out[f"{prefix}.act_in"] = D.e * T * branches * ffn / shard
@@ -166,7 +174,7 @@ def moe_tensors(model: ModelSpec, plan: ParallelPlan, D: Dims) -> dict[str, floa
     ranks holding E/ep experts, each replicated over the etp ranks of its expert-TP group)."""
     moe = model.moe
     assert moe is not None
-    out: dict[str, float] = {"moe.norm_in": D.e * D.T * D.h * D.r, "moe.linear_in": D.e_lin * D.T * D.h * D.r_lin,
+    out: dict[str, float] = {"moe.norm_in": D.e_norm * D.T * D.h * D.r, "moe.linear_in": D.e_lin * D.T * D.h * D.r_lin,
                              # fp32 scores; TorchTitan's router (NoParallel) scores the gathered sequence
                              "moe.router_probs": 4 * D.T * D.r_lin * moe.num_experts}
     n = moe.routed_copies(D.T / D.t) * plan.etp_  # k T/t dropless; capped or padded by the capacity factor
@@ -366,7 +374,8 @@ def loss_tensors(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -
     # activation dtype.
     f8 = training.fp8
     e_out = D.e_lin if f8 is not None and f8.converts("output") else D.e
-    return {"loss.norm_in": D.e * D.T * D.h * D.r, "loss.linear_in": e_out * D.T * D.h * D.r_lin, "loss.softmax": ce}
+    return {"loss.norm_in": D.e_final_norm * D.T * D.h * D.r, "loss.linear_in": e_out * D.T * D.h * D.r_lin,
+            "loss.softmax": ce}
 
 
 def loss_working_set(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:

@@ -169,7 +169,9 @@ def _output_pieces(model: ModelSpec, training: TrainingSpec, d: Dims, name: str)
         # loss_parallel runs the vocabulary-parallel form priced above
         loss_f, loss_b = eager_cross_entropy(f"{name}.loss", d, t, v)
     reduce = (coll(f"{name}.loss.ar", "F", "all_reduce", t * 4, "tp", count=3),) if d.tp > 1 else ()
-    return [norm(f"{name}.norm", d, d.tokens_sp, h, "layernorm"),
+    # TorchTitan compiles the blocks only: its final norm runs eagerly either way (KernelSpec.rms_norm_kernel)
+    final = replace(d, rms_composite=True) if d.torchtitan and training.kernels.rms_norm_kernel == "composite" else d
+    return [norm(f"{name}.norm", final, d.tokens_sp, h, "layernorm"),
             column_linear(name, d, t, model.padded_vocab(d.tp) // d.tp, h, tag="output",
                           dtype="fp8" if training.fp8 is not None and training.fp8.converts("output") else d.act),
             Piece("loss", (*loss_f, *reduce), loss_b)]

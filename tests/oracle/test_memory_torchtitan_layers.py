@@ -162,3 +162,28 @@ def test_op_sac_recompute_flops(spec: ModelSpec) -> None:
     print(f"\n{spec.name}: recomputed GEMM FLOPs projected {projected / 1e9:.3f} G, measured {measured / 1e9:.3f} G")
     assert measured > 0
     assert projected == pytest.approx(measured, rel=1e-9)
+
+
+@pytest.mark.parametrize("spec", [LLAMA, QWEN3], ids=lambda s: s.name)
+def test_composite_rms_norm_saved_bytes(spec: ModelSpec) -> None:
+    """TorchTitan's eager block with PyTorch's composite RMSNorm (before 2.8; KernelSpec.rms_norm_kernel
+    'composite'): each norm keeps its fp32 input and fp32 normalised value (8 B an element) for the pow / product
+    backward, not the input alone. PyTorch's own F.rms_norm (composite on the CPU) in the measured block."""
+    torch.manual_seed(0)
+    block = Block(spec, 0, SEQ, composite=True)
+    x = torch.randn(MICRO_BATCH, SEQ, spec.hidden_size, requires_grad=True)
+    mode = _Alive()
+    with mode:
+        y = block(x)
+    alive = mode.alive()
+    for t in (y, x, *block.parameters(), *block.buffers()):
+        alive.pop(t.untyped_storage()._cdata, None)
+    measured = sum(alive.values()) + x.untyped_storage().nbytes()
+    y.sum().backward()
+    training, plan = _setup(False)
+    training = training.model_copy(update={"kernels": KernelSpec(transformer_impl="torchtitan",
+                                                                 rms_norm_kernel="composite")})
+    got = saved_layer_bytes(spec, training, plan, 0, False)
+    print(f"\n{spec.name} composite norms: projected {got / 2**20:.3f} MiB, measured {measured / 2**20:.3f} MiB")
+    assert abs(got / measured - 1) <= 0.005
+    assert abs(projected_bytes(spec, False) / measured - 1) > 0.02  # the fused norm's inventory would not pass

@@ -23,8 +23,8 @@ MEMORY_LIMIT = 0.10
 _H100 = ("; the runs' H100s are 96 GB HBM2e parts at the default 500 W power limit, projected as the 700 W HBM3 "
          "h100-sxm (the A100 rows of the same file, projected on their own part, come out +12 % fast)")
 _COMPILE = ("; the compile gain is priced (eager TorchTitan's norms, RoPE, SwiGLU and loss kernel by kernel, "
-            "compiled blocks as fused kernels: projection/workload/ops_eager.py): +19.0 % in the projection, +15.7 % "
-            "measured (T3 +19.3 / +16.2 %)")
+            "compiled blocks as fused kernels: projection/workload/ops_eager.py): +18.8 % in the projection, +15.7 % "
+            "measured (T3 +19.1 / +16.2 %)")
 _EAGER_FP8 = ("; Float8 on the compiled blocks (per-op checkpointing keeps every second float8 mm output, as "
               "tests/oracle/test_memory_torchtitan_float8_sac.py measures, so half of them are not re-run)" + _H100)
 _PP = "; the pipeline split and microbatches are assumed (TorchTitan's defaults of the period, see the TOML)"
@@ -33,26 +33,26 @@ _CP = ("; with 32k tokens per GPU in every row, the measured throughput falls 1.
 
 PERFORMANCE: dict[str, str | None] = {
     "T1 8B fsdp8": "projected 7,448.2 tokens/s/GPU (2.200 s per step) against 5,762 measured: +29.3 %" + _H100,
-    "T1 8B fsdp8 compile": "projected 8,864.6 tokens/s/GPU (1.848 s) against 6,667 measured: +33.0 %" + _COMPILE,
-    "T1 8B fsdp8 compile fp8": "projected 11,555.4 tokens/s/GPU (1.418 s) against 8,532 measured: +35.4 %" + _EAGER_FP8,
-    "T2 8B fsdp8 cp1 32k": "projected 5,325.9 tokens/s/GPU (6.153 s) against 3,890 measured: +36.9 %" + _H100,
-    "T2 8B fsdp4 cp2 64k": "projected 3,241.6 tokens/s/GPU (10.109 s) against 2,540 measured: +27.6 %" + _CP,
-    "T2 8B fsdp2 cp4 128k": "projected 1,837.3 tokens/s/GPU (17.835 s) against 1,071 measured: +71.6 %" + _CP,
-    "T2 8B fsdp1 cp8 256k": "projected 983.3 tokens/s/GPU (33.324 s) against 548 measured: +79.4 %" + _CP,
+    "T1 8B fsdp8 compile": "projected 8,849.9 tokens/s/GPU (1.851 s) against 6,667 measured: +32.7 %" + _COMPILE,
+    "T1 8B fsdp8 compile fp8": "projected 11,530.3 tokens/s/GPU (1.421 s) against 8,532 measured: +35.1 %" + _EAGER_FP8,
+    "T2 8B fsdp8 cp1 32k": "projected 5,320.7 tokens/s/GPU (6.159 s) against 3,890 measured: +36.8 %" + _H100,
+    "T2 8B fsdp4 cp2 64k": "projected 3,239.7 tokens/s/GPU (10.115 s) against 2,540 measured: +27.5 %" + _CP,
+    "T2 8B fsdp2 cp4 128k": "projected 1,836.7 tokens/s/GPU (17.841 s) against 1,071 measured: +71.5 %" + _CP,
+    "T2 8B fsdp1 cp8 256k": "projected 983.1 tokens/s/GPU (33.330 s) against 548 measured: +79.4 %" + _CP,
     "T3 8B fsdp128": "projected 7,535.6 tokens/s/GPU (2.174 s) against 5,605 measured: +34.4 %" + _H100,
-    "T3 8B fsdp128 compile": "projected 8,988.7 tokens/s/GPU (1.823 s) against 6,514 measured: +38.0 %" + _COMPILE,
-    "T3 8B fsdp128 compile fp8": ("projected 11,767.7 tokens/s/GPU (1.392 s) against 8,380 measured: +40.4 %"
+    "T3 8B fsdp128 compile": "projected 8,973.5 tokens/s/GPU (1.826 s) against 6,514 measured: +37.8 %" + _COMPILE,
+    "T3 8B fsdp128 compile fp8": ("projected 11,741.7 tokens/s/GPU (1.395 s) against 8,380 measured: +40.1 %"
                                   + _EAGER_FP8),
-    "T4 70B fsdp32 tp8": None,  # +18.9 % (985.9 projected, 829 measured), 2026-11-30
-    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,169.3 tokens/s/GPU (14.012 s) against 876 measured: +33.5 %; async TP "
+    "T4 70B fsdp32 tp8": None,  # +18.9 % (985.6 projected, 829 measured), 2026-11-30
+    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,168.8 tokens/s/GPU (14.018 s) against 876 measured: +33.4 %; async TP "
                                   "gains 18.6 % in the projection and 5.7 % in the measurement" + _H100),
-    "T5 405B 3D 1F1B": "projected 145.3 tokens/s/GPU (28.196 s) against 100 measured: +45.3 %" + _PP + _H100,
-    "T5 405B 3D interleaved": ("projected 225.4 tokens/s/GPU (18.175 s) against 128 measured: +76.1 %; Interleaved "
+    "T5 405B 3D 1F1B": "projected 145.2 tokens/s/GPU (28.202 s) against 100 measured: +45.2 %" + _PP + _H100,
+    "T5 405B 3D interleaved": ("projected 225.1 tokens/s/GPU (18.200 s) against 128 measured: +75.8 %; Interleaved "
                                "1F1B gains 55 % over 1F1B in the projection and 28 % in the measurement" + _PP),
-    "T6 405B 4D fsdp8 cp1 32k": "projected 105.2 tokens/s/GPU (38.925 s) against 76 measured: +38.5 %" + _PP + _H100,
-    "T6 405B 4D fsdp4 cp2 64k": "projected 73.3 tokens/s/GPU (55.882 s) against 47 measured: +56.0 %" + _PP,
-    "T6 405B 4D fsdp2 cp4 128k": "projected 47.1 tokens/s/GPU (86.895 s) against 31 measured: +52.1 %" + _PP,
-    "T6 405B 4D fsdp1 cp8 256k": "projected 25.5 tokens/s/GPU (160.521 s) against 16 measured: +59.5 %" + _PP,
+    "T6 405B 4D fsdp8 cp1 32k": "projected 105.2 tokens/s/GPU (38.931 s) against 76 measured: +38.4 %" + _PP + _H100,
+    "T6 405B 4D fsdp4 cp2 64k": "projected 73.3 tokens/s/GPU (55.888 s) against 47 measured: +55.9 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "projected 47.1 tokens/s/GPU (86.901 s) against 31 measured: +52.0 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "projected 25.5 tokens/s/GPU (160.527 s) against 16 measured: +59.5 %" + _PP,
     # eager FSDP2 rows on the part they ran on, within the limit since the eager elementwise chains are priced
     # (2026-11-30; before: +26.6 / +29.0 / +20.1 %)
     "A 8B fsdp64 sel layer": None,  # 3,248.7 projected, 2,904 measured: +11.9 %
@@ -67,18 +67,18 @@ _RESERVED = ("; reserved bytes are projected with expandable segments (the loade
 
 # name -> the strict-xfail reason of the memory comparison (None: within MEMORY_LIMIT), as measured 2026-11-30
 MEMORY: dict[str, str | None] = {
-    "T1 8B fsdp8": "82.4 GiB max reserved measured, projected 71.2 GiB: -13.6 %" + _RESERVED,
-    "T1 8B fsdp8 compile": "77.0 GiB measured, projected 67.2 GiB: -12.7 %" + _RESERVED,
-    "T1 8B fsdp8 compile fp8": "76.8 GiB measured, projected 67.0 GiB: -12.7 %" + _FP8_MEM,
-    "T2 8B fsdp8 cp1 32k": "83.9 GiB measured, projected 71.7 GiB: -14.6 %" + _RESERVED,
-    "T2 8B fsdp4 cp2 64k": "84.2 GiB measured, projected 71.7 GiB: -14.9 %" + _RESERVED,
-    "T2 8B fsdp2 cp4 128k": "84.0 GiB measured, projected 71.7 GiB: -14.7 %" + _RESERVED,
-    "T2 8B fsdp1 cp8 256k": "84.5 GiB measured, projected 71.9 GiB: -14.9 %" + _RESERVED,
-    "T3 8B fsdp128": "67.0 GiB measured, projected 57.2 GiB: -14.6 %" + _RESERVED,
-    "T3 8B fsdp128 compile": "62.0 GiB measured, projected 53.2 GiB: -14.2 %" + _RESERVED,
-    "T3 8B fsdp128 compile fp8": "61.8 GiB measured, projected 53.0 GiB: -14.3 %" + _FP8_MEM,
-    "T4 70B fsdp32 tp8": "71.9 GiB measured, projected 58.1 GiB: -19.2 %" + _RESERVED,
-    "T4 70B fsdp32 tp8 asyncTP": ("67.6 GiB measured, projected 58.1 GiB: -14.1 %; async TP changes no projected "
+    "T1 8B fsdp8": "82.4 GiB max reserved measured, projected 71.6 GiB: -13.1 %" + _RESERVED,
+    "T1 8B fsdp8 compile": "77.0 GiB measured, projected 67.6 GiB: -12.2 %" + _RESERVED,
+    "T1 8B fsdp8 compile fp8": "76.8 GiB measured, projected 67.4 GiB: -12.3 %" + _FP8_MEM,
+    "T2 8B fsdp8 cp1 32k": "83.9 GiB measured, projected 72.4 GiB: -13.7 %" + _RESERVED,
+    "T2 8B fsdp4 cp2 64k": "84.2 GiB measured, projected 72.4 GiB: -14.0 %" + _RESERVED,
+    "T2 8B fsdp2 cp4 128k": "84.0 GiB measured, projected 72.4 GiB: -13.8 %" + _RESERVED,
+    "T2 8B fsdp1 cp8 256k": "84.5 GiB measured, projected 72.6 GiB: -14.0 %" + _RESERVED,
+    "T3 8B fsdp128": "67.0 GiB measured, projected 57.6 GiB: -14.1 %" + _RESERVED,
+    "T3 8B fsdp128 compile": "62.0 GiB measured, projected 53.6 GiB: -13.6 %" + _RESERVED,
+    "T3 8B fsdp128 compile fp8": "61.8 GiB measured, projected 53.4 GiB: -13.7 %" + _FP8_MEM,
+    "T4 70B fsdp32 tp8": "71.9 GiB measured, projected 58.8 GiB: -18.2 %" + _RESERVED,
+    "T4 70B fsdp32 tp8 asyncTP": ("67.6 GiB measured, projected 58.8 GiB: -13.0 %; async TP changes no projected "
                                   "byte while the measurement drops 4.3 GiB" + _RESERVED),
     "T5 405B 3D 1F1B": "82.5 GiB measured (largest GPU), projected 57.5 GiB (largest rank): -30.3 %" + _PP,
     "T5 405B 3D interleaved": "72.7 GiB measured (largest GPU), projected 51.4 GiB: -29.3 %" + _PP,

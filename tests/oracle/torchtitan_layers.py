@@ -44,11 +44,17 @@ from tests.oracle.memory_models import _FlashAttnFn, _RMSNormFn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, width: int) -> None:
+    """The GPU kernel's saved set (`_RMSNormFn`), or with `composite` PyTorch's own F.rms_norm, whose CPU build is the
+    composite chain CUDA ran before PyTorch 2.8 (KernelSpec.rms_norm_kernel 'composite')."""
+
+    def __init__(self, width: int, composite: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(width))
+        self.composite = composite
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.composite:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, 1e-6)
         out: torch.Tensor = _RMSNormFn.apply(x, self.weight, 1e-6)
         return out
 
@@ -80,13 +86,13 @@ def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, seq: int, sdpa: bool) -> None:
+    def __init__(self, spec: ModelSpec, seq: int, sdpa: bool, composite: bool = False) -> None:
         super().__init__()
         h, self.heads, self.kv, self.d = spec.hidden_size, spec.num_attention_heads, spec.kv_heads, spec.head_dim_
         self.wq, self.wk, self.wv = _lin(h, self.heads * self.d), _lin(h, self.kv * self.d), _lin(h, self.kv * self.d)
         self.wo = _lin(self.heads * self.d, h)
-        self.q_norm: nn.Module = RMSNorm(self.d) if spec.qk_norm else nn.Identity()
-        self.k_norm: nn.Module = RMSNorm(self.d) if spec.qk_norm else nn.Identity()
+        self.q_norm: nn.Module = RMSNorm(self.d, composite) if spec.qk_norm else nn.Identity()
+        self.k_norm: nn.Module = RMSNorm(self.d, composite) if spec.qk_norm else nn.Identity()
         self.register_buffer("freqs_cis", _rope_table(self.d, seq), persistent=False)
         self.sdpa = sdpa
 
@@ -154,11 +160,11 @@ class MoE(nn.Module):
 class Block(nn.Module):
     """TorchTitan's TransformerBlock for decoder layer i of `spec` (dense FeedForward or MoE)."""
 
-    def __init__(self, spec: ModelSpec, i: int, seq: int, sdpa: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, i: int, seq: int, sdpa: bool = False, composite: bool = False) -> None:
         super().__init__()
         h = spec.hidden_size
-        self.attention_norm, self.ffn_norm = RMSNorm(h), RMSNorm(h)
-        self.attention = Attention(spec, seq, sdpa)
+        self.attention_norm, self.ffn_norm = RMSNorm(h, composite), RMSNorm(h, composite)
+        self.attention = Attention(spec, seq, sdpa, composite)
         self.feed_forward: nn.Module = MoE(spec) if spec.is_moe_layer(i) else FeedForward(h, spec.ffn_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
