@@ -25,7 +25,7 @@ from projection.memory.activations import saved_layer_bytes  # noqa: E402
 from projection.specs.plan import ParallelPlan, RecomputeSpec  # noqa: E402
 from projection.specs.training import Fp8Spec, KernelSpec, TrainingSpec  # noqa: E402
 from projection.workload.ops import layer_ops  # noqa: E402
-from tests.oracle.test_memory_torchtitan_layers import LLAMA, MICRO_BATCH, SEQ, _Alive  # noqa: E402
+from tests.oracle.test_memory_torchtitan_layers import LLAMA, MICRO_BATCH, SEQ, kept_after_forward  # noqa: E402
 from tests.oracle.torchtitan_layers import OpSacBlock  # noqa: E402
 
 FP8 = Fp8Spec(format="hybrid", recipe="tensorwise", library="torchao")
@@ -54,16 +54,13 @@ def _kept_bytes(convert: bool) -> tuple[int, float]:
     if convert:
         float8.convert_to_float8_training(block)
     x = torch.randn(MICRO_BATCH, SEQ, LLAMA.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-    mode, forward = _Alive(), _MmFlops()
-    with mode, forward:
-        y = block(x)
-    alive = mode.alive()
-    for t in (y, x, *block.parameters(), *block.buffers()):
-        alive.pop(t.untyped_storage()._cdata, None)
+    forward = _MmFlops()
+    with forward:
+        kept, y = kept_after_forward(block, x)
     backward = _MmFlops()
     with backward:
         y.sum().backward()  # a real, differentiable block
-    return sum(alive.values()) + x.untyped_storage().nbytes(), backward.flop - 2 * forward.flop
+    return kept, backward.flop - 2 * forward.flop
 
 
 def _setup(fp8: Fp8Spec | None) -> tuple[TrainingSpec, ParallelPlan]:
@@ -130,13 +127,7 @@ def test_a_librarys_own_gemm_op_is_neither_counted_nor_saved() -> None:
             if isinstance(child, torch.nn.Linear):
                 setattr(parent, name, _OwnOpLinear(child))
     x = torch.randn(MICRO_BATCH, SEQ, LLAMA.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-    mode = _Alive()
-    with mode:
-        y = block(x)
-    alive = mode.alive()
-    for t in (y, x, *block.parameters(), *block.buffers()):
-        alive.pop(t.untyped_storage()._cdata, None)
-    measured = sum(alive.values()) + x.untyped_storage().nbytes()
+    measured, y = kept_after_forward(block, x)
     y.sum().backward()
     turbo = Fp8Spec(format="hybrid", recipe="tensorwise", library="primus_turbo")
     want = saved_layer_bytes(LLAMA, *_setup(turbo), 0, False)

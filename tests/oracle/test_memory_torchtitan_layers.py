@@ -91,12 +91,9 @@ def measured_bytes(spec: ModelSpec, op_sac: bool) -> int:
     return _measure(spec, op_sac)[0]
 
 
-@functools.cache
-def _measure(spec: ModelSpec, op_sac: bool) -> tuple[int, float]:
-    """(bytes the block keeps after its forward, matmul FLOPs its backward re-ran under op SAC)."""
-    torch.manual_seed(0)
-    block = OpSacBlock(spec, 0, SEQ) if op_sac else Block(spec, 0, SEQ)
-    x = torch.randn(MICRO_BATCH, SEQ, spec.hidden_size, requires_grad=True)
+def kept_after_forward(block: Any, x: Any) -> tuple[int, Any]:
+    """(bytes `block` keeps after its forward on x, its output): the storages its ops made that are still alive, less
+    its output, and the input it keeps (the next block's output, counted with the layer)."""
     mode = _Alive()
     with mode:
         y = block(x)
@@ -104,7 +101,16 @@ def _measure(spec: ModelSpec, op_sac: bool) -> tuple[int, float]:
     # views of the parameters, buffers and input (a transposed weight, x.view) share their storages: not new
     for t in (y, x, *block.parameters(), *block.buffers()):
         alive.pop(t.untyped_storage()._cdata, None)
-    kept = sum(alive.values()) + x.untyped_storage().nbytes()
+    return sum(alive.values()) + x.untyped_storage().nbytes(), y
+
+
+@functools.cache
+def _measure(spec: ModelSpec, op_sac: bool) -> tuple[int, float]:
+    """(bytes the block keeps after its forward, matmul FLOPs its backward re-ran under op SAC)."""
+    torch.manual_seed(0)
+    block = OpSacBlock(spec, 0, SEQ) if op_sac else Block(spec, 0, SEQ)
+    x = torch.randn(MICRO_BATCH, SEQ, spec.hidden_size, requires_grad=True)
+    kept, y = kept_after_forward(block, x)
     grad, flops = torch.ones_like(y), _RecomputedFlops()
     with flops:
         y.backward(grad)  # the block is a real, differentiable one
@@ -172,13 +178,7 @@ def test_composite_rms_norm_saved_bytes(spec: ModelSpec) -> None:
     torch.manual_seed(0)
     block = Block(spec, 0, SEQ, composite=True)
     x = torch.randn(MICRO_BATCH, SEQ, spec.hidden_size, requires_grad=True)
-    mode = _Alive()
-    with mode:
-        y = block(x)
-    alive = mode.alive()
-    for t in (y, x, *block.parameters(), *block.buffers()):
-        alive.pop(t.untyped_storage()._cdata, None)
-    measured = sum(alive.values()) + x.untyped_storage().nbytes()
+    measured, y = kept_after_forward(block, x)
     y.sum().backward()
     training, plan = _setup(False)
     training = training.model_copy(update={"kernels": KernelSpec(transformer_impl="torchtitan",
