@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from projection.formats.megatron_args import FLAG_RENAMES
 from projection.formats.megatron_model import MegatronArgs
-
-VALIDATE_ARGS = ("megatron", "primus-megatron")  # jobs whose arguments pass Megatron-LM's validate_args
-CORE = (*VALIDATE_ARGS, "megatron-bridge")  # jobs that build Megatron-Core's TransformerConfig
+from projection.specs.validate_megatron import CORE, VALIDATE_ARGS
 
 
 def fsdp2_drops_fp8_gather(a: MegatronArgs, framework: str) -> bool:

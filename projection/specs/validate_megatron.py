@@ -18,8 +18,8 @@ from projection.specs.training import TrainingSpec
 if TYPE_CHECKING:
     from projection.specs.scenario import RawScenario
 
-VALIDATE_ARGS = ("megatron", "primus-megatron")  # as formats/megatron_checks.py
-CORE = (*VALIDATE_ARGS, "megatron-bridge")
+VALIDATE_ARGS = ("megatron", "primus-megatron")  # jobs whose arguments pass Megatron-LM's validate_args
+CORE = (*VALIDATE_ARGS, "megatron-bridge")  # jobs that build Megatron-Core's TransformerConfig
 Bad = Callable[[str, str, str], None]
 
 
