@@ -83,9 +83,13 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
         tensors = max(1, sum(p.tensors for p in params))
     updated = dense / g_dense + expert / g_expert if zero >= 1 else float(dense + expert)
     local_grads = updated if zero >= 2 else float(dense + expert)
-    grad_b = DTYPE_BYTES[opt.main_grads_dtype]
     param_b = DTYPE_BYTES[training.params_dtype]
     mixed = training.params_dtype != "fp32"
+    # FSDP2 casts each reduced shard back to the sharded parameter's dtype (_fsdp_collectives.foreach_reduce:
+    # `_to_dtype_if_needed(reduce_output, orig_dtype)`): the optimizer reads fp32 gradients whatever the reduce dtype,
+    # as memory/model_states counts them
+    fsdp2 = zero == 3 and plan.sharding.fsdp == "torch_fsdp2"
+    grad_b = DTYPE_BYTES[opt.main_params_dtype if fsdp2 and mixed else opt.main_grads_dtype]
     master_b = DTYPE_BYTES[opt.main_params_dtype] if mixed else param_b
     moments_b = sum(DTYPE_BYTES[d] for d in (opt.exp_avg_dtype, opt.exp_avg_sq_dtype)[: opt.num_moments])
     # the share of the update the host runs: an offloaded optimizer's fraction, all of it with FSDP2 CPU offload
@@ -114,7 +118,7 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
         items += [blocking("optimizer", updated * cpu * grad_b / link),
                   blocking("optimizer", updated * cpu * master_b / link)]
     if opt.implementation != "fused" and opt.name in ("adam", "adamw"):
-        for name, read, written, lists in foreach_adam(opt, master_b):
+        for name, read, written, lists in foreach_adam(opt, master_b, grad_b):
             launches = tensors if opt.implementation == "for-loop" else \
                 max(math.ceil(tensors / FOREACH_TENSORS[lists]), math.ceil(on_gpu / FOREACH_ELEMENTS))
             memory(f"adam.{name}", on_gpu * read, on_gpu * written, launches)
@@ -131,7 +135,8 @@ def optimizer_items(scenario: Scenario, cost_model: CostModel, pp_rank: int) -> 
     return items
 
 
-def foreach_adam(opt: OptimizerSpec, param_b: int) -> list[tuple[str, float | int, float | int, int]]:
+def foreach_adam(opt: OptimizerSpec, param_b: int, grad_b: int | None = None
+                 ) -> list[tuple[str, float | int, float | int, int]]:
     """(pass, bytes read, bytes written per updated element, tensor lists) of torch.optim's foreach Adam / AdamW
     (torch/optim/adam.py _multi_tensor_adam, capturable off: the step counts stay on the host, so their
     _foreach_add_ and the bias corrections are host work): weight decay (AdamW: params *= 1 - lr wd; Adam:
@@ -139,7 +144,8 @@ def foreach_adam(opt: OptimizerSpec, param_b: int) -> list[tuple[str, float | in
     gradient with itself (read twice), its sqrt into a new list, divided and shifted in place, and the addcdiv into the
     parameters; no decay pass at weight decay 0 (TorchTitan's default is 0.1). The oracle is
     tests/oracle/test_eager_kernels.py."""
-    g, m, v = DTYPE_BYTES[opt.main_grads_dtype], DTYPE_BYTES[opt.exp_avg_dtype], DTYPE_BYTES[opt.exp_avg_sq_dtype]
+    g = DTYPE_BYTES[opt.main_grads_dtype] if grad_b is None else grad_b
+    m, v = DTYPE_BYTES[opt.exp_avg_dtype], DTYPE_BYTES[opt.exp_avg_sq_dtype]
     decay = [("decay_mul_", param_b, param_b, 1) if opt.name == "adamw" else ("decay_add", g + param_b, g, 3)]
     return [*(decay if opt.weight_decay != 0 else []), ("lerp_", m + g, m, 2), ("scale_", v, v, 1),
             ("addcmul_", v + 2 * g, v, 3), ("sqrt", v, v, 2),

@@ -117,3 +117,33 @@ def test_optimizer_implementation(optimizer: dict[str, Any], implementation: str
     foreach passes are priced one by one (projection/perf/optimizer.py foreach_adam)."""
     raw = _raw(_cfg(optimizer=optimizer))
     assert raw.get("training.optimizer.implementation") == implementation
+
+
+def test_fsdp2_optimizer_reads_fp32_gradients_whatever_the_reduce_dtype(tmp_path: Path) -> None:
+    """FSDP2 reduce-scatters in mixed_precision_reduce and casts the shard back to the sharded parameter's dtype
+    (fp32; _fsdp_collectives.foreach_reduce `_to_dtype_if_needed(reduce_output, orig_dtype)`): the optimizer step is
+    priced the same for a bf16 and an fp32 reduce, foreach or fused (it read 2 B gradients under a bf16 reduce)."""
+    from projection import api
+    from projection.perf.costmodel import default_cost_model
+    from projection.perf.optimizer import optimizer_step_seconds
+
+    steps = {}
+    for reduce in ("float32", "bfloat16"):
+        for way in ("foreach", "fused"):
+            path = _write(tmp_path, f"""
+                [model]
+                name = "llama3"
+                flavor = "8B"
+                [optimizer]
+                implementation = "{way}"
+                [training]
+                local_batch_size = 1
+                seq_len = 1024
+                mixed_precision_reduce = "{reduce}"
+                [parallelism]
+                data_parallel_shard_degree = 8
+            """)
+            sc = api.load(path, overrides=["cluster.hardware=h100-sxm", "cluster.nodes=1", "cluster.gpus_per_node=8"])
+            steps[reduce, way] = optimizer_step_seconds(sc, default_cost_model(sc))
+    assert steps["float32", "foreach"] == steps["bfloat16", "foreach"]
+    assert steps["float32", "fused"] == steps["bfloat16", "fused"]
