@@ -100,8 +100,12 @@ def _norm_type(job: JobReader, raw: RawScenario) -> None:
     key = "model.norm_type"
     if not job.has(key):
         return
-    kind = job.choice(key, "rmsnorm", ("rmsnorm", "fused_rmsnorm", "compiled_rmsnorm", "layernorm",
-                                       "np_layernorm"))
+    kinds = ("rmsnorm", "fused_rmsnorm", "compiled_rmsnorm", "layernorm", "np_layernorm")
+    value = job.get(key, "rmsnorm")
+    kind = value.lower() if isinstance(value, str) else value  # build_norm: `norm_type = norm_type.lower()`
+    if kind not in kinds:
+        job.problem(key, f"{shown(value)} is not one of {', '.join(kinds)}", f"set {key} to one of: {', '.join(kinds)}")
+        return
     if kind == "rmsnorm":
         raw.set("training.kernels.rms_norm_kernel", "composite", job.origin(key))
     elif kind.endswith("layernorm") and kind != "fused_rmsnorm":

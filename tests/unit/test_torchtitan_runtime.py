@@ -88,6 +88,7 @@ def test_primus_turbo_attention_takes_kv_without_repeat() -> None:
 @pytest.mark.parametrize(("norm_type", "kernel", "norm"), [
     (None, None, "rmsnorm"),  # releases without the key: nn.RMSNorm, PyTorch's fused kernel
     ("rmsnorm", "composite", "rmsnorm"),  # TorchTitan's own eager RMSNorm of 2024
+    ("RMSNorm", "composite", "rmsnorm"),  # build_norm lower-cases the name
     ("fused_rmsnorm", None, "rmsnorm"),  # its Triton kernel
     ("np_layernorm", None, "layernorm"),
 ])
