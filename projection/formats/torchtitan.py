@@ -108,7 +108,7 @@ def _norm_type(job: JobReader, raw: RawScenario) -> None:
         return
     if kind == "rmsnorm":
         raw.set("training.kernels.rms_norm_kernel", "composite", job.origin(key))
-    elif kind.endswith("layernorm") and kind != "fused_rmsnorm":
+    elif kind in ("layernorm", "np_layernorm"):
         raw.set("model.norm", "layernorm", job.origin(key))
 
 

@@ -73,7 +73,7 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
     # the float8 TP plan covers attention and dense feed-forward blocks only (not MoE blocks, not the output layer)
     e_blk = 1 if f8 is not None and (f8.saves_fp8_inputs or (f8.tp_float8 and plan.tp > 1)) else e
     k = training.kernels
-    composite = k.transformer_impl == "torchtitan" and k.rms_norm_kernel == "composite" and model.norm == "rmsnorm"
+    composite = k.eager_rms_norm and model.norm == "rmsnorm"
     return Dims(b=b, s=s, seq=training.seq_length, T=b * s, h=model.hidden_size, t=plan.tp,
                 r=1 / plan.tp if plan.sp_ else 1.0, e=e,
                 e_lin=e_lin, e_blk=e_blk, e_exp=e_lin if f8 is not None and f8.experts_in_fp8 else e,

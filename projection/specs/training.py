@@ -208,6 +208,12 @@ class KernelSpec(Spec):
         "instead of a cudaMalloc per segment; changes the reserved peak (memory/allocator.py). TorchTitan's "
         "run_train.sh sets it, so the TorchTitan loader does")
 
+    @property
+    def eager_rms_norm(self) -> bool:
+        """Whether TorchTitan's RMSNorm runs PyTorch's composite chain (rms_norm_kernel 'composite'): its final norm
+        always, the blocks' norms where the blocks are not compiled (TorchTitan compiles the blocks only)."""
+        return self.transformer_impl == "torchtitan" and self.rms_norm_kernel == "composite"
+
 
 class TrainingSpec(Spec):
     """Per-step workload. Batch sizes count sequences; global batch = micro * dp * gradient-accumulation steps."""

@@ -170,7 +170,7 @@ def _output_pieces(model: ModelSpec, training: TrainingSpec, d: Dims, name: str)
         loss_f, loss_b = eager_cross_entropy(f"{name}.loss", d, t, v)
     reduce = (coll(f"{name}.loss.ar", "F", "all_reduce", t * 4, "tp", count=3),) if d.tp > 1 else ()
     # TorchTitan compiles the blocks only: its final norm runs eagerly either way (KernelSpec.rms_norm_kernel)
-    final = replace(d, rms_composite=True) if d.torchtitan and training.kernels.rms_norm_kernel == "composite" else d
+    final = replace(d, rms_composite=True) if training.kernels.eager_rms_norm else d
     return [norm(f"{name}.norm", final, d.tokens_sp, h, "layernorm"),
             column_linear(name, d, t, model.padded_vocab(d.tp) // d.tp, h, tag="output",
                           dtype="fp8" if training.fp8 is not None and training.fp8.converts("output") else d.act),

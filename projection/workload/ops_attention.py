@@ -19,7 +19,6 @@ all-gather and all-to-all (Ulysses) exchanges are in `_cp_pieces`.
 from __future__ import annotations
 
 from projection.specs.model import ModelSpec, keys_per_query
-from projection.workload import ops_eager
 from projection.workload.ops_base import (
     Dims,
     GroupAxis,
@@ -212,7 +211,7 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
     assert mla is not None
     h, t = d.h, d.tokens
     heads = model.num_attention_heads // d.tp
-    dq, rope, dv = mla.qk_head_dim + mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+    dq, rd, dv = mla.qk_head_dim + mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim  # rd: rotary dim
     dtensor = d.sp and not d.tp_regather
     tl = t if dtensor else d.tokens_sp  # rows of the down projections
     pieces: list[Piece] = [tp_enter("attn.in", d, h, "attn")] if dtensor else []
@@ -228,7 +227,7 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
         pieces.append(up("attn.q_up", heads * dq, mla.q_lora_rank, "mla_up_proj"))
     else:
         pieces.append(up("attn.q_proj", heads * dq, h, "attn"))
-    latent = mla.kv_lora_rank + rope
+    latent = mla.kv_lora_rank + rd
     pieces.append(linear("attn.kv_down", d, tl, latent, h, tag="attn"))
     if model.qk_norm:
         pieces.append(pointwise("attn.kv_norm", d, tl * mla.kv_lora_rank, tl * mla.kv_lora_rank, "attn", fn=d.norm,
@@ -240,14 +239,14 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
         # Megatron-Core (get_query_key_value_tensors): the sequence-sharded kv latent enters the column-parallel
         # linear_kv_up_proj, which gathers it (and re-gathers it for its weight gradient); the rope key part is
         # gathered on its own (gather_from_sequence_parallel_region)
-        pieces += [_latent_gather(d, rope),
+        pieces += [_latent_gather(d, rd),
                    column_linear("attn.kv_up", d, t, kv_up_out, mla.kv_lora_rank, tag="mla_up_proj")]
     else:
         pieces += [_latent_gather(d, latent),
                    linear("attn.kv_up", d, t, kv_up_out, mla.kv_lora_rank, tag="mla_up_proj")]
     # rope on the query heads' and the one shared key's rotary parts (TorchTitan's DeepSeek-V3 apply_rotary_emb is the
     # same complex chain as Llama's: ops_eager.rope)
-    pieces += [ops_eager.rope("attn.rope", d, t * heads * rope, t * rope, rope, "mla_up_proj"),
+    pieces += [rope("attn.rope", d, t * heads * rd, t * rd, rd, "mla_up_proj"),
                core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
     return pieces
 

@@ -193,10 +193,9 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 sequential_experts=training.kernels.moe_grouped_gemm is False,
                 unfused_permute=training.kernels.moe_permute_fusion is False, cp_exchange=cp_exchange(plan),
                 cp_a2a=cp_a2a_size(plan),
-                repeat_kv=training.kernels.transformer_impl == "torchtitan"
-                and not training.kernels.gqa_native_attention,
+                repeat_kv=titan and not training.kernels.gqa_native_attention,
                 torchtitan=titan, eager=eager,
-                rms_composite=eager and training.kernels.rms_norm_kernel == "composite")
+                rms_composite=training.kernels.eager_rms_norm and not training.kernels.compiled)
 
 
 def cp_a2a_size(plan: ParallelPlan, layer_index: int = 0) -> int:
