@@ -125,3 +125,55 @@ def test_pipelined_units_stay_whole_after_backward_even_with_reshard(tmp_path: P
     print(f"\nunsharded after backward: measured {measured['bytes']} B, projected {projected} B")
     assert measured["dtypes"] == ["torch.bfloat16"]
     assert projected == measured["bytes"]
+
+
+def _reduce_worker(rank: int, port: int, out: str) -> None:
+    """One step of the decoder under FSDP2 with a bf16 reduce (TorchTitan's mixed_precision_reduce = "bfloat16"):
+    the sharded gradients it leaves (dtype, bytes on this rank)."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from tests.oracle.memory_models import Decoder
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = Decoder(MODEL, SEQ)
+        mesh = init_device_mesh("cpu", (2,))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        ids = torch.randint(0, MODEL.vocab_size, (1, SEQ))
+        model(ids, ids).backward()
+        grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+        if rank == 0:
+            storages = {g.untyped_storage()._cdata: g.untyped_storage().nbytes() for g in grads}  # views of a few
+            Path(out).write_text(json.dumps({"dtypes": sorted({str(g.dtype) for g in grads}),
+                                             "bytes": sum(storages.values()),
+                                             "elements": sum(g.numel() for g in grads)}), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_bf16_reduce_leaves_fp32_sharded_gradients(tmp_path: Path) -> None:
+    """FSDP2 reduce-scatters in the reduce dtype and casts each reduced shard back to the sharded parameter's (fp32):
+    the gradients the optimizer reads (projection/perf/optimizer.py) and memory holds are fp32 whatever
+    mixed_precision_reduce, which the TorchTitan loader maps to main_grads_dtype."""
+    from projection.memory.model_states import model_state_bytes
+    from projection.specs.training import OptimizerSpec
+
+    out = tmp_path / "grads.json"
+    run_spawned(_reduce_worker, (free_port(), str(out)), world=2, limit_s=120, what="FSDP2 step with a bf16 reduce")
+    measured = json.loads(out.read_text(encoding="utf-8"))
+    plan = ParallelPlan(dp=2, sharding={"zero_stage": 3, "fsdp": "torch_fsdp2"})
+    (rank,) = per_rank_params(MODEL, plan)
+    training = TrainingSpec(seq_length=SEQ, optimizer=OptimizerSpec(main_grads_dtype="bf16"))
+    projected = model_state_bytes(MODEL, training, plan, rank).terms["gradients.main"]
+    print(f"\nsharded gradients after a bf16 reduce: measured {measured}, projected {projected} B")
+    assert measured["dtypes"] == ["torch.float32"]
+    assert projected == measured["bytes"]
