@@ -30,7 +30,9 @@ MODEL = ModelSpec(name="fsdp-probe", num_layers=3, hidden_size=128, num_attentio
 SEQ = 32
 
 
-def _worker(rank: int, port: int, out: str, reshard: bool = False) -> None:
+def _sharded_decoder(rank: int, port: int, reduce_dtype: Any, reshard: bool = False) -> Any:
+    """The test decoder under FSDP2 on this rank of a 2-rank gloo group (started here): each layer a unit, the root
+    holding the embedding, final norm and output; bf16 compute, `reduce_dtype` reduce."""
     import os
 
     import torch.distributed as dist
@@ -41,14 +43,21 @@ def _worker(rank: int, port: int, out: str, reshard: bool = False) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = Decoder(MODEL, SEQ)
+    mesh = init_device_mesh("cpu", (2,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)  # embedding, final norm, output
+    return model
+
+
+def _worker(rank: int, port: int, out: str, reshard: bool = False) -> None:
+    import torch.distributed as dist
+
+    model = _sharded_decoder(rank, port, torch.float32, reshard)
     try:
-        torch.manual_seed(0)
-        model = Decoder(MODEL, SEQ)
-        mesh = init_device_mesh("cpu", (2,))
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)  # embedding, final norm, output
         ids = torch.randint(0, MODEL.vocab_size, (1, SEQ))
         # a pipeline stage's non-last backward: gradient sync and reshard-after-backward off, as
         # torch.distributed.pipelining sets them
@@ -130,24 +139,10 @@ def test_pipelined_units_stay_whole_after_backward_even_with_reshard(tmp_path: P
 def _reduce_worker(rank: int, port: int, out: str) -> None:
     """One step of the decoder under FSDP2 with a bf16 reduce (TorchTitan's mixed_precision_reduce = "bfloat16"):
     the sharded gradients it leaves (dtype, bytes on this rank)."""
-    import os
-
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from tests.oracle.memory_models import Decoder
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = _sharded_decoder(rank, port, torch.bfloat16)
     try:
-        torch.manual_seed(0)
-        model = Decoder(MODEL, SEQ)
-        mesh = init_device_mesh("cpu", (2,))
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
         ids = torch.randint(0, MODEL.vocab_size, (1, SEQ))
         model(ids, ids).backward()
         grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
