@@ -90,6 +90,7 @@ class Case:
     config: str = ""                 # or a config file (a path) loaded as it is
     hardware: str = ""               # with `script` or `config`: the device and node count it ran on
     nodes: int = 0
+    pytorch: str = ""                # with `config`: the torch release the run used (api.load's pytorch), if known
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int = 51200, tied: bool = True,
@@ -269,7 +270,7 @@ def load_case(case: Case, workdir: Path) -> Any:
     was run, loaded with projection.api.load."""
     stem = f"{case.source.split()[0].lower()}-{case.name.replace(' ', '_')}"
     if case.config:
-        return api.load(Path(case.config), hardware=case.hardware, nodes=case.nodes)
+        return api.load(Path(case.config), hardware=case.hardware, nodes=case.nodes, pytorch=case.pytorch or None)
     if case.script:
         path = workdir / f"{stem}.sh"
         path.write_text(case.script, encoding="utf-8")

@@ -100,6 +100,9 @@ RUNS_TABLE: list[tuple[str, str, int, str, float, float | None]] = [
     ("A 70B fsdp64 full", "a100_llama3_70b_fsdp64_full", 64, "a100-80g", 331, None),
 ]
 GPUS_PER_NODE = 8
+# Source H's torch: the nightly of commit 1963fc8 (2024-12-23), after the 2.6 branch cut, so a 2.7 pre-release: its
+# ScheduleInterleaved1F1B ran on PipelineScheduleMulti's lock-step time steps (ParallelPlan.pipeline_runtime)
+TORCH_H = "2.7.0a0+git1963fc8"
 GiB = 2**30
 
 
@@ -107,7 +110,8 @@ def cases() -> list[Case]:
     """One Case per published row: its TOML loaded as it is on the device and node count the row ran on."""
     return [Case(SOURCE_A if name.startswith("A ") else SOURCE_H, name, gpus, {}, "tokens/s/GPU", float(tps), _tokens,
                  note=f"max reserved {mem} GiB" if mem is not None else "no memory published",
-                 config=str(RUNS / f"{stem}.toml"), hardware=device, nodes=gpus // GPUS_PER_NODE)
+                 config=str(RUNS / f"{stem}.toml"), hardware=device, nodes=gpus // GPUS_PER_NODE,
+                 pytorch="" if name.startswith("A ") else TORCH_H)
             for name, stem, gpus, device, tps, mem in RUNS_TABLE]
 
 

@@ -21,6 +21,7 @@ from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR, is_device_path
 from projection.report.inspect import InspectReport, build_inspect_report
 from projection.specs.hardware import load_device
+from projection.specs.plan import torch_pipeline_runtime
 from projection.specs.scenario import Origin, RawScenario, Scenario, build_scenario
 
 DEFAULT_HARDWARE = "mi300x"
@@ -30,7 +31,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
          gpus_per_node: int | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None,
          primus_root: str | Path | None = None, env: Mapping[str, str] | None = None,
          fmt: str | None = None, hardware_dir: Path = HARDWARE_DIR, models_dir: Path = MODELS_DIR,
-         default_nodes: int = 1, schedule: str | None = None) -> Scenario:
+         default_nodes: int = 1, schedule: str | None = None, pytorch: str | None = None) -> Scenario:
     """Load and validate any supported config file into a Scenario.
 
     overrides: `KEY=VALUE` strings or a mapping, in the file's own key space (Megatron/Primus argument names,
@@ -38,7 +39,9 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     `$VAR` in launch scripts (the CLI passes the process environment; the default is an empty environment).
     Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, `default_nodes` (1)
     nodes and the device's usual GPUs per node. schedule: a pipeline schedule name that replaces the file's before the
-    plan is checked (the CLI's --schedule NAME).
+    plan is checked (the CLI's --schedule NAME). pytorch: the torch release the job runs ("2.9", "2.10.0"; the
+    CLI's --pytorch), which decides how torch.distributed.pipelining runs interleaved schedules (ParallelPlan
+    .pipeline_runtime); None keeps the file's or the default (torch 2.10+).
     """
     if overrides is not None and not isinstance(overrides, Mapping | str | bytes) and isinstance(overrides, Iterable):
         overrides = list(overrides)  # a generator is read once
@@ -79,6 +82,14 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
             raw.set(key, value, where)
     if schedule is not None:
         raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
+    if pytorch is not None:
+        runtime = torch_pipeline_runtime(pytorch) if isinstance(pytorch, str) else None
+        if runtime is None:
+            problems.append(Problem(f"cannot read a torch release from {shown(pytorch)}", key="--pytorch",
+                                    file=COMMAND_LINE, fix="give the release as torch.__version__ prints it, "
+                                    "e.g. --pytorch 2.9 or --pytorch 2.10.0"))
+        else:
+            raw.set("plan.pipeline_runtime", runtime, Origin(COMMAND_LINE, None, "--pytorch"))
     if hardware is not None:
         raw.set("cluster.hardware", hardware, Origin(COMMAND_LINE, None, "--hardware"))
     if nodes is not None:

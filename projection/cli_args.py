@@ -86,7 +86,7 @@ def load_scenario(args: argparse.Namespace, env: Mapping[str, str] | None, *, no
     return api.load(args.config, hardware=args.hardware, nodes=args.nodes if nodes is None else nodes,
                     gpus_per_node=getattr(args, "gpus_per_node", None), overrides=overrides,
                     primus_root=getattr(args, "primus_root", None), env=env, default_nodes=default_nodes,
-                    schedule=schedule)
+                    schedule=schedule, pytorch=getattr(args, "pytorch", None))
 
 
 def primus_root_problems(primus_root: str | None) -> list[Problem]:
@@ -94,6 +94,12 @@ def primus_root_problems(primus_root: str | None) -> list[Problem]:
     directory, as Path('') is)."""
     return [Problem("the path is empty", key="--primus-root", file=COMMAND_LINE,
                     fix="give a Primus checkout after --primus-root, or drop the flag")] if primus_root == "" else []
+
+
+def add_pytorch_arg(p: argparse.ArgumentParser) -> None:
+    """--pytorch VERSION: the torch release the job runs (api.load's `pytorch`)."""
+    p.add_argument("--pytorch", metavar="VERSION", help="the torch release the job runs (default 2.10 or later): up "
+                   "to 2.9 torch.distributed.pipelining runs interleaved schedules in lock-step time steps")
 
 
 def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json")) -> None:
@@ -105,6 +111,7 @@ def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("t
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a value, in the config file's own key space (repeatable)")
     p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
+    add_pytorch_arg(p)
     p.add_argument("--format", choices=formats, default=formats[0])
 
 

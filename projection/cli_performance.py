@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from projection.cli_args import (
+    add_pytorch_arg,
     count,
     count_problems,
     input_problems,
@@ -76,6 +77,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a value, in the config file's own key space (repeatable)")
     p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
+    add_pytorch_arg(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--trace", metavar="OUT.json", help="write the simulated step as a Chrome trace (ui.perfetto.dev)")
     p.add_argument("--pp-vis", metavar="DIR", help="write the simulated pipeline as Primus pp_vis JSON to "

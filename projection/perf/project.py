@@ -25,6 +25,7 @@ from projection.perf.pricing import PricedStages, price_stages
 from projection.perf.result import BREAKDOWN_KEYS, COMM_GROUPS, Projection, category_key
 from projection.perf.rounds import repeat
 from projection.schedule.action import Schedule
+from projection.schedule.interleaved import torch_time_steps
 from projection.schedule.registry import (
     SCHEDULE_NAMES,
     TOO_MANY_MICROBATCHES_FIX,
@@ -34,6 +35,7 @@ from projection.schedule.registry import (
 )
 from projection.sim.api import simulate
 from projection.sim.des import Links
+from projection.sim.lockstep import lockstep_walk
 from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.accumulation import one_round, rounds, schedule_microbatches
 from projection.specs.device_names import device_match
@@ -86,7 +88,11 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     crosses = dp.crosses_nodes or any(p.n_nodes > 1 for p in priced.p2p_placements)
     links: Links = "none" if engine == "dag" else ("nic" if crosses else "pair")
     try:
-        sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
+        if sc.plan.lockstep_pipeline:
+            sim = lockstep_walk(sched, priced.stage_costs(sched, dp.tasks), torch_time_steps(
+                sched.n_ranks, sched.n_microbatches, sched.n_stages // sched.n_ranks))
+        else:
+            sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
     except ValueError as e:
         if "must be finite" not in str(e):
             raise
@@ -157,6 +163,10 @@ def _unmodelled(sc: Scenario) -> list[str]:
         notes.append("MoE: projections of published MoE runs have all been fast, the finer the experts the more "
                      "(docs/performance.md): the dispatcher path's host work and the efficiency of small grouped "
                      "GEMMs are not measured here; read the step time as a lower bound")
+    if plan.schedule_style == "torch" and plan.pipeline_runtime == "lockstep" and plan.pp > 1 and (
+            plan.schedule == "zbv" or (plan.schedule == "gpipe" and plan.vpp_ > 1)):
+        notes.append(f"torch up to 2.9 runs {plan.schedule} in lock-step time steps (PipelineScheduleMulti); priced "
+                     "as the dependency-driven runtime of torch 2.10+ (only interleaved_1f1b's steps are modelled)")
     if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher == "flex":
         notes.append("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
                      "dispatcher: the same bytes, not the same kernels")

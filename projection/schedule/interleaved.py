@@ -107,3 +107,28 @@ def interleaved_1f1b(pp: int, n_microbatches: int, vpp: int, *, microbatch_group
         raise ValueError(f"unknown interleaved_1f1b style {style!r} (expected 'megatron' or 'torch')")
     per_rank = [_rank_ops(r, pp, m, vpp, group) for r in range(pp)]
     return make_schedule("interleaved_1f1b", looped_placement(pp, vpp), m, per_rank)
+
+
+def torch_time_steps(pp: int, n_microbatches: int, vpp: int) -> tuple[tuple[int, ...], ...]:
+    """Time step of each action of interleaved_1f1b(style="torch"), per rank in execution order: the index of the
+    action in torch's `pipeline_order[rank]`, where None slots pad each rank so that all ranks share one clock.
+
+    Re-derived from torch.distributed.pipelining `_get_1f1b_rank_ops` (torch 2.4-2.13, unchanged): rank r starts
+    with r empty steps; after its W warm-up forwards it waits `(vpp * pp + 2 * (pp - 1 - r)) - (W + r)` empty steps
+    (the earliest step of its first backward; none when negative or without warm-up); the 1F1B pairs follow back to
+    back; each cool-down backward comes after one empty step. Torch up to 2.9 runs these steps in lock-step
+    (sim/lockstep.py); 2.10+ runs the same order with explicit send and receive actions instead."""
+    require_positive(pp, n_microbatches, vpp)
+    group = torch_group_size(pp, n_microbatches)
+    total = n_microbatches * vpp
+    out = []
+    for rank in range(pp):
+        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * group, total)
+        steps = list(range(rank, rank + warmup))
+        # the empty steps follow the last warm-up forward, so a rank without warm-up has none
+        t = rank + warmup + (max(0, (vpp * pp + 2 * (pp - 1 - rank)) - (warmup + rank)) if warmup else 0)
+        steps += range(t, t + 2 * (total - warmup))
+        t += 2 * (total - warmup)
+        steps += [t + 2 * k + 1 for k in range(warmup)]
+        out.append(tuple(steps))
+    return tuple(out)

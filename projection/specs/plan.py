@@ -6,6 +6,7 @@ Dense grid: world = tp * cp * dp * pp. MoE grid (Megatron "parallel folding"): w
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,19 @@ ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "z
 
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts", "op")
+
+
+PipelineRuntime = Literal["actions", "lockstep"]
+
+
+def torch_pipeline_runtime(version: str) -> PipelineRuntime | None:
+    """How torch release `version` ("2.9", "2.7.0a0+git1963fc8", "2.10.0+rocm7.0") runs multi-stage pipeline
+    schedules: "lockstep" up to 2.9 (ScheduleInterleaved1F1B on PipelineScheduleMulti's time steps), "actions" from
+    2.10 (_PipelineScheduleRuntime); None when the text is not a torch version."""
+    m = re.fullmatch(r"v?(\d{1,3})\.(\d{1,3})(?:[.+a-z][0-9A-Za-z.+_-]*)?", version.strip())
+    if m is None:
+        return None
+    return "lockstep" if (int(m.group(1)), int(m.group(2))) < (2, 10) else "actions"
 
 
 class RecomputeSpec(Spec):
@@ -125,6 +139,11 @@ class ParallelPlan(Spec):
     schedule_style: Literal["megatron", "torch"] = "megatron"
     """Whose pipeline ordering and rules the schedule follows: Megatron-LM's (and Primus's), or
     torch.distributed.pipelining's (TorchTitan): interleaved 1F1B rounds and their microbatch rules differ."""
+    pipeline_runtime: PipelineRuntime = "actions"
+    """How torch.distributed.pipelining runs a multi-stage schedule (schedule_style "torch", interleaved_1f1b):
+    "actions", torch 2.10+ (`_PipelineScheduleRuntime`: each receive waited for just before the pass that needs it);
+    "lockstep", torch up to 2.9 (`PipelineScheduleMulti._step_microbatches`: every time step ends in a blocking batch
+    of sends and receives with the neighbours, sim/lockstep.py). The CLI's --pytorch VERSION sets it."""
     rank_order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
     """Megatron's rank order, innermost first: tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping (megatron/training/
     initialize.py), which puts the pipeline inside data parallelism (and so DP, not PP, across nodes first)."""
@@ -154,6 +173,12 @@ class ParallelPlan(Spec):
         default under PP) each unit is all-gathered once, by its first forward."""
         return self.sharding.zero_stage == 3 and self.sharding.fsdp == "torch_fsdp2" and self.pp > 1 \
             and self.schedule_style == "torch"
+
+    @property
+    def lockstep_pipeline(self) -> bool:
+        """Interleaved 1F1B as torch up to 2.9 runs it, in lock-step time steps (pipeline_runtime)."""
+        return self.schedule_style == "torch" and self.pipeline_runtime == "lockstep" and self.pp > 1 \
+            and self.schedule == "interleaved_1f1b"
 
     @model_validator(mode="after")
     def _check(self) -> ParallelPlan:

@@ -22,7 +22,7 @@ schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 utils = pytest.importorskip("torch.distributed.pipelining._utils")
 
 from projection.schedule.action import Schedule  # noqa: E402
-from projection.schedule.interleaved import interleaved_1f1b  # noqa: E402
+from projection.schedule.interleaved import interleaved_1f1b, torch_time_steps  # noqa: E402
 from projection.schedule.registry import build_schedule  # noqa: E402
 
 TORCH_VERSION = torch.__version__  # orders verified against 2.13.0
@@ -139,6 +139,25 @@ def test_interleaved_1f1b_matches_torch(pp: int, vpp: int) -> None:
         assert ours(mine) == torch_order(sched.pipeline_order), (TORCH_VERSION, pp, vpp, m)
         if vpp > 1 and m % pp == 0:  # Megatron's default order is torch's here (module doc of interleaved.py)
             assert ours(build_schedule("interleaved_1f1b", pp, m, vpp)) == ours(mine)
+        compared += 1
+    assert compared >= 4
+
+
+@pytest.mark.parametrize("pp", PPS)
+@pytest.mark.parametrize("vpp", (1, 2, 3))
+def test_interleaved_1f1b_time_steps_match_torch(pp: int, vpp: int) -> None:
+    """The time step of every action (its index in torch's pipeline_order, None slots counted), which the lock-step
+    runtime of torch up to 2.9 runs by (sim/lockstep.py)."""
+    compared = 0
+    for m in sorted({1, pp - 1 or 1, pp, pp + 1, 2 * pp, 3 * pp, 3 * pp + 1, 10}):
+        try:
+            sched = multi_stage(schedules.ScheduleInterleaved1F1B, pp, pp * vpp, m, "loop")
+        except ValueError:
+            continue
+        mine = interleaved_1f1b(pp, m, vpp, style="torch")
+        for rank, steps in enumerate(torch_time_steps(pp, m, vpp)):
+            want = [(t, str(a)) for t, a in enumerate(sched.pipeline_order[rank]) if a is not None]
+            assert [(t, str(a)) for t, a in zip(steps, mine.actions[rank], strict=True)] == want, (pp, vpp, m, rank)
         compared += 1
     assert compared >= 4
 
