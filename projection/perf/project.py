@@ -25,7 +25,6 @@ from projection.perf.pricing import PricedStages, price_stages
 from projection.perf.result import BREAKDOWN_KEYS, COMM_GROUPS, Projection, category_key
 from projection.perf.rounds import repeat
 from projection.schedule.action import Schedule
-from projection.schedule.interleaved import torch_time_steps
 from projection.schedule.registry import (
     SCHEDULE_NAMES,
     TOO_MANY_MICROBATCHES_FIX,
@@ -33,6 +32,7 @@ from projection.schedule.registry import (
     ScheduleTooLarge,
     build_schedule,
 )
+from projection.schedule.timesteps import lockstep_steps
 from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.lockstep import lockstep_walk
@@ -88,9 +88,10 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     crosses = dp.crosses_nodes or any(p.n_nodes > 1 for p in priced.p2p_placements)
     links: Links = "none" if engine == "dag" else ("nic" if crosses else "pair")
     try:
-        if sc.plan.lockstep_pipeline:
-            sim = lockstep_walk(sched, priced.stage_costs(sched, dp.tasks), torch_time_steps(
-                sched.n_ranks, sched.n_microbatches, sched.n_stages // sched.n_ranks))
+        steps = lockstep_steps(sched.name, sc.plan.pp, sched.n_microbatches, sc.plan.vpp_) \
+            if sc.plan.lockstep_pipeline else None
+        if steps is not None:
+            sim = lockstep_walk(sched, priced.stage_costs(sched, dp.tasks), steps)
         else:
             sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
     except ValueError as e:
@@ -163,10 +164,6 @@ def _unmodelled(sc: Scenario) -> list[str]:
         notes.append("MoE: projections of published MoE runs have all been fast, the finer the experts the more "
                      "(docs/performance.md): the dispatcher path's host work and the efficiency of small grouped "
                      "GEMMs are not measured here; read the step time as a lower bound")
-    if plan.schedule_style == "torch" and plan.pipeline_runtime == "lockstep" and plan.pp > 1 and (
-            plan.schedule == "zbv" or (plan.schedule == "gpipe" and plan.vpp_ > 1)):
-        notes.append(f"torch up to 2.9 runs {plan.schedule} in lock-step time steps (PipelineScheduleMulti); priced "
-                     "as the dependency-driven runtime of torch 2.10+ (only interleaved_1f1b's steps are modelled)")
     if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher == "flex":
         notes.append("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
                      "dispatcher: the same bytes, not the same kernels")

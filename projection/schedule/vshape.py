@@ -32,6 +32,12 @@ from projection.schedule.builders import act, make_schedule, require_positive, v
 
 
 def _zbv_rank(rank: int, pp: int, m: int) -> list[Action]:
+    return [a for a in zbv_padded(rank, pp, m) if a.microbatch < m]
+
+
+def zbv_padded(rank: int, pp: int, m: int) -> list[Action]:
+    """Rank `rank`'s ZB-V order before the actions on microbatches >= m are dropped: torch's `pipeline_order`
+    holds None in their places, so with the rank's leading empty steps action i is at time step rank + i."""
     n = max(m, 2 * pp - 1)
     s0, s1 = rank, 2 * pp - 1 - rank
     ops: list[Action] = []
@@ -68,7 +74,7 @@ def _zbv_rank(rank: int, pp: int, m: int) -> list[Action]:
         put(s1, "W")
     while count[s0, "W"] < count[s0, "I"]:
         put(s0, "W")
-    return [a for a in ops if a.microbatch < m]
+    return ops
 
 
 def zbv(pp: int, n_microbatches: int) -> Schedule:

@@ -140,7 +140,8 @@ class ParallelPlan(Spec):
     """Whose pipeline ordering and rules the schedule follows: Megatron-LM's (and Primus's), or
     torch.distributed.pipelining's (TorchTitan): interleaved 1F1B rounds and their microbatch rules differ."""
     pipeline_runtime: PipelineRuntime = "actions"
-    """How torch.distributed.pipelining runs a multi-stage schedule (schedule_style "torch", interleaved_1f1b):
+    """How torch.distributed.pipelining runs a multi-stage schedule (schedule_style "torch": interleaved_1f1b, zbv,
+    gpipe with vpp > 1):
     "actions", torch 2.10+ (`_PipelineScheduleRuntime`: each receive waited for just before the pass that needs it);
     "lockstep", torch up to 2.9 (`PipelineScheduleMulti._step_microbatches`: every time step ends in a blocking batch
     of sends and receives with the neighbours, sim/lockstep.py). The CLI's --pytorch VERSION sets it."""
@@ -176,9 +177,10 @@ class ParallelPlan(Spec):
 
     @property
     def lockstep_pipeline(self) -> bool:
-        """Interleaved 1F1B as torch up to 2.9 runs it, in lock-step time steps (pipeline_runtime)."""
-        return self.schedule_style == "torch" and self.pipeline_runtime == "lockstep" and self.pp > 1 \
-            and self.schedule == "interleaved_1f1b"
+        """A multi-stage schedule as torch up to 2.9 runs it, in lock-step time steps (pipeline_runtime):
+        interleaved 1F1B, looped breadth-first (gpipe with vpp > 1) and ZB-V (schedule/timesteps.py)."""
+        return self.schedule_style == "torch" and self.pipeline_runtime == "lockstep" and self.pp > 1 and (
+            self.schedule in ("interleaved_1f1b", "zbv") or (self.schedule == "gpipe" and self.vpp_ > 1))
 
     @model_validator(mode="after")
     def _check(self) -> ParallelPlan:

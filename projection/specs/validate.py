@@ -15,6 +15,7 @@ from projection.specs.training import TrainingSpec
 from projection.specs.validate_gqa import kv_heads_problem
 from projection.specs.validate_kernels import kernel_problems
 from projection.specs.validate_megatron import megatron_parity
+from projection.specs.validate_schedule import schedule_problems
 from projection.workload.stages import LayoutError, layer_counts
 
 if TYPE_CHECKING:
@@ -223,8 +224,8 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                     f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
                     f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
                     "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
-    if plan.dp is not None and plan.lockstep_pipeline:
-        _lockstep_order(plan, microbatches_per_schedule(training, plan), bad)
+    if plan.dp is not None and plan.pp > 1:
+        schedule_problems(plan, microbatches_per_schedule(training, plan), bad)
     if plan.dp is not None and plan.pp > 1 and plan.schedule == "1f1b" and plan.schedule_style == "torch":
         m = microbatches_per_schedule(training, plan)
         if m < plan.pp:  # torch.distributed.pipelining Schedule1F1B refuses fewer microbatches than stages
@@ -364,22 +365,3 @@ def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
                 "give the stage at least one layer, or leave it unset for an even split")
 
 
-
-def _lockstep_order(plan: ParallelPlan, m: int, bad: Callable[[str, str, str], None]) -> None:
-    """Interleaved 1F1B on torch up to 2.9 (ParallelPlan.lockstep_pipeline): torch's own time steps must receive
-    every input before the pass that reads it (sim/lockstep.received_too_late); with vpp >= 2 and fewer
-    microbatches than pp (and some other counts that are not a multiple of pp) they do not, and that runtime
-    computes on the unfilled receive buffer."""
-    from projection.schedule.interleaved import interleaved_1f1b, torch_time_steps
-    from projection.sim.lockstep import received_too_late
-
-    try:
-        early = received_too_late(interleaved_1f1b(plan.pp, m, plan.vpp_, style="torch"),
-                                  torch_time_steps(plan.pp, m, plan.vpp_))
-    except ValueError:  # a microbatch count torch refuses: reported by the interleaved rules
-        return
-    if early is not None:
-        bad("plan.pipeline_runtime", f"interleaved_1f1b as torch up to 2.9 runs it (lock-step time steps) with pp "
-            f"{plan.pp}, vpp {plan.vpp_} and {m} microbatches per data-parallel rank: {early}, so the pass reads a "
-            "buffer not yet received", f"use a multiple of pp = {plan.pp} microbatches (TorchTitan's default: one "
-            "per stage), or torch 2.10+ (--pytorch)")

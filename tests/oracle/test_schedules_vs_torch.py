@@ -24,6 +24,7 @@ utils = pytest.importorskip("torch.distributed.pipelining._utils")
 from projection.schedule.action import Schedule  # noqa: E402
 from projection.schedule.interleaved import interleaved_1f1b, torch_time_steps  # noqa: E402
 from projection.schedule.registry import build_schedule  # noqa: E402
+from projection.schedule.timesteps import lockstep_steps  # noqa: E402
 
 TORCH_VERSION = torch.__version__  # orders verified against 2.13.0
 PPS = (2, 3, 4, 8)
@@ -160,6 +161,24 @@ def test_interleaved_1f1b_time_steps_match_torch(pp: int, vpp: int) -> None:
             assert [(t, str(a)) for t, a in zip(steps, mine.actions[rank], strict=True)] == want, (pp, vpp, m, rank)
         compared += 1
     assert compared >= 4
+
+
+@pytest.mark.parametrize("pp", PPS)
+def test_looped_bfs_and_zbv_time_steps_match_torch(pp: int) -> None:
+    """The time steps torch's lock-step runtime (up to 2.9) runs ScheduleLoopedBFS and ScheduleZBVZeroBubble by:
+    every action's index in pipeline_order, None slots counted (schedule/timesteps.py)."""
+    for m in sorted({1, pp - 1 or 1, pp, pp + 1, 2 * pp - 1, 2 * pp, 3 * pp + 1}):
+        for name, vpp, cls, style in (("gpipe", 2, schedules.ScheduleLoopedBFS, "loop"),
+                                      ("gpipe", 3, schedules.ScheduleLoopedBFS, "loop"),
+                                      ("zbv", 2, schedules.ScheduleZBVZeroBubble, "v")):
+            order = multi_stage(cls, pp, pp * vpp, m, style).pipeline_order
+            steps = lockstep_steps(name, pp, m, vpp)
+            assert steps is not None
+            mine = build_schedule(name, pp, m, vpp, style="torch")
+            for rank in range(pp):
+                want = [(t, str(a)) for t, a in enumerate(order[rank]) if a is not None]
+                assert [(t, str(a)) for t, a in zip(steps[rank], mine.actions[rank], strict=True)] == want, (
+                    name, pp, vpp, m, rank)
 
 
 @pytest.mark.parametrize("pp", PPS)

@@ -158,3 +158,38 @@ def test_an_order_torch_cannot_run_in_lock_step_is_exit_2(capsys: pytest.Capture
     assert "key '--pytorch'" in err and "8F0 runs at time step 4" in err and "multiple of pp = 8" in err
     code, out, err = _perf(capsys, *base, "--pytorch", "2.10")
     assert code == 0, err
+
+
+def test_zbv_and_looped_bfs_run_in_lock_step_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """ZB-V and looped breadth-first (gpipe, vpp 2) were PipelineScheduleMulti schedules up to torch 2.9 as well; a
+    looped breadth-first order with fewer microbatches than pp reads a buffer before it is received (rank 0 runs
+    the forward of stage pp with microbatch 0 at step m, before stage pp - 1's at step pp - 1)."""
+    from projection.schedule.registry import build_schedule
+    from projection.schedule.timesteps import lockstep_steps
+
+    assert received_too_late(build_schedule("gpipe", 4, 3, 2, style="torch"), lockstep_steps("gpipe", 4, 3, 2)) == (
+        "4F0 runs at time step 3, but its input from 3F0 is received at the end of step 3")
+    assert all(received_too_late(build_schedule("zbv", pp, m, 2, style="torch"), lockstep_steps("zbv", pp, m, 2))
+               is None for pp in range(2, 9) for m in range(1, 4 * pp + 1))
+    base = ("--config", str(T5), "--hardware", "h100-sxm", "--nodes", "64", "--schedule", "zbv", "--format", "json")
+    import json
+
+    runs = {}
+    for version in ("2.9", "2.10"):
+        code, out, err = _perf(capsys, *base, "--pytorch", version)
+        assert code == 0, err
+        runs[version] = json.loads(out)
+    assert runs["2.9"]["engine"] == "lockstep" and runs["2.10"]["engine"] != "lockstep"
+    assert runs["2.9"]["step_time_s"] >= runs["2.10"]["step_time_s"]
+
+
+def test_schedule_all_leaves_out_a_schedule_its_builder_refuses(capsys: pytest.CaptureFixture[str]) -> None:
+    """8 microbatches on pp 8: DualPipeV needs 2 pp = 16. `--schedule all` compares the others (it stopped at
+    DualPipeV's error), and `--schedule dualpipev` is refused at load, naming the schedules that run."""
+    base = ("--config", str(T5), "--hardware", "h100-sxm", "--nodes", "64", "--set",
+            "parallelism.pipeline_parallel_microbatch_size=4")
+    code, out, err = _perf(capsys, *base, "--schedule", "all")
+    assert code == 0, err
+    assert "interleaved_1f1b" in out and "zbv" in out and "dualpipev" not in out
+    code, out, err = _perf(capsys, *base, "--schedule", "dualpipev")
+    assert code == 2 and "dualpipev needs n_microbatches >= 2 * pp = 16 (got 8)" in err and "use one of" in err
