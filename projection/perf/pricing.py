@@ -218,7 +218,8 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         copy_s = _offload_seconds(scenario, slot, offload_memo)
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
-        for (name, ops), ag, rs, ar in zip(comps, gathers, scatters, replicas, strict=True):
+        for (name, ops), ag, rs, ar, (outs, ins) in zip(comps, gathers, scatters, replicas, fsdp.copies or
+                                                        [((), ())] * len(comps), strict=True):
             fwd = [o for o in ops if o.phase == "F" and not o.recompute]
             rec = [o for o in ops if o.recompute]
             hook = _grad_hooks(name, *hooked.get(name, (0, 0)), training)
@@ -235,11 +236,19 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             fag = () if plan.pipelined_fsdp else ag
             frs, far = ((), 0.0) if plan.pipelined_fsdp else (rs, ar)
             copy = copy_s.get(name, 0.0)
-            fwd_units.append(Unit(tuple(Entry(o) for o in fwd), gather_s=fag, offload_s=copy))
-            rec_e = tuple(Entry(o) for o in rec)
+            # FSDP2's compute-stream copies (perf/fsdp_sizes.py): a gathered unit's copy-out before its ops, the
+            # gradients' copy into the reduce-scatter buffer after them
+            f_out = tuple(Entry(o) for o in outs) if fag else ()
+            b_out = tuple(Entry(replace(o, phase="I")) for o in outs) if bag else ()
+            cat = tuple(Entry(o) for o in ins) if frs else ()
+            fwd_units.append(Unit(f_out + tuple(Entry(o) for o in fwd), gather_s=fag, offload_s=copy))
+            rec_e = b_out + tuple(Entry(o) for o in rec)
             i_units.append(Unit(rec_e + tuple(e for e in bwd if e.op.phase == "I"), gather_s=bag, reload_s=copy))
-            w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W"), scatter_s=frs, replicate_s=far))
-            b_units.append(Unit(rec_e + bwd, gather_s=bag, scatter_s=frs, reload_s=copy, replicate_s=far))
+            w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W") + cat, scatter_s=frs, replicate_s=far))
+            b_units.append(Unit(rec_e + bwd + cat, gather_s=bag, scatter_s=frs, reload_s=copy, replicate_s=far))
+            for e in f_out + b_out + cat:
+                label = _label(cost_model, e.op)
+                mine[label] = mine.get(label, 0.0) + compute_s(e.op)
             mflop += sum(o.total_flop for o in ops if not o.recompute)
             rflop += sum(o.total_flop * _noncausal_factor(o) for o in rec)
             for o in ops:
