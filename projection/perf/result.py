@@ -31,6 +31,7 @@ from projection.memory.report import MemoryReport
 from projection.perf.dp import DPComm
 from projection.perf.pricing import PricedStages
 from projection.sim.result import SimResult
+from projection.specs.plan import ParallelPlan
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
@@ -138,8 +139,8 @@ class Projection:
         lines = [f"Performance: {sc.source} on {self.world_size} x {sc.cluster.device.name} "
                  f"({count_of(sc.cluster.nodes, 'node')}), schedule {self.schedule}, engine {self.engine}",
                  f"plan: tp {p.tp}{' sp' if p.sp_ else ''}, pp {p.pp}, vpp {p.vpp_}, cp {p.cp}, ep {p.ep}, "
-                 f"dp {p.dp_()}, zero {p.sharding.zero_stage}, microbatches {self.n_microbatches}, global batch "
-                 f"{sc.training.resolved_global_batch(p.dp_())} x {sc.training.seq_length} tokens", "",
+                 f"dp {p.dp_()}{_hsdp(p)}, zero {p.sharding.zero_stage}, microbatches {self.n_microbatches}, "
+                 f"global batch {sc.training.resolved_global_batch(p.dp_())} x {sc.training.seq_length} tokens", "",
                  f"step time            {self.step_time_s:.4f} s",
                  f"tokens/s/GPU         {self.tokens_per_s_per_gpu:,.1f}",
                  f"model TFLOP/s/GPU    {self.model_tflops_per_gpu:.1f}   MFU {100 * self.mfu:.1f}% "
@@ -181,3 +182,9 @@ class Projection:
 def category_key(category: str) -> str | None:
     """Breakdown key of an action-time category (None for categories outside the step breakdown)."""
     return _CATEGORY.get(category)
+
+
+def _hsdp(plan: ParallelPlan) -> str:
+    """' (R replicas x S shards)' under HSDP, else ''."""
+    rep = plan.sharding.dp_replicate
+    return f" ({rep} replicas x {plan.dp_() // rep} shards)" if rep > 1 else ""

@@ -2,9 +2,10 @@
 
 `extrapolate(scenario, nodes)` keeps the model, the batch and tp / cp / pp / ep / etp, and gives the data-parallel
 axis the rest of the world: dp = nodes x GPUs per node / (tp x cp x pp), so each DP rank runs fewer microbatches
-(global batch / (micro batch x dp)). Every collective is priced from the new cluster by `project`
-(projection/perf/placement.py recomputes the placement of each group: DP and FSDP groups that span more nodes, EP /
-TP / PP groups that become inter-node), so nothing is carried over from the original cluster.
+(global batch / (micro batch x dp)). Under HSDP the replicas grow where the file gives the shard degree, the shard
+group where it leaves it to the world size (TorchTitan's -1). Every collective is priced from the new cluster by
+`project` (projection/perf/placement.py recomputes the placement of each group: DP and FSDP groups that span more
+nodes, EP / TP / PP groups that become inter-node), so nothing is carried over from the original cluster.
 """
 
 from __future__ import annotations
@@ -44,6 +45,18 @@ def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan
         return [Problem(f"{_n(nodes)} x {cluster.gpus_per_node} GPUs = {world} is not a multiple of tp * cp * pp = "
                         f"{plan.tp} * {plan.cp} * {plan.pp} = {mp}", key="cluster.nodes")], None, new_training
     asked = plan.model_copy(update={"dp": world // mp})
+    rep = plan.sharding.dp_replicate
+    if rep > 1 and plan.dp is not None and "data_parallel_shard_degree" in scenario.origins.get("plan.dp", ""):
+        # HSDP with the shard degree given: TorchTitan derives only a shard degree of -1 from the world size (its
+        # ParallelDims asserts replicate x shard x cp x tp x pp = world), so a layout that fixes the shard group
+        # (often a node, to keep FSDP's traffic on the intra-node fabric) grows by replicas
+        shard = plan.dp // rep
+        if (world // mp) % shard:
+            return [Problem(f"{_n(nodes)}: dp = {world // mp} is not a multiple of the shard degree {shard} the file "
+                            f"gives (HSDP scales by replicas: data_parallel_replicate_degree x {shard})",
+                            key="cluster.nodes")], None, new_training
+        asked = asked.model_copy(update={"sharding": plan.sharding.model_copy(
+            update={"dp_replicate": world // mp // shard})})
     if "torchtitan" in scenario.framework:
         new_training = _torchtitan_local_batch(new_training, plan.pp, gbs, world // mp)
     new_plan, new_training = torchtitan_without_fsdp(scenario.framework, asked, new_training)
