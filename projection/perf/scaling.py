@@ -22,6 +22,9 @@ from projection.specs.scenario import RawScenario, Scenario
 from projection.specs.training import TrainingSpec
 from projection.specs.validate import layout_problems, torchtitan_ddp_problem, torchtitan_without_fsdp
 
+# the keys of the rules a global batch can break: its split into microbatches and the schedule's microbatch rules
+BATCH_KEYS = ("training.global_batch_size", "plan.schedule", "plan.microbatch_group_size", "plan.pipeline_runtime")
+
 
 def _n(nodes: int) -> str:
     return count_of(nodes, "node")
@@ -134,7 +137,7 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
                     step = plan.dp_()  # the local batch shrinks to the rank's share (_torchtitan_local_batch)
                     fix = (f"{hint}; or a global batch that is a multiple of dp = {step} (the local batch becomes "
                            f"each rank's share)")
-                fix += f", e.g. --set training.global_batch_size={-(-gbs // step) * step}"
+                fix += f", e.g. --set training.global_batch_size={_working_global_batch(scenario, nodes, gbs, step)}"
                 mbs = scenario.training.micro_batch_size
                 smaller = [m for m in range(mbs - 1, 0, -1) if gbs % (m * plan.dp_()) == 0
                            and not _layout(_with_micro_batch(scenario, m), nodes)[0]]  # the schedule holds too
@@ -144,6 +147,20 @@ def node_count_problems(scenario: Scenario, nodes: int, *, flag: str = "nodes") 
                             f"({_microbatches(gbs // (smaller[0] * plan.dp_()))} per rank)")
             out.append(Problem(f"{where}: {message} [{key}]", key=flag, file=scenario.source, fix=fix))
     return out
+
+
+def _working_global_batch(scenario: Scenario, nodes: int, gbs: int, step: int) -> int:
+    """The smallest multiple of `step` from `gbs` up at which no rule about the batch breaks at `nodes`, nor at the
+    scenario's own node count, which the job is scaled from at that batch (the schedule's microbatch rules included;
+    other problems are the layout's own), within 64 multiples; else the first multiple."""
+    first = -(-gbs // step) * step
+    for g in range(first, first + 64 * step, step):
+        t = scenario.training.model_copy(update={"global_batch_size": g})
+        sc = scenario.model_copy(update={"training": t})
+        problems = _layout(sc, nodes)[0] + _layout(sc, scenario.cluster.nodes)[0]
+        if not any(p.key in BATCH_KEYS for p in problems):
+            return g
+    return first
 
 
 def _with_micro_batch(scenario: Scenario, mbs: int) -> Scenario:

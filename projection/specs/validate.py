@@ -160,6 +160,9 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             f"use a sequence length divisible by {plan.cp * tp}, or turn sequence parallelism off")
     titan_round = (training.local_batch_size * plan.dp if plan.dp is not None and "torchtitan" in raw.framework
                    and training.local_batch_size is not None else None)
+    # the schedule rules below count whole microbatches: where the global batch does not split into them, that is
+    # the problem to report, not a schedule rule broken by a rounded-down count
+    whole = plan.dp is not None and training.resolved_global_batch(plan.dp) % (training.micro_batch_size * plan.dp) == 0
     if plan.dp is not None:
         per_step = training.micro_batch_size * plan.dp
         gbs = training.resolved_global_batch(plan.dp)
@@ -196,7 +199,7 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             bad("training.global_batch_size", f"global batch {gbs} is not a multiple of local batch * dp = "
                 f"{training.local_batch_size} * {plan.dp} = {titan_round} (TorchTitan asserts it)",
                 f"use a global batch that is a multiple of {titan_round}")
-    if plan.dp is not None and plan.pp > 1 and plan.vpp_ > 1 and plan.schedule == "interleaved_1f1b":
+    if whole and plan.pp > 1 and plan.vpp_ > 1 and plan.schedule == "interleaved_1f1b":
         from projection.schedule.interleaved import megatron_group_size, torch_group_size
 
         m = microbatches_per_schedule(training, plan)
@@ -220,13 +223,13 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
                     + (", or leave it unset (pp)" if unset else "")
                     + " (Megatron's --microbatch-group-size-per-virtual-pipeline-stage)")
             else:
-                bad("plan.schedule", f"{e} (global batch {training.resolved_global_batch(plan.dp)} / (micro batch "
+                bad("plan.schedule", f"{e} (global batch {training.resolved_global_batch(plan.dp_())} / (micro batch "
                     f"{training.micro_batch_size} * dp {plan.dp}) = {m} microbatches)",
                     f"give at least {plan.pp} microbatches per data-parallel rank (a larger global batch or fewer "
                     "data-parallel ranks), or a non-interleaved schedule (vpp 1)")
-    if plan.dp is not None and plan.pp > 1:
+    if whole and plan.pp > 1:
         schedule_problems(plan, microbatches_per_schedule(training, plan), bad)
-    if plan.dp is not None and plan.pp > 1 and plan.schedule == "1f1b" and plan.schedule_style == "torch":
+    if whole and plan.pp > 1 and plan.schedule == "1f1b" and plan.schedule_style == "torch":
         m = microbatches_per_schedule(training, plan)
         if m < plan.pp:  # torch.distributed.pipelining Schedule1F1B refuses fewer microbatches than stages
             bad("plan.schedule", f"1f1b (torch Schedule1F1B) needs at least pp = {plan.pp} microbatches per "
