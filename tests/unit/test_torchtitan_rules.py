@@ -153,7 +153,8 @@ def test_schedule_all_compares_each_torchtitan_schedule_with_its_own_stages(
 def test_a_scaling_count_whose_share_is_below_the_pipeline_microbatch_says_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """At 8 nodes (dp 32) a global batch of 32 leaves each rank 1 sequence, fewer than the pipeline microbatch of 2:
-    that is the reason given, and the global batch suggested (64) is a multiple of microbatch x dp."""
+    that is the reason given, and the global batch suggested is a multiple of microbatch x dp that runs: 128 (64
+    would leave each rank one microbatch, fewer than torch's Schedule1F1B takes on pp 2)."""
     from tests.cli.test_performance_cli import perf
 
     path = _toml(tmp_path, LLAMA_8B)
@@ -162,7 +163,7 @@ def test_a_scaling_count_whose_share_is_below_the_pipeline_microbatch_says_so(
     assert code == 2
     assert "each rank's share of the global batch, 32 / dp 32 = 1, is not a multiple of the pipeline microbatch " \
            "size 2" in err
-    assert "local batch * dp" not in err and "--set training.global_batch_size=64" in err
+    assert "local batch * dp" not in err and "--set training.global_batch_size=128" in err
 
 
 @pytest.mark.parametrize(("rotate", "cp_comm"), [(None, "all_gather"), ("allgather", "all_gather"),
