@@ -20,7 +20,7 @@ from projection.formats.job_env import READ, job_environment, merged
 from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR, is_device_path
 from projection.report.inspect import InspectReport, build_inspect_report
-from projection.specs.hardware import load_device
+from projection.specs.hardware import DeviceSpec, load_device
 from projection.specs.plan import torch_pipeline_runtime
 from projection.specs.scenario import Origin, RawScenario, Scenario, build_scenario
 
@@ -38,7 +38,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     TorchTitan `section.key`, canonical `plan.tp` for native and HF files). `env` resolves `${VAR}` in Primus YAML and
     `$VAR` in launch scripts (the CLI passes the process environment; the default is an empty environment).
     Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, `default_nodes` (1)
-    nodes and the device's usual GPUs per node. schedule: a pipeline schedule name that replaces the file's before the
+    nodes (a Megatron-LM argument dump's `world_size` over the GPUs per node where it records one) and the device's
+    usual GPUs per node. schedule: a pipeline schedule name that replaces the file's before the
     plan is checked (the CLI's --schedule NAME). pytorch: the torch release the job runs ("2.9", "2.10.0"; the
     CLI's --pytorch), which decides how torch.distributed.pipelining runs interleaved schedules (ParallelPlan
     .pipeline_runtime); None keeps the file's or the default (torch 2.10+).
@@ -96,9 +97,6 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw.set("cluster.nodes", nodes, Origin(COMMAND_LINE, None, "--nodes"))
     if gpus_per_node is not None:
         raw.set("cluster.gpus_per_node", gpus_per_node, Origin(COMMAND_LINE, None, "--gpus-per-node"))
-    if raw.get("cluster.nodes") is None:
-        raw.set("cluster.nodes", default_nodes,
-                Origin(f"default ({count_of(default_nodes, 'node')}; --nodes to change)"))
     if raw.get("cluster.hardware") is None:
         raw.set("cluster.hardware", DEFAULT_HARDWARE, Origin(f"default ({DEFAULT_HARDWARE}; --hardware to change)"))
     origin = raw.origins.get("cluster.hardware")  # an unknown name is reported where it was written
@@ -113,6 +111,11 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         else:
             device = load_device(str(raw.get("cluster.hardware")), hardware_dir,
                                  key=origin.key or "cluster.hardware", file=origin.file, line=origin.line)
+        if raw.get("cluster.nodes") is None and raw.framework == "megatron":  # --nodes, --set cluster.nodes win
+            _nodes_from_dump(raw, Path(config), ov, env, device, problems)
+        if raw.get("cluster.nodes") is None:
+            raw.set("cluster.nodes", default_nodes,
+                    Origin(f"default ({count_of(default_nodes, 'node')}; --nodes to change)"))
         scenario = build_scenario(raw, device)
     except ProjectionError as err:  # the job environment's problems with the file's, all at once
         if raw.framework == "megatron-bridge":  # the layout rules' Megatron-LM flags as Bridge's fields
@@ -126,6 +129,30 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if problems:
         raise ConfigError(problems)
     return scenario
+
+
+def _nodes_from_dump(raw: RawScenario, config: Path, ov: Mapping[str, Any], env: Mapping[str, str] | None,
+                     device: DeviceSpec, problems: list[Problem]) -> None:
+    """cluster.nodes from the world_size a Megatron-LM argument dump records, over the GPUs per node the cluster
+    gets (--gpus-per-node or --set cluster.gpus_per_node, else the device's usual node, as build_scenario fills it
+    in); a world size that is not whole nodes joins `problems` (projection/formats/megatron_files.py)."""
+    from projection.formats.megatron_files import nodes_from_dump
+
+    per_node = raw.get("cluster.gpus_per_node")
+    where = raw.origins.get("cluster.gpus_per_node")
+    if per_node is None:  # a what-if edit of the device's node (--set cluster.device.gpus_per_node) is its node
+        per_node, where = raw.get("cluster.device.gpus_per_node", device.gpus_per_node), None
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+        return  # build_scenario reports the GPUs per node themselves
+    said = (f"{per_node} GPUs (set by {where.render()})" if where is not None else
+            f"{per_node} GPUs (a {device.name} node; --gpus-per-node to change)")
+    found = nodes_from_dump(config, ov, env, per_node, said)
+    if found is not None:
+        nodes, gpus, origin, problem = found
+        raw.set("cluster.nodes", nodes, origin)
+        if problem is not None:  # refused; the rest is checked at the dump's world size (gpus: a divisor of it)
+            problems.append(problem)
+            raw.set("cluster.gpus_per_node", gpus, origin)
 
 
 def _torchtitan_schedule(read: Callable[[Mapping[str, Any]], RawScenario], ov: Mapping[str, Any],

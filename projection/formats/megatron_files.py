@@ -6,11 +6,12 @@ spellings or dotted canonical keys."""
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from projection.errors import ConfigError, Problem
+from projection.errors import ConfigError, Problem, count_of, shown
 from projection.formats.common import load_yaml, read_text
 from projection.formats.job_env import READ, exported_names, launch_assignments
 from projection.formats.megatron import SET_ORIGIN, args_to_raw
@@ -104,6 +105,8 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
             continue
         dest, inverted = flag_to_dest(key) if "-" in key else (canonical_dest(key), False)
         if dest not in DESTS and dest in args:
+            if dest == WORLD_SIZE:  # a dump's world size, which api.load reads (nodes_from_dump)
+                args[dest], origins[dest] = value, Origin(SET_ORIGIN, None, key)
             continue  # a Megatron argument the file itself sets that nothing here reads (--lr): accepted, unused
         if dest not in DESTS:
             close = difflib.get_close_matches(dest, list(DESTS), n=3)
@@ -116,6 +119,11 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         args[dest] = _invert(hit, SET_ORIGIN, problems) if inverted else value
         origins[dest] = Origin(SET_ORIGIN, None, key)
         unresolved.pop(dest, None)
+    if flat and args.get(WORLD_SIZE) is not None and _whole(args[WORLD_SIZE]) is None:
+        o = origins[WORLD_SIZE]
+        problems.append(Problem(f"world_size must be the run's number of GPUs, a whole number >= 1, got "
+                                f"{shown(args[WORLD_SIZE])}", key=o.key or WORLD_SIZE, file=o.file, line=o.line,
+                                fix="write the number of GPUs the run had, or leave world_size out and give --nodes N"))
     training = ("seq_length", "micro_batch_size", "global_batch_size", "bf16", "fp16")
     if flat and not any(d in args for d in training) and not any(k.startswith("training.") for k in canonical):
         raise ConfigError(Problem(
@@ -227,4 +235,53 @@ def _cluster_from_launcher(hits: list[FlagHit], file: str) -> dict[str, tuple[in
     return out
 
 
-__all__ = ["load_megatron"]
+# Megatron-LM's parse_args takes the run's size from the launcher (megatron/training/arguments.py, "Args from
+# environment": `args.world_size = int(os.getenv("WORLD_SIZE", '1'))`), so no flag sets it but every argument dump
+# (the rank-0 `print_args` block, `world_size ..... 64`) records it
+WORLD_SIZE = "world_size"
+
+
+def nodes_from_dump(path: Path, overrides: Mapping[str, Any] | None, env: Mapping[str, str] | None,
+                    gpus_per_node: int, per_node: str) -> tuple[int, int, Origin, Problem | None] | None:
+    """(nodes, GPUs per node, where, problem) of a Megatron-LM argument dump (a flat YAML of dests, as projection
+    reads a logged `args` block) that records `world_size`: world_size / gpus_per_node nodes (`per_node` says where
+    that count comes from) at the world_size line; a `--set world_size=N` replaces the file's (`=null` drops it).
+    None for any other file (a MODEL_ARGS YAML, a script, a file of flags: no Megatron flag sets it) or a dump
+    without it. A world size that is not whole nodes is a Problem, returned with the world size cut into nodes of the
+    GCD of the two (GPUs per node changed), so the rest of the job is still checked at the run's own size."""
+    path = Path(path)
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        return None
+    text = read_text(path)
+    data, _ = load_yaml(path, text)
+    if not isinstance(data, dict) or "MODEL_ARGS" in data:
+        return None
+    found: tuple[Any, Origin] | None = None
+    for h in _yaml_hits(path, text, env or {}):  # the keys as load_megatron reads them
+        if h.dest == WORLD_SIZE:
+            found = (h.value, Origin(str(path), h.line, h.flag))
+    for key, value in (overrides or {}).items():  # load_megatron refuses a --set world_size the file does not hold
+        if found is not None and (flag_to_dest(key)[0] if "-" in key else canonical_dest(key)) == WORLD_SIZE:
+            found = None if value is None else (value, Origin(SET_ORIGIN, None, key))
+    world = None if found is None else _whole(found[0])
+    if found is None or world is None:  # a malformed one is load_megatron's problem
+        return None
+    origin = found[1]
+    if world % gpus_per_node == 0:
+        return world // gpus_per_node, gpus_per_node, origin, None
+    # the cluster is whole nodes of gpus_per_node GPUs (specs/hardware.py ClusterSpec: world = nodes * gpus_per_node)
+    common = math.gcd(world, gpus_per_node)
+    example = f" (e.g. --gpus-per-node {common}: {count_of(world // common, 'node')})" if common > 1 else ""
+    return world // common, common, origin, Problem(
+        f"world_size {world} is not a whole number of nodes of {per_node}", key=origin.key or WORLD_SIZE,
+        file=origin.file, line=origin.line,
+        fix=f"give --gpus-per-node G with G dividing world_size{example}, or --nodes N")
+
+
+def _whole(value: Any) -> int | None:
+    """A count >= 1 written as a number or digits (a `${WORLD_SIZE}` the environment gave), else None."""
+    number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+    return number if isinstance(number, int) and not isinstance(number, bool) and number >= 1 else None
+
+
+__all__ = ["WORLD_SIZE", "load_megatron", "nodes_from_dump"]
