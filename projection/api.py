@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -113,6 +114,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
                                  key=origin.key or "cluster.hardware", file=origin.file, line=origin.line)
         if raw.get("cluster.nodes") is None and raw.framework == "megatron":  # --nodes, --set cluster.nodes win
             _nodes_from_dump(raw, Path(config), ov, env, device, problems)
+        if raw.get("cluster.nodes") is None and "torchtitan" in raw.framework:
+            _nodes_from_degrees(raw, device)
         if raw.get("cluster.nodes") is None:
             raw.set("cluster.nodes", default_nodes,
                     Origin(f"default ({count_of(default_nodes, 'node')}; --nodes to change)"))
@@ -153,6 +156,21 @@ def _nodes_from_dump(raw: RawScenario, config: Path, ov: Mapping[str, Any], env:
         if problem is not None:  # refused; the rest is checked at the dump's world size (gpus: a divisor of it)
             problems.append(problem)
             raw.set("cluster.gpus_per_node", gpus, origin)
+
+
+def _nodes_from_degrees(raw: RawScenario, device: DeviceSpec) -> None:
+    """cluster.nodes from a TorchTitan job whose degrees fix its world size: with data_parallel_shard_degree given
+    (not -1), ParallelDims asserts replicate x shard x cp x tp x pp = world, so the file names its GPU count; in
+    whole nodes of the cluster's GPUs per node (else left to the default, and the layout check says why)."""
+    dp, per_node = raw.get("plan.dp"), raw.get("cluster.gpus_per_node") or device.gpus_per_node
+    sizes = [dp, *(raw.get(f"plan.{k}") or 1 for k in ("tp", "cp", "pp"))]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in [*sizes, per_node]):
+        return
+    world = math.prod(sizes)
+    if world % per_node == 0:
+        o = raw.origins.get("plan.dp")
+        raw.set("cluster.nodes", world // per_node, Origin(o.file, o.line, f"{o.key}: {world} GPUs")
+                if o is not None else Origin("default (the file's parallel degrees)"))
 
 
 def _torchtitan_schedule(read: Callable[[Mapping[str, Any]], RawScenario], ov: Mapping[str, Any],
