@@ -14,6 +14,7 @@ relative error is within `target`, else the best; each segment holds at least tw
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,7 +33,6 @@ from projection.cost.collectives import (
     TierParams,
     bus_factor,
     ring_steps,
-    tier_from_curve,
 )
 from projection.errors import Problem, count_of
 from projection.specs.base import Spec
@@ -78,12 +78,13 @@ class CurveFit(Spec):
     residuals: tuple[RowResidual, ...]
     median_abs_rel_error: float
     max_abs_rel_error: float
+    algorithm: str | None = None  # forced on every row (NCCL_ALGO in its source: `forced_algorithm`); None: the tuner's
 
     def to_curve(self) -> MeasuredCurve:
         """The cost model's view of this fit."""
         return MeasuredCurve(self.kind, self.n_ranks, self.ranks_per_node, self.n_nodes,
                              tuple(CurveSegment(s.min_bytes, s.alpha_s, s.busbw_bytes_per_s, s.first_bytes,
-                                                s.last_bytes) for s in self.segments))
+                                                s.last_bytes) for s in self.segments), self.algorithm)
 
     def time_s(self, size_bytes: float) -> float:
         """Fitted seconds at this curve's own placement."""
@@ -95,7 +96,7 @@ class CurveFit(Spec):
 
 
 class TierFit(Spec):
-    """Tier parameters implied by one curve (`projection.cost.collectives.tier_from_curve`)."""
+    """Tier parameters implied by one curve (`tier_from_curve` below)."""
 
     tier: Literal["intra_node", "inter_node"]
     alpha_s: float
@@ -150,7 +151,8 @@ class FittedFabric(Spec):
                               for s in c.segments)
             lines.append(f"{c.tier:<11} {c.kind:<15} {c.n_ranks:>5} {c.n_nodes:>5} {len(c.residuals):>5} "
                          f"{c.median_abs_rel_error:>7.1%} {c.max_abs_rel_error:>7.1%}  {segs}"
-                         + (f"  [{c.device}]" if c.device else ""))
+                         + (f"  [{c.device}]" if c.device else "") + (f"  [NCCL_ALGO={c.algorithm}]" if c.algorithm
+                                                                       else ""))
         lines.append("")
         lines.append(f"{'quality per':<11} {'name':<15} {'rows':>5} {'median':>7} {'max':>7}")
         lines += [f"{q.group:<11} {q.name:<15} {q.n_rows:>5} {q.median_abs_rel_error:>7.1%} "
@@ -261,10 +263,11 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
                                       rel_error=_model(segs, factor, r.size_bytes) / r.time_s - 1.0,
                                       in_place=r.in_place, source=r.source) for r in rows)
         errs = [abs(x.rel_error) for x in residuals]
+        forced = {forced_algorithm(r.source) for r in rows}
         curves.append(CurveFit(device=device, tier="intra_node" if n_nodes == 1 else "inter_node", kind=kind,
                                n_ranks=n_ranks, n_nodes=n_nodes, ranks_per_node=-(-n_ranks // n_nodes),
                                segments=tuple(segs), residuals=residuals, median_abs_rel_error=statistics.median(errs),
-                               max_abs_rel_error=max(errs)))
+                               max_abs_rel_error=max(errs), algorithm=forced.pop() if len(forced) == 1 else None))
     if not curves:
         held = ", ".join(f"{n} {name} row{'s' * (n != 1)}" for name, n in cal.row_counts().items() if n)
         why = "; ".join(skipped) or (f"it holds only {held}" if held else "it holds no rows")
@@ -287,6 +290,15 @@ def fit_calibration(cal: Calibration, fabric: Fabric | None = None, *, max_segme
                 "measure larger messages)" for t in ("intra_node", "inter_node")
                 if any(c.tier == t and c.kind in _RING_KINDS for c in curves) and t not in {x.tier for x in tiers}]
     return FittedFabric(curves=tuple(curves), tiers=tiers, skipped=tuple(skipped))
+
+
+def forced_algorithm(source: str) -> str | None:
+    """The one algorithm a row's source says the library was forced to (`NCCL_ALGO=Ring` -> "ring"; RCCL reads the
+    same variable, ROCm RCCL docs "RCCL environment variables"), else None. NCCL reads NCCL_ALGO as a comma list of
+    the algorithms left to the tuner, '^' excluding instead (parseList, NVIDIA/nccl src/graph/tuning.cc): a list, an
+    exclusion or a per-collective rule leaves a choice, and reads as None."""
+    m = re.search(r"NCCL_ALGO\s*=\s*[\"']?([\w^,:;]+)", source)
+    return m.group(1).lower() if m and re.fullmatch(r"[a-z]\w*", m.group(1), re.IGNORECASE) else None
 
 
 def _one_size_segment(kind: str, n_ranks: int, n_nodes: int, size: int, time_s: float,
@@ -359,3 +371,20 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} B"
+
+
+def tier_from_curve(curve: MeasuredCurve, fabric: Fabric) -> TierParams:
+    """Tier parameters implied by a measured curve: alpha = the smallest-size segment's latency per ring step;
+    beta = the largest-size segment's bus bandwidth divided by what one unit of tier bandwidth gives this placement
+    (intra: the mesh share of r ranks; inter: r NICs in parallel, the ring's inter-node bottleneck)."""
+    ref = curve.placement
+    alpha = curve.segments[0].alpha_s / max(ring_steps(curve.kind, ref.n_ranks), 1)
+    busbw = curve.segments[-1].busbw_bytes_per_s
+    fabric = replace(fabric, oversubscription=1.0)  # a sweep runs under one leaf (_scaled_segment_time_s)
+    if ref.tier == "intra_node":
+        unit = replace(fabric, intra=TierParams(alpha, 1.0))
+        per_unit = unit.intra_bandwidth(ref.ranks_per_node) if curve.kind != "send_recv" else unit.pair_bandwidth(True)
+    else:
+        unit = replace(fabric, inter=TierParams(alpha, 1.0))
+        per_unit = (ref.ranks_per_node if curve.kind != "send_recv" else 1) * unit.nic_bandwidth(ref.rail_aligned)
+    return TierParams(alpha_s=alpha, beta_bytes_per_s=busbw / per_unit)

@@ -17,7 +17,8 @@ Tables and their interpolation (every table is exact at its measured points):
   row's bytes/s scales the time. Every other row (add, copy, stream, trace kernels) forms the generic curve that
   prices the unnamed ops and named ones without rows.
 - Collectives: the alpha-beta fabric of projection/cost/collectives.py with curves fitted to the calibration's
-  collective rows (projection.calibrate.fit), else the fallback's analytic fabric.
+  collective rows (projection.calibrate.fit), else the fallback's analytic fabric; a group is never priced below a
+  measured placement inside it (`held_time_s`).
 "In range" means inside the bounding box of the table's points in every coordinate.
 """
 
@@ -33,7 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from projection.calibrate.calibration import Calibration, MemoryBoundRow
-from projection.cost.collectives import CollectiveKind, Fabric, GroupPlacement, TierParams, collective_time_s
+from projection.cost.collectives import (
+    CollectiveKind,
+    Fabric,
+    GroupPlacement,
+    MeasuredCurve,
+    TierParams,
+    collective_time_s,
+    curve_time_s,
+)
 from projection.cost.model import collective_op_seconds
 from projection.cost.roofline import RooflineCostModel
 from projection.workload.ops import Op
@@ -114,6 +123,45 @@ def _scaled_tier(fitted: TierParams, cluster: TierParams, measured_on: TierParam
                       fitted.beta_bytes_per_s * cluster.beta_bytes_per_s / measured_on.beta_bytes_per_s)
 
 
+def subgroup_floor(kind: CollectiveKind, size_bytes: float, group: GroupPlacement,
+                   fabric: Fabric) -> tuple[float, MeasuredCurve | None]:
+    """The slowest measured placement inside `group` (no more ranks, ranks per node or nodes; not its own), priced on
+    this fabric, and its curve ((0.0, None): none). A group does the work of each group it holds -- an all_reduce of
+    the same S bytes, an all_gather or reduce_scatter of the same per-rank share (S x n_sub / n bytes in nccl-tests'
+    size convention, hardware.md §0) -- so it is no faster. Other kinds: (0.0, None)."""
+    best: tuple[float, MeasuredCurve | None] = (0.0, None)
+    if kind not in ("all_reduce", "all_gather", "reduce_scatter"):
+        return best
+    own = (group.n_ranks, group.ranks_per_node, group.n_nodes)
+    for c in fabric.curves:
+        if c.kind == kind and c.n_ranks <= own[0] and c.ranks_per_node <= own[1] and c.n_nodes <= own[2] \
+                and (c.n_ranks, c.ranks_per_node, c.n_nodes) != own:
+            share = size_bytes if kind == "all_reduce" else size_bytes * c.n_ranks / group.n_ranks
+            if not c.covers(share):  # below its smallest measured size the subgroup's time is no measurement
+                continue
+            best = max(best, (curve_time_s(c, share, c.placement, fabric), c), key=lambda b: b[0])
+    return best
+
+
+def held_time_s(kind: CollectiveKind, size_bytes: float, group: GroupPlacement,
+                fabric: Fabric) -> tuple[float, MeasuredCurve | None]:
+    """collective_time_s held at `subgroup_floor`, and the curve holding it (None: not held). Not where the group's own
+    placement was measured: with the tuner free the curve is the price there; with a forced algorithm that
+    algorithm's measured time caps the floor (the tuner can run it, and picks the least time: NVIDIA/nccl
+    src/graph/tuning.cc)."""
+    if group.n_ranks < 2 or size_bytes <= 0:
+        return 0.0, None
+    curve = fabric.curve_for(kind, group)
+    t = collective_time_s(kind, size_bytes, group, fabric) if curve is None else curve_time_s(curve, size_bytes, group,
+                                                                                              fabric)
+    if curve is not None and curve.stands_at(group, size_bytes):
+        return t, None
+    floor_s, held = subgroup_floor(kind, size_bytes, group, fabric)
+    if curve is not None and curve.measured_at(group):
+        floor_s = min(floor_s, curve_time_s(curve, size_bytes, group, fabric, as_measured=True))
+    return (t, None) if t >= floor_s else (floor_s, held)
+
+
 class CalibratedCostModel:
     """Prices ops from a Calibration; `fallback` (a roofline model) prices what the tables do not cover, and its
     cluster placement and fabric price collectives. Without a fallback, out-of-range queries use the nearest
@@ -151,7 +199,7 @@ class CalibratedCostModel:
         if self.fabric is None:
             raise ValueError("no fabric: give the calibrated model a roofline fallback built with a cluster, or a "
                              "fabric")
-        return collective_time_s(kind, size_bytes, group, self.fabric)
+        return held_time_s(kind, size_bytes, group, self.fabric)[0]
 
     def provenance(self, op: Op) -> str:
         if op.kind == "collective":
@@ -163,13 +211,20 @@ class CalibratedCostModel:
 
     def collective_provenance(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> str:
         """Where one collective's seconds come from: a measured curve of its kind (saying where it is scaled from
-        another placement or priced outside the measured sizes), the tier the calibration's curves were fitted to
-        (a kind with no curve of its own, priced with the fitted tier), or the analytic fabric ("roofline")."""
+        another placement, priced outside the measured sizes or measured with a forced algorithm), the curve of a
+        measured placement inside the group where the group is held at its time (`held_time_s`), the
+        tier the calibration's curves were fitted to (a kind with no curve of its own, priced with the fitted tier),
+        or the analytic fabric ("roofline")."""
         if self.fabric is None:
             return "roofline"
         curve = self.fabric.curve_for(kind, group)
+        held = held_time_s(kind, size_bytes, group, self.fabric)[1]
+        if held is not None:
+            return f"calibrated: {self.name} {kind} curve (held at its {held.n_ranks} ranks on {held.n_nodes} " \
+                   "node(s): a group holding them is no faster)"
         if curve is not None:
-            notes = []
+            notes = [f"measured with NCCL_ALGO={curve.algorithm}: one of the tuner's algorithms"] \
+                if curve.algorithm else []
             if (curve.n_ranks, curve.ranks_per_node, curve.n_nodes) != (group.n_ranks, group.ranks_per_node,
                                                                         group.n_nodes):
                 notes.append(f"scaled from {curve.n_ranks} ranks on {curve.n_nodes} node(s)")

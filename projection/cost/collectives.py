@@ -28,7 +28,9 @@ GPU per node that the tuners take for small messages only (RCCL: up to 0.5-32 MB
 Calibration. A `MeasuredCurve` (from `projection.calibrate.fit`) holds piecewise alpha-beta segments fitted to a
 measured bus-bandwidth curve at one placement; a group of the same tier and kind is priced from it, with latency
 scaled by the ratio of ring step counts and bandwidth by the ratio of analytic bus bandwidths of the two placements.
-Plain arithmetic only, so a caller may loop over many sizes cheaply.
+At its own placement a curve the tuner chose freely is the price; one measured with a forced algorithm (NCCL_ALGO) is
+one candidate of the tuner's (`_scaled_segment_time_s`). Plain arithmetic only, so a caller may loop over many sizes
+cheaply. `projection.cost.calibrated` never prices a group below a measured placement inside it.
 """
 
 from __future__ import annotations
@@ -160,17 +162,32 @@ class CurveSegment:
 
 @dataclass(frozen=True)
 class MeasuredCurve:
-    """A fitted bus-bandwidth curve of one collective kind, measured at one placement."""
+    """A fitted bus-bandwidth curve of one collective kind, measured at one placement. algorithm: the one the library
+    was forced to run (NCCL_ALGO, lower case: "ring", "tree", ...); None: its tuner chose."""
 
     kind: CollectiveKind
     n_ranks: int
     ranks_per_node: int
     n_nodes: int
     segments: tuple[CurveSegment, ...]
+    algorithm: str | None = None
 
     @property
     def placement(self) -> GroupPlacement:
         return GroupPlacement(self.n_ranks, self.ranks_per_node, self.n_nodes)
+
+    def measured_at(self, group: GroupPlacement) -> bool:
+        return (self.n_ranks, self.ranks_per_node, self.n_nodes) == (group.n_ranks, group.ranks_per_node, group.n_nodes)
+
+    def stands_at(self, group: GroupPlacement, size_bytes: float | None = None) -> bool:
+        """Measured at this placement with the tuner free to choose: the price there (a forced algorithm's is not),
+        from its smallest measured size up (below it the fit's intercept is no measurement: `covers`)."""
+        return self.algorithm is None and self.measured_at(group) and (size_bytes is None or self.covers(size_bytes))
+
+    def covers(self, size_bytes: float) -> bool:
+        """Whether size_bytes is at or above the smallest size the curve was fitted to (True when not recorded)."""
+        first = self.segments[0].first_bytes if self.segments else 0
+        return not first or size_bytes >= first * (1.0 - 1e-9)
 
     def time_s(self, size_bytes: float) -> float:
         """Seconds at the measured placement."""
@@ -303,7 +320,7 @@ def collective_time_s(kind: CollectiveKind, size_bytes: float, group: GroupPlace
     if algorithm == "auto":
         curve = fabric.curve_for(kind, group)
         if curve is not None:
-            return _scaled_curve_time_s(curve, size_bytes, group, fabric)
+            return curve_time_s(curve, size_bytes, group, fabric)
         return min(algorithm_times_s(kind, size_bytes, group, fabric).values())
     times = algorithm_times_s(kind, size_bytes, group, fabric)
     if algorithm not in times:
@@ -344,12 +361,15 @@ def _hierarchical_all_reduce_s(size: float, r: int, m: int, fabric: Fabric) -> f
     return 2 * intra_half + 2 * (m - 1) * a_e + 2 * (m - 1) / m * (size / r) / b_e
 
 
-def _scaled_curve_time_s(curve: MeasuredCurve, size: float, group: GroupPlacement, fabric: Fabric) -> float:
-    return curve.priced(size, lambda seg, s: _scaled_segment_time_s(curve, seg, s, group, fabric))
+def curve_time_s(curve: MeasuredCurve, size: float, group: GroupPlacement, fabric: Fabric,
+                 as_measured: bool = False) -> float:
+    """Seconds of `size` over `group` priced from `curve` (what collective_time_s does with the curve it picks);
+    as_measured: of the curve's own algorithm alone, not the fastest of the tuner's."""
+    return curve.priced(size, lambda seg, s: _scaled_segment_time_s(curve, seg, s, group, fabric, as_measured))
 
 
 def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float, group: GroupPlacement,
-                           fabric: Fabric) -> float:
+                           fabric: Fabric, as_measured: bool = False) -> float:
     ref = curve.placement
     n = group.n_ranks
     # A sweep is taken on a few nodes under one leaf switch: its bandwidth carries no oversubscription of the upper
@@ -359,8 +379,8 @@ def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float,
     measured_on = fabric.measured_on or fabric
     if measured_on.oversubscription != 1.0:
         measured_on = replace(measured_on, oversubscription=1.0)
-    same = (ref.n_ranks, ref.ranks_per_node, ref.n_nodes) == (n, group.ranks_per_node, group.n_nodes)
-    if same and measured_on is fabric:
+    here = curve.stands_at(group, size) or (as_measured and curve.measured_at(group))
+    if here and measured_on is fabric:
         return seg.alpha_s + bus_factor(curve.kind, n) * size / seg.busbw_bytes_per_s
     latency_scale = ring_steps(curve.kind, n) / max(ring_steps(curve.kind, ref.n_ranks), 1)
     # another cluster's latency (a what-if of the device): each of the ring's steps across the tier the group
@@ -371,29 +391,15 @@ def _scaled_segment_time_s(curve: MeasuredCurve, seg: CurveSegment, size: float,
     bandwidth_scale = flat_bus_bandwidth(curve.kind, group, fabric) / ref_busbw
     ring = max(0.0, seg.alpha_s * latency_scale + added_s) \
         + bus_factor(curve.kind, n) * size / (seg.busbw_bytes_per_s * bandwidth_scale)
-    if same:  # the measured algorithm at its own placement: only the upper tier's oversubscription slows it
+    if here or as_measured:  # the measured algorithm: only the upper tier's oversubscription slows it at its placement
         return ring
     # Away from the measured placement NCCL's tuner may pick another algorithm (tree, hierarchical: far fewer latency
-    # steps on large groups). Those are priced analytically on tiers derated by the curve's measured efficiency.
+    # steps on large groups), and at it too where the sweep forced one: NCCL_ALGO zeroes the others' bandwidth, the
+    # tuner takes the least time over every algorithm (NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel,
+    # ncclTopoGetAlgoTime). The curve prices its own algorithm (the ring when the tuner chose; the scaling above is a
+    # ring's), the others are priced analytically on tiers derated by the curve's measured efficiency: each time is
+    # latency + bytes / bandwidth, so every bandwidth times eff is size / eff bytes on the fabric's own tiers.
     eff = min(1.0, seg.busbw_bytes_per_s / ref_busbw)
-    derated = replace(fabric, intra=TierParams(fabric.intra.alpha_s, fabric.intra.beta_bytes_per_s * eff),
-                      inter=TierParams(fabric.inter.alpha_s, fabric.inter.beta_bytes_per_s * eff))
-    others = [t for name, t in algorithm_times_s(curve.kind, size, group, derated).items() if name != "ring"]
+    measured = curve.algorithm or "ring"
+    others = [t for name, t in algorithm_times_s(curve.kind, size / eff, group, fabric).items() if name != measured]
     return min([ring, *others])
-
-
-def tier_from_curve(curve: MeasuredCurve, fabric: Fabric) -> TierParams:
-    """Tier parameters implied by a measured curve: alpha = the smallest-size segment's latency per ring step;
-    beta = the largest-size segment's bus bandwidth divided by what one unit of tier bandwidth gives this placement
-    (intra: the mesh share of r ranks; inter: r NICs in parallel, the ring's inter-node bottleneck)."""
-    ref = curve.placement
-    alpha = curve.segments[0].alpha_s / max(ring_steps(curve.kind, ref.n_ranks), 1)
-    busbw = curve.segments[-1].busbw_bytes_per_s
-    fabric = replace(fabric, oversubscription=1.0)  # a sweep runs under one leaf (_scaled_segment_time_s)
-    if ref.tier == "intra_node":
-        unit = replace(fabric, intra=TierParams(alpha, 1.0))
-        per_unit = unit.intra_bandwidth(ref.ranks_per_node) if curve.kind != "send_recv" else unit.pair_bandwidth(True)
-    else:
-        unit = replace(fabric, inter=TierParams(alpha, 1.0))
-        per_unit = (ref.ranks_per_node if curve.kind != "send_recv" else 1) * unit.nic_bandwidth(ref.rail_aligned)
-    return TierParams(alpha_s=alpha, beta_bytes_per_s=busbw / per_unit)

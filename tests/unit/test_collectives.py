@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from projection.calibrate.fit import tier_from_curve
 from projection.cost.collectives import (
     CurveSegment,
     Fabric,
@@ -19,7 +20,6 @@ from projection.cost.collectives import (
     collective_time_s,
     group_placement,
     ring_steps,
-    tier_from_curve,
 )
 from projection.errors import PlanError
 from projection.specs.hardware import ClusterSpec, load_device

@@ -66,17 +66,20 @@ def test_an_edit_is_cited_and_a_wrong_one_refused() -> None:
 
 
 def test_latency_edits_reach_the_calibrated_path() -> None:
-    """A small message is latency-bound: with the NIC latency 5 us -> 50 us, a 4 KiB all-reduce over 2 nodes keeps
-    its measured time plus the added latency of each of the ring's 2 (n - 1) = 30 steps: 30 x 45 us."""
+    """With the NIC latency 5 us -> 50 us, a 16 MiB all-reduce over 2 nodes (the smallest size of the shipped 2-node
+    sweep, whose measured ring is the price there) keeps its measured time plus the added latency of each of the
+    ring's 2 (n - 1) = 30 steps: 30 x 45 us. Below the sweep's sizes the tuner's tree competes (fewer steps)."""
     small = GroupPlacement(16, 8, 2, True)
 
-    def t(*edits: str) -> float:
+    def t(*edits: str, size: int = 2**24) -> float:
         sc = api.load(EXAMPLE, overrides=dict(e.split("=", 1) for e in edits))
-        return default_cost_model(sc).collective_seconds("all_reduce", 4096, small)
+        return default_cost_model(sc).collective_seconds("all_reduce", size, small)
 
     base, slow = t(), t("cluster.device.nic.latency_s=50us")
-    print(f"\n4 KiB all-reduce over 2 nodes: {base * 1e6:.1f} us, NIC latency 50 us: {slow * 1e6:.1f} us")
+    print(f"\n16 MiB all-reduce over 2 nodes: {base * 1e6:.1f} us, NIC latency 50 us: {slow * 1e6:.1f} us")
     assert slow - base == pytest.approx(30 * 45e-6, rel=1e-6)
+    tiny, tiny_slow = t(size=4096), t("cluster.device.nic.latency_s=50us", size=4096)
+    assert 0 < tiny_slow - tiny < 30 * 45e-6  # a tree's fewer latency steps
 
 
 def test_an_own_calibration_prices_the_edit_from_the_cluster_as_loaded() -> None:
