@@ -26,7 +26,8 @@ def test_mi325x_runs(name: str) -> None:
 @pytest.mark.xfail(strict=True, reason=(
     "measured 2026-12-01: Mixtral-8x7B BF16 on 64 MI325X with EP 8 (Primus, grouped GEMM, all-to-all dispatcher, "
     "forced load balancing), projected 8,071 tokens/s/GPU (2.03 s per step) against 5,286 measured (3.10 s): "
-    "+52.7 % (+52.6 % before small all-reduces below a sweep's sizes were priced by the tuner's algorithms; +57.8 % before the MI325X intra-node ring efficiency and the probabilities' all-to-all; +55.4 % "
+    "+52.7 % (+52.6 % before small all-reduces below a sweep's sizes were priced by the tuner's algorithms; "
+    "+57.8 % before the MI325X intra-node ring efficiency and the probabilities' all-to-all; +55.4 % "
     "before Megatron's unfused permute was priced). The dense runs of the same cluster and stack are within "
     "2.4 %, but they are FP8. An audit of the MoE op list against "
     "Megatron-Core 0.16.1 (docs/performance.md) found its FLOPs, shapes, all-to-all and expert-DP volumes right "
