@@ -234,16 +234,20 @@ class Fabric:
     measured_on: Fabric | None = None
 
     @classmethod
-    def from_specs(cls, device: DeviceSpec, cluster: ClusterSpec, *, efficiency: float = 1.0) -> Fabric:
+    def from_specs(cls, device: DeviceSpec, cluster: ClusterSpec, *, efficiency: float = 1.0,
+                   nic_gpus: int | None = None) -> Fabric:
         """Tiers from the datasheet links: intra = the device's link bandwidth x the bus-bandwidth fraction a ring
         reaches on it (`intra_node.efficiency`, line rate when absent) and its latency; inter = NICs per node x NIC
-        bandwidth x the bus-bandwidth fraction the NIC reaches (`nic.efficiency`, line rate when absent) / GPUs per
-        node, NIC latency. efficiency (0-1] further scales both bandwidths (1.0 = the tiers as just described)."""
+        bandwidth x the bus-bandwidth fraction the NIC reaches (`nic.efficiency`, line rate when absent) / the GPUs
+        sharing them, NIC latency. Those GPUs are the device's own node (`nic_gpus` None): a cluster of another
+        number of GPUs per node keeps each GPU's NIC share (rail-optimised nodes give each GPU its NIC), unless the
+        NIC count itself is stated for the cluster's node (`nic_gpus` = its GPUs). efficiency (0-1] further scales
+        both bandwidths (1.0 = the tiers as just described)."""
         if not 0 < efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
         link, nic = device.intra_node, device.nic
         achieved = nic.bandwidth_bytes_per_s * (nic.efficiency if nic.efficiency is not None else 1.0)
-        per_gpu_nic = nic.count_per_node * achieved / cluster.gpus_per_node
+        per_gpu_nic = nic.count_per_node * achieved / (nic_gpus or device.gpus_per_node)
         ring = link.bandwidth_per_direction_bytes_per_s * (link.efficiency if link.efficiency is not None else 1.0)
         return cls(gpus_per_node=cluster.gpus_per_node,
                    intra_line_rate_bytes_per_s=link.bandwidth_per_direction_bytes_per_s,

@@ -36,13 +36,22 @@ def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> C
     """Calibrated model (the given file, else the device's shipped calibration) falling back to the roofline of the
     device's spec; the bare roofline when neither exists. Raises CalibrationError for an unreadable file."""
     device, cluster = scenario.cluster.device, scenario.cluster
-    roofline = RooflineCostModel(device, fabric=Fabric.from_specs(device, cluster))
+    roofline = RooflineCostModel(device, fabric=Fabric.from_specs(device, cluster, nic_gpus=nic_gpus(scenario)))
     roofline.groups = op_placements(cluster, scenario.plan)
     path = Path(calibration) if calibration is not None else shipped_calibration(device.name)
     if path is None:
         return roofline
     return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name, path=path,
                                measured_on=_shipped_machine(scenario) if calibration is None else _unedited(scenario))
+
+
+def nic_gpus(scenario: Scenario) -> int | None:
+    """The GPUs that share a node's NICs where the NIC count is stated for the cluster's own node (a what-if edit of
+    `cluster.device.nic.count_per_node`): the cluster's GPUs per node; None (the device's node) otherwise, so that
+    `--gpus-per-node` keeps each GPU's NIC share (Fabric.from_specs)."""
+    before = scenario.device_as_loaded
+    edited = before is not None and before.nic.count_per_node != scenario.cluster.device.nic.count_per_node
+    return scenario.cluster.gpus_per_node if edited else None
 
 
 def _unedited(scenario: Scenario) -> Fabric | None:

@@ -18,7 +18,7 @@ from projection.cost.model import CostModel
 from projection.cost.roofline import peak_dtype
 from projection.errors import ConfigError, PlanError, Problem
 from projection.memory.report import MemoryReport
-from projection.perf.costmodel import default_cost_model
+from projection.perf.costmodel import default_cost_model, nic_gpus
 from projection.perf.dp import DPComm, dp_comm_tasks, param_gather_exposed_s
 from projection.perf.optimizer import optimizer_step_seconds
 from projection.perf.pricing import PricedStages, price_stages
@@ -164,6 +164,11 @@ def _unmodelled(sc: Scenario) -> list[str]:
         notes.append("MoE: projections of published MoE runs have all been fast, the finer the experts the more "
                      "(docs/performance.md): the dispatcher path's host work and the efficiency of small grouped "
                      "GEMMs are not measured here; read the step time as a lower bound")
+    dev, gpn = sc.cluster.device, sc.cluster.gpus_per_node
+    if gpn != dev.gpus_per_node and nic_gpus(sc) is None:  # perf/costmodel.py, Fabric.from_specs
+        notes.append(f"{gpn} GPUs per node, where a {dev.name} node has {dev.gpus_per_node}: each GPU keeps that "
+                     f"node's NIC share ({dev.nic.count_per_node} NICs for {dev.gpus_per_node} GPUs); --set "
+                     "cluster.device.nic.count_per_node=N states the NICs of your node")
     if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher == "flex":
         notes.append("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
                      "dispatcher: the same bytes, not the same kernels")
