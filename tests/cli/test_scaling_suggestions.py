@@ -5,24 +5,14 @@ into whole microbatches is reported once, not again as a schedule rule broken by
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from projection import cli_performance
+from tests.cli.test_performance_cli import perf
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def perf(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="projection")
-    cli_performance.add_parser(parser.add_subparsers(dest="command"))
-    code = cli_performance.run(parser.parse_args(["performance", *argv]), env=dict(os.environ))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_suggested_global_batch_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,21 +5,19 @@ tests/oracle/test_schedules_vs_torch.py."""
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projection import cli_performance
 from projection.errors import ConfigError
 from projection.schedule.interleaved import interleaved_1f1b, torch_group_size, torch_time_steps
 from projection.sim.costs import StageCosts
 from projection.sim.dag import walk
 from projection.sim.lockstep import lockstep_walk, received_too_late
 from projection.specs.plan import torch_pipeline_runtime
+from tests.cli.test_performance_cli import perf
 
 REPO = Path(__file__).resolve().parents[2]
 T5 = REPO / "benchmarks" / "torchtitan_runs" / "t5_llama31_405b_fsdp8_tp8_pp8_interleaved1f1b.toml"
@@ -118,23 +116,15 @@ def test_torch_release_names_its_runtime(text: str, want: str | None) -> None:
     assert torch_pipeline_runtime(text) == want
 
 
-def _perf(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="projection")
-    cli_performance.add_parser(parser.add_subparsers(dest="command"))
-    code = cli_performance.run(parser.parse_args(["performance", *argv]), env=dict(os.environ))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_pytorch_flag_picks_the_runtime(capsys: pytest.CaptureFixture[str]) -> None:
     """TorchTitan's Interleaved1F1B (pp 8, vpp 2, 16 microbatches) on torch 2.9 and on 2.10."""
     base = ("--config", str(T5), "--hardware", "h100-sxm", "--nodes", "64", "--format", "json")
-    code, out, err = _perf(capsys, *base, "--pytorch", "2.9")
+    code, out, err = perf(capsys, *base, "--pytorch", "2.9")
     assert code == 0, err
     import json
 
     old = json.loads(out)
-    code, out, err = _perf(capsys, *base, "--pytorch", "2.10")
+    code, out, err = perf(capsys, *base, "--pytorch", "2.10")
     assert code == 0, err
     new = json.loads(out)
     assert old["engine"] == "lockstep" and new["engine"] != "lockstep"
@@ -142,7 +132,7 @@ def test_pytorch_flag_picks_the_runtime(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_a_release_that_cannot_be_read_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _perf(capsys, "--config", str(T5), "--hardware", "h100-sxm", "--nodes", "64", "--pytorch",
+    code, out, err = perf(capsys, "--config", str(T5), "--hardware", "h100-sxm", "--nodes", "64", "--pytorch",
                            "nightly")
     assert code == 2 and out == ""
     assert "--pytorch" in err and "'nightly'" in err and "e.g. --pytorch 2.9" in err and "Traceback" not in err
@@ -153,10 +143,10 @@ def test_an_order_torch_cannot_run_in_lock_step_is_exit_2(capsys: pytest.Capture
     and run on torch 2.10, whose runtime waits for each receive."""
     base = ("--config", str(T5), "--hardware", "h100-sxm", "--nodes", "64", "--set",
             "parallelism.pipeline_parallel_microbatch_size=8")
-    code, out, err = _perf(capsys, *base, "--pytorch", "2.9")
+    code, out, err = perf(capsys, *base, "--pytorch", "2.9")
     assert code == 2 and out == ""
     assert "key '--pytorch'" in err and "8F0 runs at time step 4" in err and "multiple of pp = 8" in err
-    code, out, err = _perf(capsys, *base, "--pytorch", "2.10")
+    code, out, err = perf(capsys, *base, "--pytorch", "2.10")
     assert code == 0, err
 
 
@@ -176,7 +166,7 @@ def test_zbv_and_looped_bfs_run_in_lock_step_too(capsys: pytest.CaptureFixture[s
 
     runs = {}
     for version in ("2.9", "2.10"):
-        code, out, err = _perf(capsys, *base, "--pytorch", version)
+        code, out, err = perf(capsys, *base, "--pytorch", version)
         assert code == 0, err
         runs[version] = json.loads(out)
     assert runs["2.9"]["engine"] == "lockstep" and runs["2.10"]["engine"] != "lockstep"
@@ -188,8 +178,8 @@ def test_schedule_all_leaves_out_a_schedule_its_builder_refuses(capsys: pytest.C
     DualPipeV's error), and `--schedule dualpipev` is refused at load, naming the schedules that run."""
     base = ("--config", str(T5), "--hardware", "h100-sxm", "--nodes", "64", "--set",
             "parallelism.pipeline_parallel_microbatch_size=4")
-    code, out, err = _perf(capsys, *base, "--schedule", "all")
+    code, out, err = perf(capsys, *base, "--schedule", "all")
     assert code == 0, err
     assert "interleaved_1f1b" in out and "zbv" in out and "dualpipev" not in out
-    code, out, err = _perf(capsys, *base, "--schedule", "dualpipev")
+    code, out, err = perf(capsys, *base, "--schedule", "dualpipev")
     assert code == 2 and "dualpipev needs n_microbatches >= 2 * pp = 16 (got 8)" in err and "use one of" in err

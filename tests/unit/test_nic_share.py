@@ -6,16 +6,13 @@ count stated for the cluster's node is shared by its GPUs."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 from pathlib import Path
 
 import pytest
 
-from projection import cli_performance
 from projection.cost.collectives import Fabric
 from projection.specs.hardware import ClusterSpec, load_device
+from tests.cli.test_performance_cli import perf_json
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama3.1_70B-mi300x.yaml"  # TP 8, PP 4
@@ -34,14 +31,7 @@ def test_the_share_per_gpu() -> None:
 
 
 def _perf(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
-    parser = argparse.ArgumentParser(prog="projection")
-    cli_performance.add_parser(parser.add_subparsers(dest="command"))
-    code = cli_performance.run(parser.parse_args(["performance", "--config", str(EXAMPLE), "--hardware", "h100-sxm",
-                                                  "--format", "json", *argv]), env=dict(os.environ))
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    doc: dict = json.loads(out)
-    return doc
+    return perf_json(capsys, "--config", str(EXAMPLE), "--hardware", "h100-sxm", *argv)
 
 
 def test_four_gpu_nodes_price_as_their_nics_stated(capsys: pytest.CaptureFixture[str]) -> None:
