@@ -236,8 +236,8 @@ def _cluster_from_launcher(hits: list[FlagHit], file: str) -> dict[str, tuple[in
 
 
 # Megatron-LM's parse_args takes the run's size from the launcher (megatron/training/arguments.py, "Args from
-# environment": `args.world_size = int(os.getenv("WORLD_SIZE", '1'))`), so no flag sets it but every argument dump
-# (the rank-0 `print_args` block, `world_size ..... 64`) records it
+# environment": args.world_size is the launcher's WORLD_SIZE variable, 1 when unset), so no flag sets it but every
+# argument dump (the rank-0 `print_args` block, `world_size ..... 64`) records it
 WORLD_SIZE = "world_size"
 
 
