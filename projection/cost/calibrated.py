@@ -151,9 +151,8 @@ def held_time_s(kind: CollectiveKind, size_bytes: float, group: GroupPlacement,
     src/graph/tuning.cc)."""
     if group.n_ranks < 2 or size_bytes <= 0:
         return 0.0, None
+    t = collective_time_s(kind, size_bytes, group, fabric)  # "auto": the closest curve's price, else the fastest
     curve = fabric.curve_for(kind, group)
-    t = collective_time_s(kind, size_bytes, group, fabric) if curve is None else curve_time_s(curve, size_bytes, group,
-                                                                                              fabric)
     if curve is not None and curve.stands_at(group, size_bytes):
         return t, None
     floor_s, held = subgroup_floor(kind, size_bytes, group, fabric)

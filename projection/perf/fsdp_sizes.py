@@ -66,6 +66,7 @@ class FsdpSizes:
         seconds of the replica all-reduce of its reduced dense shard."""
         self.labels = {}
         if not self.on:
+            self.copies = [((), ())] * len(names)
             return [()] * len(names), [()] * len(names), [0.0] * len(names)
         sizes = {name: (d, e) for name, d, e in params.components}
         per = [sizes.pop(n, (0, 0)) for n in names]

@@ -218,8 +218,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         copy_s = _offload_seconds(scenario, slot, offload_memo)
         fwd_units, i_units, w_units, b_units = [], [], [], []
         mflop = rflop = 0.0
-        for (name, ops), ag, rs, ar, (outs, ins) in zip(comps, gathers, scatters, replicas, fsdp.copies or
-                                                        [((), ())] * len(comps), strict=True):
+        for (name, ops), ag, rs, ar, (outs, ins) in zip(comps, gathers, scatters, replicas, fsdp.copies, strict=True):
             fwd = [o for o in ops if o.phase == "F" and not o.recompute]
             rec = [o for o in ops if o.recompute]
             hook = _grad_hooks(name, *hooked.get(name, (0, 0)), training)

@@ -16,7 +16,6 @@ from projection.schedule.interleaved import torch_time_steps
 from projection.schedule.vshape import zbv_padded
 
 Steps = tuple[tuple[int, ...], ...]
-LOCKSTEP_SCHEDULES = ("interleaved_1f1b", "gpipe", "zbv")  # gpipe with vpp > 1 (looped breadth-first)
 
 
 def lockstep_steps(name: str, pp: int, n_microbatches: int, vpp: int) -> Steps | None:

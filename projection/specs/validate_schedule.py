@@ -30,7 +30,7 @@ def schedule_problems(plan: ParallelPlan, m: int, bad: Bad) -> None:
         _lockstep_order(plan, m, bad)
 
 
-def _lockstep_order(plan: ParallelPlan, m: int, bad: Callable[[str, str, str], None]) -> None:
+def _lockstep_order(plan: ParallelPlan, m: int, bad: Bad) -> None:
     """A multi-stage schedule on torch up to 2.9 (ParallelPlan.lockstep_pipeline): torch's own time steps must
     receive every input before the pass that reads it (sim/lockstep.received_too_late); interleaved 1F1B with
     vpp >= 2 and fewer microbatches than pp (and some other counts that are not a multiple of pp), or looped
