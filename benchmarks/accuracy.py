@@ -37,6 +37,11 @@ Case construction (native scenarios; tag A = assumed, not stated by the source):
   gather and TP communication (A: the stored YAMLs disagree between versions on `ub_tp_comm_overlap`); flash attention;
   Llama-2/3 from the bundled presets, Nemotron from NeMo's NemotronConfig (LayerNorm, squared-ReLU 4h MLP, no
   biases, RoPE, untied, vocab 256,000; 8B/22B MHA, 340B 8 KV heads), GPT3 from NeMo's GPTConfig (dropout 0 for 175B).
+* Pipelines run Megatron's schedules.py (`pipeline_runtime: megatron`, sim/megatron_p2p.py): Narayanan and
+  Korthikanti without overlapped p2p (`overlap_p2p_comm` came to Megatron in 2023, so their interleaved runs made
+  the blocking 4-way exchange) and with Megatron's 2021-22 scatter/gather of p2p tensors (its default then, off
+  with SP: Narayanan §4.1); NeMo with overlapped p2p (R2: the launcher's training YAMLs, e.g.
+  conf/training/llama/llama2_70b.yaml, set `overlap_p2p_comm: true`, `batch_p2p_comm: false`).
 Not scored: the Korthikanti 530B / 2240-GPU MFU (global batch not published), the Megatron-LM strong-scaling plot (no
 table), the NeMo long-sequence tables of §4.2 (other releases, TFLOP/s by NeMo's own formula only).
 """
@@ -113,7 +118,7 @@ def _nemotron(name: str, layers: int, hidden: int, heads: int, kv: int | None) -
 def _scenario(model: Any, *, gpus: int, hardware: str, seq: int, mbs: int, gbs: int, tp: int, pp: int = 1,
               vpp: int = 1, cp: int = 1, sp: bool = False, dtype: str = "bf16", recompute: dict[str, Any] | None = None,
               zero: int = 0, overlap: dict[str, bool] | None = None, attention: str = "flash", dropout: float = 0.0,
-              fp8: bool = False, grad_reduce: str = "fp32") -> dict[str, Any]:
+              fp8: bool = False, grad_reduce: str = "fp32", scatter_gather: bool = False) -> dict[str, Any]:
     training: dict[str, Any] = {"seq_length": seq, "micro_batch_size": mbs, "global_batch_size": gbs,
                                 "params_dtype": dtype, "dropout": dropout, "attention_backend": attention}
     if grad_reduce != "fp32":
@@ -122,7 +127,8 @@ def _scenario(model: Any, *, gpus: int, hardware: str, seq: int, mbs: int, gbs: 
         training["fp8"] = {"format": "hybrid", "recipe": "delayed"}
     plan: dict[str, Any] = {"tp": tp, "sp": sp and tp > 1, "pp": pp, "cp": cp,
                             "schedule": "interleaved_1f1b" if vpp > 1 else "1f1b",
-                            "sharding": {"zero_stage": zero}, "overlap": dict(overlap or {})}
+                            "sharding": {"zero_stage": zero}, "overlap": dict(overlap or {}),
+                            "pipeline_runtime": "megatron", "p2p_scatter_gather": scatter_gather}
     if vpp > 1:
         plan["vpp"] = vpp
     if recompute:
@@ -222,14 +228,14 @@ def cases() -> list[Case]:
     for name, heads, h, l, tp, pp, vpp, gpus, mbs, gbs, ddp, tflops in NARAYANAN:  # noqa: E741
         sc = _scenario(_gpt(f"gpt-{name}", l, h, heads, 2048), gpus=gpus, hardware="a100-80g", seq=2048, mbs=mbs,
                        gbs=gbs, tp=tp, pp=pp, vpp=vpp, dtype="fp16", recompute=FULL, attention="unfused",
-                       dropout=0.1, overlap={"grad_reduce": ddp == "torch"})
+                       dropout=0.1, overlap={"grad_reduce": ddp == "torch", "p2p_comm": False}, scatter_gather=True)
         out.append(Case("Narayanan 2021 T1", f"{name} tp{tp} pp{pp} vpp{vpp} dp{gpus // (tp * pp)} {ddp}", gpus, sc,
                         "TFLOP/s/GPU (F96)", float(tflops), _tflops(f96)))
     for name, heads, h, l, tp, pp, vpp, gpus, mbs, gbs, t_full, t_sel in KORTHIKANTI:  # noqa: E741
         for variant, t, sp, rc in (("full", t_full, False, FULL), ("sel", t_sel, True, SELECTIVE)):
             sc = _scenario(_gpt(f"gpt-{name}", l, h, heads, 2048), gpus=gpus, hardware="a100-80g", seq=2048, mbs=mbs,
                            gbs=gbs, tp=tp, pp=pp, vpp=vpp, sp=sp, dtype="fp16", recompute=rc, attention="unfused",
-                           dropout=0.1)
+                           dropout=0.1, overlap={"p2p_comm": False}, scatter_gather=True)
             out.append(Case("Korthikanti 2022", f"{name} {variant} tp{tp} pp{pp} vpp{vpp}", gpus, sc, "tokens/s/GPU",
                             gbs * 2048 / (t * gpus), _tokens, note=f"iteration {t} s"))
     for name, heads, h, l, tp, pp, gpus, gbs, tflops in MEGATRON_2024:  # noqa: E741
@@ -244,7 +250,7 @@ def cases() -> list[Case]:
         if isinstance(model, dict):
             model = {**model, "max_position_embeddings": seq}
         sc = _scenario(model, gpus=gpus, hardware="h100-sxm", seq=seq, mbs=mbs, gbs=gbs, tp=tp, pp=pp, vpp=vp, cp=cp,
-                       sp=True, zero=1, overlap=OVERLAP_ALL, dropout=dropout, fp8=True,
+                       sp=True, zero=1, overlap={**OVERLAP_ALL, "p2p_comm": True}, dropout=dropout, fp8=True,
                        grad_reduce="fp32" if name in ("Nemotron-8B", "Nemotron-22B") else "bf16")
         out.append(Case("NeMo 24.07 FP8", f"{name} {gpus}g tp{tp} pp{pp} cp{cp} vp{vp}", gpus, sc, "tokens/s/GPU",
                         float(tokens), _tokens))

@@ -90,7 +90,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
             problems.append(Problem(f"cannot read a torch release from {shown(pytorch)}", key="--pytorch",
                                     file=COMMAND_LINE, fix="give the release as torch.__version__ prints it, "
                                     "e.g. --pytorch 2.9 or --pytorch 2.10.0"))
-        else:
+        elif raw.get("plan.pipeline_runtime") != "megatron":  # Megatron's schedules.py runs the same on any torch
             raw.set("plan.pipeline_runtime", runtime, Origin(COMMAND_LINE, None, "--pytorch"))
     if hardware is not None:
         raw.set("cluster.hardware", hardware, Origin(COMMAND_LINE, None, "--hardware"))

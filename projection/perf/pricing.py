@@ -15,7 +15,8 @@ order) are run as actions by projection/perf/action_time.py with the overlap rul
   the input-gradient reduce-scatter). Schedules with split backward actions (zero-bubble, V, DualPipe) run I and W
   separately and B = I + W; the others run B and W is its weight-gradient part (I = B - W).
 Pipeline p2p: one activation (forward) or gradient (backward) tensor of [s/cp (/tp with SP), b, h] in the params
-dtype per boundary, priced as a send/recv over the two ranks' placement (intra- or inter-node).
+dtype per boundary, priced as a send/recv over the two ranks' placement (intra- or inter-node); with the 2021-era
+scatter/gather (plan.p2p_scatter_gather) 1/tp of it per link plus the receiver's all-gather over TP.
 Host issue: each action's kernels are issued at projection/perf/costmodel.host_issue's seconds per kernel; its compute
 kernels (not its collectives and copies) times the framework host factor of forward or backward actions
 (costmodel.framework_host_factors: Megatron's modules against the eager reference the per-kernel figure was measured
@@ -326,11 +327,16 @@ def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice]
     plan, training, model = scenario.plan, scenario.training, scenario.model
     tokens = training.micro_batch_size * training.seq_length // plan.cp // (plan.tp if plan.sp_ else 1)
     size = tokens * model.hidden_size * DTYPE_BYTES[training.params_dtype]
+    sent, gather = size, 0.0
+    if plan.p2p_scattered:  # Narayanan et al. 2021 §4.1: each TP rank sends size / tp over its own link, and the
+        # receiver all-gathers the tp chunks over its TP group before the pass (Megatron 2021 gather_split_1d_tensor)
+        sent = size // plan.tp
+        gather = cost_model.collective_seconds("all_gather", size, op_placements(scenario.cluster, plan)["tp"])
     secs, places = [], []
     for a, b in zip(stages, stages[1:], strict=False):
         place = boundary_placement(scenario.cluster, plan, a.pp_rank, b.pp_rank)
         places.append(place)
-        secs.append(cost_model.collective_seconds("send_recv", size, place) if place.n_ranks > 1 else 0.0)
+        secs.append(cost_model.collective_seconds("send_recv", sent, place) + gather if place.n_ranks > 1 else 0.0)
     return size, tuple(secs), tuple(places)
 
 

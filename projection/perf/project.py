@@ -36,6 +36,7 @@ from projection.schedule.timesteps import lockstep_steps
 from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.lockstep import lockstep_walk
+from projection.sim.megatron_p2p import megatron_walk
 from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.accumulation import one_round, rounds, schedule_microbatches
 from projection.specs.device_names import device_match
@@ -92,6 +93,8 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
             if sc.plan.lockstep_pipeline else None
         if steps is not None:
             sim = lockstep_walk(sched, priced.stage_costs(sched, dp.tasks), steps)
+        elif sc.plan.megatron_blocking_p2p:
+            sim = megatron_walk(sched, priced.stage_costs(sched, dp.tasks))
         else:
             sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
     except ValueError as e:

@@ -21,7 +21,7 @@ ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "z
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts", "op")
 
 
-PipelineRuntime = Literal["actions", "lockstep"]
+PipelineRuntime = Literal["actions", "lockstep", "megatron"]
 
 
 def torch_pipeline_runtime(version: str) -> PipelineRuntime | None:
@@ -144,7 +144,16 @@ class ParallelPlan(Spec):
     gpipe with vpp > 1):
     "actions", torch 2.10+ (`_PipelineScheduleRuntime`: each receive waited for just before the pass that needs it);
     "lockstep", torch up to 2.9 (`PipelineScheduleMulti._step_microbatches`: every time step ends in a blocking batch
-    of sends and receives with the neighbours, sim/lockstep.py). The CLI's --pytorch VERSION sets it."""
+    of sends and receives with the neighbours, sim/lockstep.py). The CLI's --pytorch VERSION sets it.
+    "megatron": Megatron-LM's own schedules.py (the Megatron, Primus and Bridge loaders set it with a pipeline, except
+    under Primus's pipeline patches): 1F1B, and interleaved 1F1B without overlap.p2p_comm, make blocking batched p2p
+    calls (megatron_blocking_p2p, sim/megatron_p2p.py); with overlap its calls are waited just before the pass that
+    needs the data, as "actions" models."""
+    p2p_scatter_gather: bool = False
+    """Megatron-LM before Megatron-Core (2021-22 code: `--scatter-gather-tensors-in-pipeline`, its default, off with
+    sequence parallelism; Narayanan et al. 2021 §4.1): with tp > 1 each pipeline p2p tensor is split into tp chunks,
+    each TP rank sends one over its own link, and the receiver all-gathers them over TP. Megatron-Core dropped it (the
+    argument is still parsed and unused), so no loader sets it."""
     rank_order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = "tp-cp-ep-dp-pp"
     """Megatron's rank order, innermost first: tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping (megatron/training/
     initialize.py), which puts the pipeline inside data parallelism (and so DP, not PP, across nodes first)."""
@@ -181,6 +190,20 @@ class ParallelPlan(Spec):
         interleaved 1F1B, looped breadth-first (gpipe with vpp > 1) and ZB-V (schedule/timesteps.py)."""
         return self.schedule_style == "torch" and self.pipeline_runtime == "lockstep" and self.pp > 1 and (
             self.schedule in ("interleaved_1f1b", "zbv") or (self.schedule == "gpipe" and self.vpp_ > 1))
+
+    @property
+    def megatron_blocking_p2p(self) -> bool:
+        """Megatron-LM's pipeline with blocking p2p calls (pipeline_runtime "megatron"): 1F1B (Megatron refuses
+        overlap_p2p_comm without interleaving), and interleaved 1F1B without overlap.p2p_comm."""
+        return self.pipeline_runtime == "megatron" and self.schedule_style == "megatron" and self.pp > 1 and (
+            self.schedule == "1f1b" or (self.schedule == "interleaved_1f1b"
+                                        and (self.vpp_ == 1 or not self.overlap.p2p_comm)))
+
+    @property
+    def p2p_scattered(self) -> bool:
+        """Pipeline p2p tensors sent as tp chunks and all-gathered over TP (p2p_scatter_gather; not with SP, whose
+        tensor is already split)."""
+        return self.p2p_scatter_gather and self.tp > 1 and not self.sp_
 
     @model_validator(mode="after")
     def _check(self) -> ParallelPlan:

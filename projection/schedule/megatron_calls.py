@@ -1,0 +1,224 @@
+"""Megatron-LM's blocking point-to-point calls around a pipeline schedule's passes (sim/megatron_p2p.py walks them).
+
+Re-derived from megatron/core/pipeline_parallel/schedules.py (megatron-core 0.16.1; the same loops since the 2021
+code): `forward_backward_pipelining_without_interleaving` and `forward_backward_pipelining_with_interleaving` with
+`overlap_p2p_comm` False. Each p2p call (`send_forward_recv_backward`, `send_forward_backward_recv_forward_backward`,
+...) posts its sends and receives as one `batch_isend_irecv` and waits for all of them (p2p_communication.py
+`_communicate`, wait_on_reqs=True), so the rank goes on only when every peer of the call has posted its side.
+
+1F1B (vpp 1), rank r with W = min(pp - r - 1, m) warm-up forwards:
+  W x [recv_forward, F, send_forward]; recv_forward (when any forward remains);
+  steady i: F, send_forward_recv_backward, B, send_backward_recv_forward (send_backward on the last);
+  cool-down: W x [recv_backward, B, send_backward].
+Interleaved (vpp >= 2), rank r's k-th forward / backward as in schedule/interleaved.py, W warm-up forwards:
+  recv_forward; warm-up k: F, send_forward_recv_forward (the last warm-up call also receives the first gradient);
+  steady k: F, B, then one 4-way send_forward_backward_recv_forward_backward;
+  cool-down k: B, send_backward_recv_backward (a recv_backward first when every forward is warm-up).
+A call receives the input of the rank's next pass of that direction; the leading rank (rank 0 forward, the last rank
+backward) instead receives what the ending rank sent pp - 1 passes earlier (schedules.py
+`recv_tensor_from_previous_stage`): the ring wraps, so rank 0 receives chunk c's output from rank pp - 1.
+Sends and receives pair up in order per (sender, receiver), as NCCL matches them; each pairing is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from projection.schedule.action import Action, Schedule
+
+Key = tuple[str, int, int]  # ("F", producer stage, microbatch) an activation; ("B", producer stage, mb) a gradient
+
+
+@dataclass(frozen=True)
+class P2pCalls:
+    """Per rank, its program: an int k >= 0 is the rank's k-th compute action, -1 - c is blocking call c. Per op:
+    its rank, whether it sends, the tensor's key, and the op it pairs with on the peer (`partner`)."""
+
+    programs: tuple[tuple[int, ...], ...]
+    calls: tuple[tuple[int, ...], ...]
+    op_rank: tuple[int, ...]
+    op_send: tuple[bool, ...]
+    op_key: tuple[Key, ...]
+    partner: tuple[int, ...]
+
+
+class _Builder:
+    def __init__(self, pp: int) -> None:
+        self.pp = pp
+        self.programs: list[list[int]] = [[] for _ in range(pp)]
+        self.calls: list[tuple[int, ...]] = []
+        self.ops: list[tuple[int, int, bool, Key]] = []  # (rank, peer, send, key)
+
+    def call(self, r: int, *ops: tuple[int, bool, Key] | None) -> None:
+        """A blocking call of rank r posting `ops` (peer, send, key); None entries are the directions it skips."""
+        idx = []
+        for op in ops:
+            if op is not None:
+                idx.append(len(self.ops))
+                self.ops.append((r, *op))
+        if idx:
+            self.programs[r].append(-1 - len(self.calls))
+            self.calls.append(tuple(idx))
+
+    def run(self, r: int, k: int) -> None:
+        self.programs[r].append(k)
+
+
+def _split(acts: Sequence[Action], r: int, pp: int, vpp: int) -> tuple[list[Action], list[Action], int]:
+    """A rank's forwards and backwards in order, and its warm-up count W; ValueError unless the order is Megatron's
+    (W warm-up forwards, then forward-backward pairs, then backwards). W is Megatron's, not read off the order
+    (W = m - 1 and W = m give the same order but different calls): min(pp - r - 1, m) for 1F1B,
+    min(2 (pp - r - 1) + (vpp - 1) G, m vpp) interleaved, with G the microbatch group size (the index of the rank's
+    first chunk-1 forward)."""
+    fs = [a for a in acts if a.kind == "F"]
+    bs = [a for a in acts if a.kind == "B"]
+    if vpp == 1:
+        w = min(pp - r - 1, len(fs))
+    else:
+        group = next((i for i, a in enumerate(fs) if a.stage >= pp), len(fs))
+        w = min(2 * (pp - r - 1) + (vpp - 1) * group, len(fs))
+    expect = fs[:w] + [x for pair in zip(fs[w:], bs, strict=False) for x in pair] + bs[len(fs) - w:]
+    if len(fs) + len(bs) != len(acts) or len(fs) != len(bs) or list(acts) != expect:
+        raise ValueError(f"rank {r}'s actions are not in Megatron's warm-up / 1F1B / cool-down order")
+    return fs, bs, w
+
+
+def megatron_blocking_calls(schedule: Schedule) -> P2pCalls:
+    """The blocking calls Megatron-LM makes around `schedule` (1F1B, or interleaved 1F1B in Megatron's order, stage
+    s on rank s % pp); ValueError for any other schedule."""
+    pp = schedule.n_ranks
+    n_st = schedule.n_stages
+    if n_st % pp or any(s2r != s % pp for s, s2r in enumerate(schedule.stage_to_rank)) or schedule.routes:
+        raise ValueError(f"schedule {schedule.name!r} is not looped over {pp} ranks")
+    split = [_split(acts, r, pp, n_st // pp) for r, acts in enumerate(schedule.actions)]
+    b = _Builder(pp)
+    if n_st == pp:
+        for r, (fs, bs, w) in enumerate(split):
+            _one_f_one_b(b, r, fs, bs, w, n_st)
+    else:
+        for r, (fs, bs, w) in enumerate(split):
+            _interleaved(b, r, fs, bs, w, n_st, split)
+    return _pair(b, schedule)
+
+
+def _f_in(a: Action, pp: int) -> tuple[int, bool, Key] | None:
+    """The receive of forward a's input (None on stage 0)."""
+    return ((a.stage - 1) % pp, False, ("F", a.stage - 1, a.microbatch)) if a.stage > 0 else None
+
+
+def _b_in(a: Action, pp: int, n_st: int) -> tuple[int, bool, Key] | None:
+    """The receive of backward a's output gradient (None on the last stage)."""
+    return ((a.stage + 1) % pp, False, ("B", a.stage + 1, a.microbatch)) if a.stage < n_st - 1 else None
+
+
+def _f_out(a: Action, pp: int, n_st: int) -> tuple[int, bool, Key] | None:
+    return ((a.stage + 1) % pp, True, ("F", a.stage, a.microbatch)) if a.stage < n_st - 1 else None
+
+
+def _b_out(a: Action, pp: int) -> tuple[int, bool, Key] | None:
+    return ((a.stage - 1) % pp, True, ("B", a.stage, a.microbatch)) if a.stage > 0 else None
+
+
+def _one_f_one_b(b: _Builder, r: int, fs: list[Action], bs: list[Action], w: int, n_st: int) -> None:
+    pp, m = b.pp, len(fs)
+    for i in range(w):
+        b.call(r, _f_in(fs[i], pp))
+        b.run(r, i)
+        b.call(r, _f_out(fs[i], pp, n_st))
+    if w < m:
+        b.call(r, _f_in(fs[w], pp))
+    pos = w
+    for i in range(m - w):
+        b.run(r, pos)
+        b.call(r, _f_out(fs[w + i], pp, n_st), _b_in(bs[i], pp, n_st))
+        b.run(r, pos + 1)
+        pos += 2
+        b.call(r, _b_out(bs[i], pp), _f_in(fs[w + i + 1], pp) if i < m - w - 1 else None)
+    for i in range(m - w, m):
+        b.call(r, _b_in(bs[i], pp, n_st))
+        b.run(r, pos)
+        pos += 1
+        b.call(r, _b_out(bs[i], pp))
+
+
+def _interleaved(b: _Builder, r: int, fs: list[Action], bs: list[Action], w: int, n_st: int,
+                 split: list[tuple[list[Action], list[Action], int]]) -> None:
+    pp, total = b.pp, len(fs)
+
+    def recv_f_after(k: int) -> tuple[int, bool, Key] | None:
+        """Receive posted after forward k: the next forward's input, or on rank 0 the output of the last rank's
+        forward k - (pp - 1) unless that is the model's last stage (recv_tensor_from_previous_stage)."""
+        if k + 1 >= total:  # the last forward receives nothing (schedules.py: k == total - 1)
+            return None
+        if r > 0:
+            return _f_in(fs[k + 1], pp)
+        j = k - (pp - 1)
+        src = split[pp - 1][0][j] if j >= 0 else None
+        return (pp - 1, False, ("F", src.stage, src.microbatch)) if src and src.stage < n_st - 1 else None
+
+    def recv_b_after(k: int) -> tuple[int, bool, Key] | None:
+        """Receive posted after backward k: the next backward's gradient, or on the last rank the gradient rank 0's
+        backward k - (pp - 1) sends unless it is stage 0's."""
+        if k + 1 >= total:
+            return None
+        if r < pp - 1:
+            return _b_in(bs[k + 1], pp, n_st)
+        j = k - (pp - 1)
+        src = split[0][1][j] if j >= 0 else None
+        return (0, False, ("B", src.stage, src.microbatch)) if src and src.stage > 0 else None
+
+    rem = total - w
+    b.call(r, _f_in(fs[0], pp))
+    for k in range(w):
+        b.run(r, k)
+        first_grad = _b_in(bs[0], pp, n_st) if k == w - 1 and rem else None
+        b.call(r, _f_out(fs[k], pp, n_st), recv_f_after(k), first_grad)
+    pos = w
+    for k in range(rem):
+        b.run(r, pos)
+        b.run(r, pos + 1)
+        pos += 2
+        fk = w + k
+        b.call(r, _f_out(fs[fk], pp, n_st), _b_out(bs[k], pp),
+               recv_f_after(fk) if k < rem - 1 else None, recv_b_after(k))
+    if not rem:
+        b.call(r, _b_in(bs[0], pp, n_st))
+    for k in range(rem, total):
+        b.run(r, pos)
+        pos += 1
+        b.call(r, _b_out(bs[k], pp), recv_b_after(k))
+
+
+def _pair(b: _Builder, schedule: Schedule) -> P2pCalls:
+    """Pair each send with the receive in the same place of its (sender, receiver) order; ValueError where keys or
+    counts differ, or where a pass runs before the call that receives its input."""
+    sends: dict[tuple[int, int], list[int]] = {}
+    recvs: dict[tuple[int, int], list[int]] = {}
+    for r, prog in enumerate(b.programs):
+        for item in prog:
+            if item < 0:
+                for o in b.calls[-1 - item]:
+                    _, peer, send, _ = b.ops[o]
+                    (sends if send else recvs).setdefault((r, peer) if send else (peer, r), []).append(o)
+    partner = [-1] * len(b.ops)
+    for pair in sends.keys() | recvs.keys():
+        ss, rr = sends.get(pair, []), recvs.get(pair, [])
+        if len(ss) != len(rr) or any(b.ops[s][3] != b.ops[q][3] for s, q in zip(ss, rr, strict=False)):
+            raise ValueError(f"schedule {schedule.name!r}: Megatron's sends and receives from rank {pair[0]} to "
+                             f"{pair[1]} do not pair up")
+        for s, q in zip(ss, rr, strict=True):
+            partner[s], partner[q] = q, s
+    for r, prog in enumerate(b.programs):
+        have: set[Key] = set()
+        acts = schedule.actions[r]
+        for item in prog:
+            if item < 0:
+                have.update(b.ops[o][3] for o in b.calls[-1 - item] if not b.ops[o][2])
+                continue
+            a = acts[item]
+            need = _f_in(a, b.pp) if a.kind == "F" else _b_in(a, b.pp, schedule.n_stages)
+            if need is not None and need[2] not in have:
+                raise ValueError(f"schedule {schedule.name!r}: rank {r} runs {a} before receiving its input")
+    return P2pCalls(tuple(map(tuple, b.programs)), tuple(b.calls), tuple(o[0] for o in b.ops),
+                    tuple(o[2] for o in b.ops), tuple(o[3] for o in b.ops), tuple(partner))

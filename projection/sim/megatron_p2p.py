@@ -1,0 +1,128 @@
+"""Exact walk of a pipeline schedule run with Megatron-LM's blocking point-to-point calls (schedule/megatron_calls.py):
+1F1B, and interleaved 1F1B without `--overlap-p2p-communication`.
+
+Every call posts its sends and receives together and returns when all of them are done; a send is done only when the
+peer has posted the matching receive, so each op of a call ends at
+
+    done(op) = max(post(op), post(partner op)) + p2p seconds of the boundary it crosses
+
+and the rank goes on at the latest of its call's ops. A rank that reaches a call before a peer holds there (its next
+pass cannot start), which the dependency walk (dag.py, where a send never holds its sender and a receive waits only
+for the data) does not model: in the interleaved schedule each steady F+B pair ends in one exchange with both
+neighbours, so a slow neighbour holds the rank even when the rank's own next input is already there. The 2.10+
+torch runtime, and Megatron's interleaved schedule with overlap (its calls post asynchronously and wait just before
+the pass that needs the data), are the dependency walk.
+
+The walk parks a rank on the partner op it waits for and wakes it when that op is posted, so it is O(actions + ops).
+Comm tasks (costs.CommTask) are handled as in dag.walk.
+"""
+
+from __future__ import annotations
+
+from projection.errors import ConfigError, Problem
+from projection.schedule.action import Schedule
+from projection.schedule.megatron_calls import P2pCalls, megatron_blocking_calls
+from projection.sim.costs import StageCosts
+from projection.sim.dag import (
+    CompiledSchedule,
+    _StreamClock,
+    blocking_tasks,
+    check_costs,
+    comm_stream_times,
+    compile_schedule,
+    duration_table,
+    latency_table,
+)
+from projection.sim.result import RunData, SimResult, make_result
+
+
+def megatron_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls | None = None) -> SimResult:
+    """Simulate `schedule` (1F1B or Megatron-order interleaved 1F1B) with Megatron's blocking p2p calls (`calls`,
+    default megatron_blocking_calls(schedule)), as the module docstring describes."""
+    cs = compile_schedule(schedule)
+    check_costs(cs, costs)
+    if calls is None:
+        try:
+            calls = megatron_blocking_calls(schedule)
+        except ValueError as e:
+            raise ConfigError(Problem(str(e), key="plan.schedule", fix="Megatron's blocking p2p walk runs 1F1B and "
+                                      "Megatron-order interleaved 1F1B only")) from None
+    n_st = schedule.n_stages
+    dtab = duration_table(costs)
+    dur = [dtab[c] for c in cs.cidx]
+    ltab = latency_table(costs)
+    # an activation from stage s crosses forward boundary s; a gradient from stage s backward boundary s - 1
+    lat = [ltab[s] if kind == "F" else ltab[n_st - 1 + s - 1] for kind, s, _ in calls.op_key]
+    partner, progs, ops_of = calls.partner, calls.programs, calls.calls
+    n_ranks = len(cs.lo)
+    start = [0.0] * cs.n
+    end = [0.0] * (cs.n + 1)
+    post = [-1.0] * len(lat)
+    ptr = [0] * n_ranks
+    clock = [0.0] * n_ranks
+    holds = blocking_tasks(cs, costs)
+    streams = _StreamClock(cs, costs, end) if any(holds) else None
+    waiters: dict[int, list[int]] = {}
+    stack = list(range(n_ranks - 1, -1, -1))
+    while stack:
+        r = stack.pop()
+        i, t, prog, lo = ptr[r], clock[r], progs[r], cs.lo[r]
+        while i < len(prog):
+            item = prog[i]
+            if item >= 0:
+                p = lo + item
+                if streams is not None and holds[r] and holds[r][0][0] < p:
+                    t = max(t, streams.hold_until(r, p))
+                start[p] = t
+                t += dur[p]
+                end[p] = t
+            else:
+                ops = ops_of[-1 - item]
+                if post[ops[0]] < 0.0:  # first arrival: post every op of the call
+                    for o in ops:
+                        post[o] = t
+                        stack.extend(waiters.pop(o, ()))
+                missing = next((partner[o] for o in ops if post[partner[o]] < 0.0), -1)
+                if missing >= 0:
+                    waiters.setdefault(missing, []).append(r)
+                    break
+                for o in ops:
+                    t = max(t, max(post[o], post[partner[o]]) + lat[o])
+            i += 1
+        ptr[r], clock[r] = i, t
+    blocked = [r for r in range(n_ranks) if ptr[r] < len(progs[r])]
+    if blocked:  # megatron_blocking_calls pairs every op, so this is a defect, not a user error
+        raise RuntimeError(f"Megatron p2p walk of {schedule.name!r} deadlocked on ranks {blocked}")
+    del end[cs.n]
+    lat1 = [ltab[i] for i in cs.lidx1]
+    lat2 = [ltab[i] for i in cs.lidx2]
+    arrivals, transfers = _inputs(cs, end, lat1, lat2, calls, post, lat)
+    comm = comm_stream_times(cs, costs, end)
+    return make_result(RunData(cs, "megatron", start, end, dur, lat1, lat2, arrivals, comm, transfers,
+                               holding=tuple(i for h in holds for _, i in h)))
+
+
+def _inputs(cs: CompiledSchedule, end: list[float], lat1: list[float], lat2: list[float], calls: P2pCalls,
+            post: list[float], lat: list[float]) -> tuple[list[float], list[tuple[int, float, float]]]:
+    """Per position, when each input was on the rank (a local input when its producer ended, a remote one when the
+    receive that brought it ended, 0.0 for none), and each receive's transfer (2 * position + input, start_s, end_s)
+    for the timeline."""
+    n = cs.n
+    arrivals = [0.0] * (2 * n)
+    for p in range(n):
+        for j, d, la in ((0, cs.dep1[p], lat1[p]), (1, cs.dep2[p], lat2[p])):
+            if d < n:
+                arrivals[2 * p + j] = end[d] + la
+    transfers = []
+    where = {(r, a.kind, a.stage, a.microbatch): cs.lo[r] + k for r, acts in enumerate(cs.schedule.actions)
+             for k, a in enumerate(acts)}
+    for o, key in enumerate(calls.op_key):
+        if calls.op_send[o]:
+            continue
+        kind, s, mb = key
+        x = 2 * where[(calls.op_rank[o], "F", s + 1, mb)] if kind == "F" else \
+            2 * where[(calls.op_rank[o], "B", s - 1, mb)] + 1
+        t0 = max(post[o], post[calls.partner[o]])
+        arrivals[x] = t0 + lat[o]
+        transfers.append((x, t0, t0 + lat[o]))
+    return arrivals, transfers

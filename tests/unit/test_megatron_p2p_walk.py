@@ -1,0 +1,156 @@
+"""sim/megatron_p2p.py and schedule/megatron_calls.py: Megatron-LM's blocking p2p calls around 1F1B and interleaved
+1F1B without overlap, their selection (ParallelPlan.pipeline_runtime "megatron", set by the Megatron loaders) and
+the 2021-era scatter/gather of p2p tensors. The walk against a real run of those calls on 4 gloo processes is
+tests/oracle/test_pipeline_megatron_p2p_gloo.py."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from projection import api
+from projection.perf.costmodel import default_cost_model
+from projection.perf.placement import boundary_placement, op_placements
+from projection.perf.pricing import price_stages
+from projection.perf.project import project
+from projection.schedule.interleaved import interleaved_1f1b, megatron_group_size
+from projection.schedule.megatron_calls import megatron_blocking_calls
+from projection.sim.costs import StageCosts
+from projection.sim.dag import walk
+from projection.sim.megatron_p2p import megatron_walk
+from tests.cli.test_performance_cli import perf
+
+ARGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --max-position-embeddings 2048 "
+        "--micro-batch-size 1 --global-batch-size 32 --vocab-size 32000 --bf16 --tensor-model-parallel-size 2 "
+        "--pipeline-model-parallel-size 4")
+
+
+def test_two_ranks_by_hand() -> None:
+    """pp 2, 2 microbatches, F 1 s, B 2 s, 0.1 s per transfer. Rank 0 (one warm-up forward): F0 0-1, then
+    send_forward waits for rank 1's recv_forward (posted at 0): done 1.1. F1 1.1-2.1, then send_forward_recv_backward
+    posted at 2.1. Rank 1: F0 1.1-2.1 (its empty call after F0 costs nothing), B0 2.1-4.1, then
+    send_backward_recv_forward posted at 4.1: both ranks' calls pair up and end at 4.2. Rank 0: B0 4.2-6.2, then
+    recv_backward; rank 1: F1 4.2-5.2, B1 5.2-7.2, send_backward: 7.3. Rank 0: B1 7.3-9.3, the step.
+    The dependency walk lets rank 0 run F1 at 1-2 and rank 1 run F1 as soon as it is free (4.1): 9.2 s."""
+    sched = interleaved_1f1b(2, 2, 1)
+    costs = StageCosts.from_lists([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 0.1)
+    res = megatron_walk(sched, costs)
+    assert res.step_time_s == pytest.approx(9.3)
+    assert res.engine == "megatron"
+    start = {(r, str(a)): s for r in range(2) for a, s in
+             zip(sched.actions[r], res.run.start[res.run.compiled.lo[r]:res.run.compiled.hi[r]], strict=True)}
+    assert start == pytest.approx({(0, "0F0"): 0.0, (0, "0F1"): 1.1, (0, "0B0"): 4.2, (0, "0B1"): 7.3,
+                                   (1, "1F0"): 1.1, (1, "1B0"): 2.1, (1, "1F1"): 4.2, (1, "1B1"): 5.2})
+    assert walk(sched, costs).step_time_s == pytest.approx(9.2)
+
+
+def test_the_interleaved_exchange_couples_neighbours() -> None:
+    """pp 4, vpp 2, 8 microbatches with a slow first virtual stage and no transfer time: the steady-state 4-way
+    exchange holds every rank until both neighbours end their F+B pair, which the dependency walk never does."""
+    sched = interleaved_1f1b(4, 8, 2)
+    f = [2.0] + [1.0] * 7
+    costs = StageCosts.from_lists(f, [2 * x for x in f], [0.0] * 8, 0.0)
+    blocking, free = megatron_walk(sched, costs).step_time_s, walk(sched, costs).step_time_s
+    assert blocking > free * 1.02
+
+
+@settings(max_examples=60, deadline=None)
+@given(pp=st.integers(2, 6), vpp=st.integers(1, 3), m=st.integers(1, 14), seed=st.integers(0, 10**6),
+       lat=st.sampled_from([0.0, 0.05, 0.5]))
+def test_blocking_never_beats_the_dependency_walk(pp: int, vpp: int, m: int, seed: int, lat: float) -> None:
+    """Blocking calls only add waits to the same order, so no pass starts earlier than in the dependency walk; and
+    every send pairs with one receive of the same tensor."""
+    if vpp > 1:
+        try:
+            megatron_group_size(pp, m, None)
+        except ValueError:
+            return
+    rnd = random.Random(seed)
+    n = pp * vpp
+    f = [rnd.uniform(0.1, 3.0) for _ in range(n)]
+    b = [rnd.uniform(0.1, 6.0) for _ in range(n)]
+    sched = interleaved_1f1b(pp, m, vpp)
+    costs = StageCosts.from_lists(f, b, [0.0] * n, lat)
+    calls = megatron_blocking_calls(sched)
+    assert all(calls.partner[calls.partner[o]] == o and calls.op_key[calls.partner[o]] == calls.op_key[o]
+               and calls.op_send[calls.partner[o]] != calls.op_send[o] for o in range(len(calls.partner)))
+    assert [sorted(k for k in prog if k >= 0) for prog in calls.programs] == [list(range(len(a)))
+                                                                               for a in sched.actions]
+    meg, dep = megatron_walk(sched, costs, calls), walk(sched, costs)
+    assert meg.step_time_s >= dep.step_time_s - 1e-9
+    assert all(a >= d - 1e-9 for a, d in zip(meg.run.start, dep.run.start, strict=True))
+
+
+@pytest.mark.parametrize(("pp", "m", "group"), [(4, 10, 5), (4, 12, 6), (4, 11, 7), (8, 24, 12)])
+def test_microbatch_group_sizes_pair_up(pp: int, m: int, group: int) -> None:
+    """--microbatch-group-size-per-virtual-pipeline-stage other than pp: Megatron's warm-up grows with the group,
+    and the leading ranks' receives still pair with the sends (megatron_blocking_calls checks every pair)."""
+    for vpp in (2, 3):
+        sched = interleaved_1f1b(pp, m, vpp, microbatch_group_size=group)
+        costs = StageCosts.uniform(pp * vpp, 1.0, 2.0, 0.0, 0.01)
+        assert megatron_walk(sched, costs).step_time_s >= walk(sched, costs).step_time_s - 1e-9
+
+
+def test_other_schedules_are_refused() -> None:
+    from projection.errors import ConfigError
+    from projection.schedule.registry import build_schedule
+
+    for name, vpp in (("gpipe", 1), ("zb_h1", 1), ("zbv", 2)):
+        sched = build_schedule(name, 4, 8, vpp)
+        with pytest.raises(ConfigError, match="Megatron"):
+            megatron_walk(sched, StageCosts.uniform(sched.n_stages, 1.0, 2.0))
+
+
+def test_megatron_files_run_megatron_runtime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Megatron-LM file with a pipeline runs Megatron's runtime: blocking 1F1B, blocking interleaved without
+    overlap, the dependency walk with overlap (Megatron-LM's default for interleaving); --pytorch does not change it."""
+    path = tmp_path / "args.txt"
+    engines = {}
+    for name, extra in (("1f1b", ""), ("il", " --num-layers-per-virtual-pipeline-stage 1 "
+                                            "--no-overlap-p2p-communication"),
+                        ("il_overlap", " --num-layers-per-virtual-pipeline-stage 1")):
+        path.write_text(ARGS + extra + "\n", encoding="utf-8")
+        sc = api.load(path, hardware="mi300x", nodes=1)
+        assert sc.plan.pipeline_runtime == "megatron"
+        engines[name] = project(sc).engine
+        code, out, err = perf(capsys, "--config", str(path), "--hardware", "mi300x", "--pytorch", "2.7",
+                              "--format", "json")
+        assert code == 0, err
+        assert json.loads(out)["engine"] == engines[name]
+    assert engines == {"1f1b": "megatron", "il": "megatron", "il_overlap": "des:pair"}
+
+
+def test_primus_pipeline_patches_run_their_own_runtime(tmp_path: Path) -> None:
+    path = tmp_path / "args.txt"
+    path.write_text(ARGS + " --patch-primus-pipeline --pp-algorithm 1f1b\n", encoding="utf-8")
+    try:
+        sc = api.load(path, hardware="mi300x", nodes=1)
+    except Exception as e:  # the flag spelling of Primus's keys in a Megatron file: read them as a Primus YAML
+        pytest.skip(f"Primus keys not accepted as flags here: {e}")
+    assert sc.plan.pipeline_runtime == "actions" and not sc.plan.megatron_blocking_p2p
+
+
+def test_scatter_gather_prices_a_tp_chunk_and_the_gather(tmp_path: Path) -> None:
+    """Narayanan et al. 2021 §4.1: each TP rank sends 1/tp of the boundary tensor over its own link and the receiver
+    all-gathers the tp chunks over NVLink; with sequence parallelism the tensor is already split, so nothing changes."""
+    path = tmp_path / "args.txt"
+    path.write_text(ARGS + "\n", encoding="utf-8")
+    sc = api.load(path, hardware="mi300x", nodes=2)
+    cm = default_cost_model(sc)
+    plain = price_stages(sc, cm)
+    sg = sc.model_copy(update={"plan": sc.plan.model_copy(update={"p2p_scatter_gather": True})})
+    size = 2048 * 1024 * 2  # [s, b, h] in bf16
+    assert plain.p2p_bytes == size
+    gather = cm.collective_seconds("all_gather", size, op_placements(sg.cluster, sg.plan)["tp"])
+    for k, secs in enumerate(price_stages(sg, cm).p2p_fwd_s):
+        place = boundary_placement(sg.cluster, sg.plan, k, k + 1)
+        assert secs == pytest.approx(cm.collective_seconds("send_recv", size // 2, place) + gather)
+        assert plain.p2p_fwd_s[k] == pytest.approx(cm.collective_seconds("send_recv", size, place))
+    with_sp = sg.model_copy(update={"plan": sg.plan.model_copy(update={"sp": True})})
+    sp_plain = sc.model_copy(update={"plan": sc.plan.model_copy(update={"sp": True})})
+    assert price_stages(with_sp, cm).p2p_fwd_s == price_stages(sp_plain, cm).p2p_fwd_s
