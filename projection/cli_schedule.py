@@ -49,7 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--bwd-s", default="2.0", help="full backward seconds per microbatch per rank (default 2.0)")
     p.add_argument("--w-s", help="weight-gradient part of the backward (default half of --bwd-s)")
     p.add_argument("--p2p-s", default="0", help="p2p seconds per stage boundary (default 0)")
-    p.add_argument("--engine", choices=("dag", "des"), default="dag", help="exact walk (default) or event loop")
+    p.add_argument("--engine", choices=("dag", "des", "megatron"), default="dag",
+                   help="exact walk (default), event loop, or Megatron-LM's blocking p2p (1f1b, interleaved_1f1b)")
     p.add_argument("--links", choices=("none", "pair", "nic"), default="none",
                    help="event loop: transfers share a link per rank pair or per sending NIC")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (open in ui.perfetto.dev)")
@@ -188,6 +189,11 @@ def run(args: argparse.Namespace) -> int:
         if args.links != "none" and args.engine != "des":
             raise ConfigError(Problem(f"--links {args.links} models shared links in the event loop only",
                                       key="--links", file=COMMAND_LINE, fix="add --engine des, or drop --links"))
+        if args.engine == "megatron" and (args.csv or sched.name not in ("1f1b", "interleaved_1f1b")):
+            raise ConfigError(Problem(f"--engine megatron walks Megatron-LM's 1F1B and interleaved 1F1B, not "
+                                      f"{'a CSV schedule' if args.csv else sched.name}", key="--engine",
+                                      file=COMMAND_LINE, fix="use --schedule 1f1b or interleaved_1f1b, or "
+                                      "--engine dag"))
         try:
             costs = rank_costs(sched, f, b, w, lat)
         except ConfigError as e:  # the costs' own keys are this command's flags

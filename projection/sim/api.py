@@ -16,22 +16,24 @@ from projection.schedule.registry import build_schedule
 from projection.sim.costs import StageCosts
 from projection.sim.dag import walk
 from projection.sim.des import Links, simulate_events
+from projection.sim.megatron_p2p import megatron_walk
 from projection.sim.result import SimResult
 
-Engine = Literal["dag", "des"]
+Engine = Literal["dag", "des", "megatron"]
 
 
 def simulate(schedule: Schedule, costs: StageCosts, *, engine: Engine = "dag", links: Links = "none") -> SimResult:
     """Simulate `schedule` priced by `costs`. engine="dag": exact walk (p2p as latency, the default); "des": event
-    loop with separate compute/comm streams and `links` ("none", "pair", "nic") shared by transfers."""
-    if engine == "dag":
+    loop with separate compute/comm streams and `links` ("none", "pair", "nic") shared by transfers; "megatron":
+    Megatron-LM's blocking p2p calls around 1F1B or interleaved 1F1B without overlap (sim/megatron_p2p.py)."""
+    if engine in ("dag", "megatron"):
         if links != "none":
             raise ConfigError(Problem(f"the exact walk has no link model (links={links!r})", key="links",
                                       fix='use engine="des" for shared links, or links="none"'))
-        return walk(schedule, costs)
+        return walk(schedule, costs) if engine == "dag" else megatron_walk(schedule, costs)
     if engine == "des":
         return simulate_events(schedule, costs, links=links)
-    raise ConfigError(Problem(f"unknown engine {engine!r}", key="engine", fix='use "dag" or "des"'))
+    raise ConfigError(Problem(f"unknown engine {engine!r}", key="engine", fix='use "dag", "des" or "megatron"'))
 
 
 def rank_costs(schedule: Schedule, fwd_s: float, bwd_s: float, w_s: float | None = None,

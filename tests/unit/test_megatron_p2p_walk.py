@@ -154,3 +154,22 @@ def test_scatter_gather_prices_a_tp_chunk_and_the_gather(tmp_path: Path) -> None
     with_sp = sg.model_copy(update={"plan": sg.plan.model_copy(update={"sp": True})})
     sp_plain = sc.model_copy(update={"plan": sc.plan.model_copy(update={"sp": True})})
     assert price_stages(with_sp, cm).p2p_fwd_s == price_stages(sp_plain, cm).p2p_fwd_s
+
+
+def test_schedule_command_engine_megatron(capsys: pytest.CaptureFixture[str]) -> None:
+    """`projection schedule --engine megatron` gives the walk's step; other schedules are exit 2 naming --engine."""
+    from projection.cli import main
+    from projection.sim.api import rank_costs
+
+    argv = ["schedule", "--schedule", "interleaved_1f1b", "--pp", "4", "--vpp", "2", "--microbatches", "8",
+            "--p2p-s", "0.05", "--format", "json"]
+    assert main([*argv, "--engine", "megatron"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    sched = interleaved_1f1b(4, 8, 2)
+    assert got["engine"] == "megatron"
+    want = megatron_walk(sched, rank_costs(sched, 1.0, 2.0, p2p_s=0.05)).step_time_s
+    assert got["step_time_s"] == pytest.approx(want)
+    assert main(["schedule", "--schedule", "zbv", "--pp", "4", "--vpp", "2", "--microbatches", "8", "--engine",
+                 "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine" in err and "not zbv" in err and "Traceback" not in err
