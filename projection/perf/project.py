@@ -36,7 +36,7 @@ from projection.schedule.timesteps import lockstep_steps
 from projection.sim.api import simulate
 from projection.sim.des import Links
 from projection.sim.lockstep import lockstep_walk
-from projection.sim.megatron_p2p import megatron_walk
+from projection.sim.p2p_walk import megatron_walk, torch_1f1b_walk
 from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.accumulation import one_round, rounds, schedule_microbatches
 from projection.specs.device_names import device_match
@@ -95,6 +95,8 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
             sim = lockstep_walk(sched, priced.stage_costs(sched, dp.tasks), steps)
         elif sc.plan.megatron_blocking_p2p:
             sim = megatron_walk(sched, priced.stage_costs(sched, dp.tasks))
+        elif sc.plan.torch_1f1b_pipeline:
+            sim = torch_1f1b_walk(sched, priced.stage_costs(sched, dp.tasks))
         else:
             sim = simulate(sched, priced.stage_costs(sched, dp.tasks), engine=engine, links=links)
     except ValueError as e:

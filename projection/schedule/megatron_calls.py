@@ -1,4 +1,4 @@
-"""Megatron-LM's blocking point-to-point calls around a pipeline schedule's passes (sim/megatron_p2p.py walks them).
+"""Megatron-LM's blocking point-to-point calls around a pipeline schedule's passes (sim/p2p_walk.py walks them).
 
 Re-derived from megatron/core/pipeline_parallel/schedules.py (megatron-core 0.16.1; the same loops since the 2021
 code): `forward_backward_pipelining_without_interleaving` and `forward_backward_pipelining_with_interleaving` with
@@ -23,46 +23,9 @@ Sends and receives pair up in order per (sender, receiver), as NCCL matches them
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from projection.schedule.action import Action, Schedule
-
-Key = tuple[str, int, int]  # ("F", producer stage, microbatch) an activation; ("B", producer stage, mb) a gradient
-
-
-@dataclass(frozen=True)
-class P2pCalls:
-    """Per rank, its program: an int k >= 0 is the rank's k-th compute action, -1 - c is blocking call c. Per op:
-    its rank, whether it sends, the tensor's key, and the op it pairs with on the peer (`partner`)."""
-
-    programs: tuple[tuple[int, ...], ...]
-    calls: tuple[tuple[int, ...], ...]
-    op_rank: tuple[int, ...]
-    op_send: tuple[bool, ...]
-    op_key: tuple[Key, ...]
-    partner: tuple[int, ...]
-
-
-class _Builder:
-    def __init__(self, pp: int) -> None:
-        self.pp = pp
-        self.programs: list[list[int]] = [[] for _ in range(pp)]
-        self.calls: list[tuple[int, ...]] = []
-        self.ops: list[tuple[int, int, bool, Key]] = []  # (rank, peer, send, key)
-
-    def call(self, r: int, *ops: tuple[int, bool, Key] | None) -> None:
-        """A blocking call of rank r posting `ops` (peer, send, key); None entries are the directions it skips."""
-        idx = []
-        for op in ops:
-            if op is not None:
-                idx.append(len(self.ops))
-                self.ops.append((r, *op))
-        if idx:
-            self.programs[r].append(-1 - len(self.calls))
-            self.calls.append(tuple(idx))
-
-    def run(self, r: int, k: int) -> None:
-        self.programs[r].append(k)
+from projection.schedule.p2p_calls import CallBuilder, Op, P2pCalls, recv_op, send_op
 
 
 def _split(acts: Sequence[Action], r: int, pp: int, vpp: int) -> tuple[list[Action], list[Action], int]:
@@ -92,133 +55,81 @@ def megatron_blocking_calls(schedule: Schedule) -> P2pCalls:
     if n_st % pp or any(s2r != s % pp for s, s2r in enumerate(schedule.stage_to_rank)) or schedule.routes:
         raise ValueError(f"schedule {schedule.name!r} is not looped over {pp} ranks")
     split = [_split(acts, r, pp, n_st // pp) for r, acts in enumerate(schedule.actions)]
-    b = _Builder(pp)
+    b = CallBuilder(pp)
     if n_st == pp:
         for r, (fs, bs, w) in enumerate(split):
             _one_f_one_b(b, r, fs, bs, w, n_st)
     else:
         for r, (fs, bs, w) in enumerate(split):
             _interleaved(b, r, fs, bs, w, n_st, split)
-    return _pair(b, schedule)
+    return b.finish(schedule)
 
 
-def _f_in(a: Action, pp: int) -> tuple[int, bool, Key] | None:
-    """The receive of forward a's input (None on stage 0)."""
-    return ((a.stage - 1) % pp, False, ("F", a.stage - 1, a.microbatch)) if a.stage > 0 else None
-
-
-def _b_in(a: Action, pp: int, n_st: int) -> tuple[int, bool, Key] | None:
-    """The receive of backward a's output gradient (None on the last stage)."""
-    return ((a.stage + 1) % pp, False, ("B", a.stage + 1, a.microbatch)) if a.stage < n_st - 1 else None
-
-
-def _f_out(a: Action, pp: int, n_st: int) -> tuple[int, bool, Key] | None:
-    return ((a.stage + 1) % pp, True, ("F", a.stage, a.microbatch)) if a.stage < n_st - 1 else None
-
-
-def _b_out(a: Action, pp: int) -> tuple[int, bool, Key] | None:
-    return ((a.stage - 1) % pp, True, ("B", a.stage, a.microbatch)) if a.stage > 0 else None
-
-
-def _one_f_one_b(b: _Builder, r: int, fs: list[Action], bs: list[Action], w: int, n_st: int) -> None:
+def _one_f_one_b(b: CallBuilder, r: int, fs: list[Action], bs: list[Action], w: int, n_st: int) -> None:
     pp, m = b.pp, len(fs)
     for i in range(w):
-        b.call(r, _f_in(fs[i], pp))
+        b.call(r, recv_op(fs[i], pp, n_st))
         b.run(r, i)
-        b.call(r, _f_out(fs[i], pp, n_st))
+        b.call(r, send_op(fs[i], pp, n_st))
     if w < m:
-        b.call(r, _f_in(fs[w], pp))
+        b.call(r, recv_op(fs[w], pp, n_st))
     pos = w
     for i in range(m - w):
         b.run(r, pos)
-        b.call(r, _f_out(fs[w + i], pp, n_st), _b_in(bs[i], pp, n_st))
+        b.call(r, send_op(fs[w + i], pp, n_st), recv_op(bs[i], pp, n_st))
         b.run(r, pos + 1)
         pos += 2
-        b.call(r, _b_out(bs[i], pp), _f_in(fs[w + i + 1], pp) if i < m - w - 1 else None)
+        b.call(r, send_op(bs[i], pp, n_st), recv_op(fs[w + i + 1], pp, n_st) if i < m - w - 1 else None)
     for i in range(m - w, m):
-        b.call(r, _b_in(bs[i], pp, n_st))
+        b.call(r, recv_op(bs[i], pp, n_st))
         b.run(r, pos)
         pos += 1
-        b.call(r, _b_out(bs[i], pp))
+        b.call(r, send_op(bs[i], pp, n_st))
 
 
-def _interleaved(b: _Builder, r: int, fs: list[Action], bs: list[Action], w: int, n_st: int,
+def _interleaved(b: CallBuilder, r: int, fs: list[Action], bs: list[Action], w: int, n_st: int,
                  split: list[tuple[list[Action], list[Action], int]]) -> None:
     pp, total = b.pp, len(fs)
 
-    def recv_f_after(k: int) -> tuple[int, bool, Key] | None:
+    def recv_f_after(k: int) -> Op | None:
         """Receive posted after forward k: the next forward's input, or on rank 0 the output of the last rank's
         forward k - (pp - 1) unless that is the model's last stage (recv_tensor_from_previous_stage)."""
         if k + 1 >= total:  # the last forward receives nothing (schedules.py: k == total - 1)
             return None
         if r > 0:
-            return _f_in(fs[k + 1], pp)
+            return recv_op(fs[k + 1], pp, n_st)
         j = k - (pp - 1)
         src = split[pp - 1][0][j] if j >= 0 else None
         return (pp - 1, False, ("F", src.stage, src.microbatch)) if src and src.stage < n_st - 1 else None
 
-    def recv_b_after(k: int) -> tuple[int, bool, Key] | None:
+    def recv_b_after(k: int) -> Op | None:
         """Receive posted after backward k: the next backward's gradient, or on the last rank the gradient rank 0's
         backward k - (pp - 1) sends unless it is stage 0's."""
         if k + 1 >= total:
             return None
         if r < pp - 1:
-            return _b_in(bs[k + 1], pp, n_st)
+            return recv_op(bs[k + 1], pp, n_st)
         j = k - (pp - 1)
         src = split[0][1][j] if j >= 0 else None
         return (0, False, ("B", src.stage, src.microbatch)) if src and src.stage > 0 else None
 
     rem = total - w
-    b.call(r, _f_in(fs[0], pp))
+    b.call(r, recv_op(fs[0], pp, n_st))
     for k in range(w):
         b.run(r, k)
-        first_grad = _b_in(bs[0], pp, n_st) if k == w - 1 and rem else None
-        b.call(r, _f_out(fs[k], pp, n_st), recv_f_after(k), first_grad)
+        first_grad = recv_op(bs[0], pp, n_st) if k == w - 1 and rem else None
+        b.call(r, send_op(fs[k], pp, n_st), recv_f_after(k), first_grad)
     pos = w
     for k in range(rem):
         b.run(r, pos)
         b.run(r, pos + 1)
         pos += 2
         fk = w + k
-        b.call(r, _f_out(fs[fk], pp, n_st), _b_out(bs[k], pp),
+        b.call(r, send_op(fs[fk], pp, n_st), send_op(bs[k], pp, n_st),
                recv_f_after(fk) if k < rem - 1 else None, recv_b_after(k))
     if not rem:
-        b.call(r, _b_in(bs[0], pp, n_st))
+        b.call(r, recv_op(bs[0], pp, n_st))
     for k in range(rem, total):
         b.run(r, pos)
         pos += 1
-        b.call(r, _b_out(bs[k], pp), recv_b_after(k))
-
-
-def _pair(b: _Builder, schedule: Schedule) -> P2pCalls:
-    """Pair each send with the receive in the same place of its (sender, receiver) order; ValueError where keys or
-    counts differ, or where a pass runs before the call that receives its input."""
-    sends: dict[tuple[int, int], list[int]] = {}
-    recvs: dict[tuple[int, int], list[int]] = {}
-    for r, prog in enumerate(b.programs):
-        for item in prog:
-            if item < 0:
-                for o in b.calls[-1 - item]:
-                    _, peer, send, _ = b.ops[o]
-                    (sends if send else recvs).setdefault((r, peer) if send else (peer, r), []).append(o)
-    partner = [-1] * len(b.ops)
-    for pair in sends.keys() | recvs.keys():
-        ss, rr = sends.get(pair, []), recvs.get(pair, [])
-        if len(ss) != len(rr) or any(b.ops[s][3] != b.ops[q][3] for s, q in zip(ss, rr, strict=False)):
-            raise ValueError(f"schedule {schedule.name!r}: Megatron's sends and receives from rank {pair[0]} to "
-                             f"{pair[1]} do not pair up")
-        for s, q in zip(ss, rr, strict=True):
-            partner[s], partner[q] = q, s
-    for r, prog in enumerate(b.programs):
-        have: set[Key] = set()
-        acts = schedule.actions[r]
-        for item in prog:
-            if item < 0:
-                have.update(b.ops[o][3] for o in b.calls[-1 - item] if not b.ops[o][2])
-                continue
-            a = acts[item]
-            need = _f_in(a, b.pp) if a.kind == "F" else _b_in(a, b.pp, schedule.n_stages)
-            if need is not None and need[2] not in have:
-                raise ValueError(f"schedule {schedule.name!r}: rank {r} runs {a} before receiving its input")
-    return P2pCalls(tuple(map(tuple, b.programs)), tuple(b.calls), tuple(o[0] for o in b.ops),
-                    tuple(o[2] for o in b.ops), tuple(o[3] for o in b.ops), tuple(partner))
+        b.call(r, send_op(bs[k], pp, n_st), recv_b_after(k))

@@ -16,7 +16,7 @@ from projection.schedule.registry import build_schedule
 from projection.sim.costs import StageCosts
 from projection.sim.dag import walk
 from projection.sim.des import Links, simulate_events
-from projection.sim.megatron_p2p import megatron_walk
+from projection.sim.p2p_walk import megatron_walk
 from projection.sim.result import SimResult
 
 Engine = Literal["dag", "des", "megatron"]
@@ -25,7 +25,7 @@ Engine = Literal["dag", "des", "megatron"]
 def simulate(schedule: Schedule, costs: StageCosts, *, engine: Engine = "dag", links: Links = "none") -> SimResult:
     """Simulate `schedule` priced by `costs`. engine="dag": exact walk (p2p as latency, the default); "des": event
     loop with separate compute/comm streams and `links` ("none", "pair", "nic") shared by transfers; "megatron":
-    Megatron-LM's blocking p2p calls around 1F1B or interleaved 1F1B without overlap (sim/megatron_p2p.py)."""
+    Megatron-LM's blocking p2p calls around 1F1B or interleaved 1F1B without overlap (sim/p2p_walk.py)."""
     if engine in ("dag", "megatron"):
         if links != "none":
             raise ConfigError(Problem(f"the exact walk has no link model (links={links!r})", key="links",

@@ -147,7 +147,7 @@ class ParallelPlan(Spec):
     of sends and receives with the neighbours, sim/lockstep.py). The CLI's --pytorch VERSION sets it.
     "megatron": Megatron-LM's own schedules.py (the Megatron, Primus and Bridge loaders set it with a pipeline, except
     under Primus's pipeline patches): 1F1B, and interleaved 1F1B without overlap.p2p_comm, make blocking batched p2p
-    calls (megatron_blocking_p2p, sim/megatron_p2p.py); with overlap its calls are waited just before the pass that
+    calls (megatron_blocking_p2p, sim/p2p_walk.py); with overlap its calls are waited just before the pass that
     needs the data, as "actions" models."""
     p2p_scatter_gather: bool = False
     """Megatron-LM before Megatron-Core (2021-22 code: `--scatter-gather-tensors-in-pipeline`, its default, off with
@@ -198,6 +198,12 @@ class ParallelPlan(Spec):
         return self.pipeline_runtime == "megatron" and self.schedule_style == "megatron" and self.pp > 1 and (
             self.schedule == "1f1b" or (self.schedule == "interleaved_1f1b"
                                         and (self.vpp_ == 1 or not self.overlap.p2p_comm)))
+
+    @property
+    def torch_1f1b_pipeline(self) -> bool:
+        """torch.distributed.pipelining's Schedule1F1B (one stage per rank, every torch release): its p2p batches
+        are waited, fused around each backward (schedule/torch_calls.py, sim/p2p_walk.py)."""
+        return self.schedule_style == "torch" and self.schedule == "1f1b" and self.pp > 1
 
     @property
     def p2p_scattered(self) -> bool:

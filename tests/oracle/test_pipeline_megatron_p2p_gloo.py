@@ -1,5 +1,5 @@
 """Megatron-LM's blocking pipeline p2p on CPU with gloo across 4 processes, against the simulator's Megatron walk
-(sim/megatron_p2p.py) and its dependency walk (sim/dag.py).
+(sim/p2p_walk.py) and its dependency walk (sim/dag.py).
 
 Megatron's schedules (megatron/core/pipeline_parallel/schedules.py, megatron-core 0.16.1) run their point-to-point
 calls batched and blocking when `overlap_p2p_comm` is off: each call (`send_forward_recv_backward`,
@@ -52,7 +52,7 @@ from projection.schedule.basic import one_f_one_b  # noqa: E402
 from projection.schedule.interleaved import interleaved_1f1b  # noqa: E402
 from projection.sim.costs import StageCosts  # noqa: E402
 from projection.sim.dag import walk  # noqa: E402
-from projection.sim.megatron_p2p import megatron_walk  # noqa: E402
+from projection.sim.p2p_walk import megatron_walk  # noqa: E402
 from tests.oracle.spawn import free_port, require_gloo, run_spawned  # noqa: E402
 
 require_gloo()

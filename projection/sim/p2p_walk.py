@@ -1,17 +1,18 @@
-"""Exact walk of a pipeline schedule run with Megatron-LM's blocking point-to-point calls (schedule/megatron_calls.py):
-1F1B, and interleaved 1F1B without `--overlap-p2p-communication`.
+"""Exact walk of a pipeline schedule run with a framework's own point-to-point calls (schedule/p2p_calls.py):
+Megatron-LM's blocking calls around 1F1B and interleaved 1F1B without `--overlap-p2p-communication`
+(schedule/megatron_calls.py), and torch.distributed.pipelining's Schedule1F1B (schedule/torch_calls.py).
 
-Every call posts its sends and receives together and returns when all of them are done; a send is done only when the
-peer has posted the matching receive, so each op of a call ends at
+A call posts its sends and receives together; a send is done only when the peer has posted the matching receive,
+so each op of a call ends at
 
     done(op) = max(post(op), post(partner op)) + p2p seconds of the boundary it crosses
 
-and the rank goes on at the latest of its call's ops. A rank that reaches a call before a peer holds there (its next
-pass cannot start), which the dependency walk (dag.py, where a send never holds its sender and a receive waits only
-for the data) does not model: in the interleaved schedule each steady F+B pair ends in one exchange with both
-neighbours, so a slow neighbour holds the rank even when the rank's own next input is already there. The 2.10+
-torch runtime, and Megatron's interleaved schedule with overlap (its calls post asynchronously and wait just before
-the pass that needs the data), are the dependency walk.
+and a rank that waits for the call (at once when it blocks, or at a later wait) goes on at the latest of its ops. A
+rank that reaches a call before a peer holds there, which the dependency walk (dag.py, where a send never holds its
+sender and a receive waits only for the data) does not model: in Megatron's interleaved schedule each steady F+B
+pair ends in one exchange with both neighbours, so a slow neighbour holds the rank even when the rank's own next
+input is already there. torch's 2.10+ multi-stage runtime, and Megatron's interleaved schedule with overlap (its
+receives are waited just before the pass that needs the data), are the dependency walk.
 
 The walk parks a rank on the partner op it waits for and wakes it when that op is posted, so it is O(actions + ops).
 Comm tasks (costs.CommTask) are handled as in dag.walk.
@@ -19,9 +20,13 @@ Comm tasks (costs.CommTask) are handled as in dag.walk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from projection.errors import ConfigError, Problem
 from projection.schedule.action import Schedule
-from projection.schedule.megatron_calls import P2pCalls, megatron_blocking_calls
+from projection.schedule.megatron_calls import megatron_blocking_calls
+from projection.schedule.p2p_calls import POST, WAIT, P2pCalls, decode
+from projection.schedule.torch_calls import torch_1f1b_calls
 from projection.sim.costs import StageCosts
 from projection.sim.dag import (
     CompiledSchedule,
@@ -37,16 +42,31 @@ from projection.sim.result import RunData, SimResult, make_result
 
 
 def megatron_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls | None = None) -> SimResult:
-    """Simulate `schedule` (1F1B or Megatron-order interleaved 1F1B) with Megatron's blocking p2p calls (`calls`,
-    default megatron_blocking_calls(schedule)), as the module docstring describes."""
+    """`schedule` (1F1B or Megatron-order interleaved 1F1B) with Megatron-LM's blocking p2p calls (`calls`, default
+    megatron_blocking_calls(schedule)), as the module docstring describes."""
+    if calls is None:
+        calls = _calls(megatron_blocking_calls, schedule, "Megatron's blocking p2p walk runs 1F1B and Megatron-order "
+                       "interleaved 1F1B only")
+    return p2p_walk(schedule, costs, calls, "megatron")
+
+
+def torch_1f1b_walk(schedule: Schedule, costs: StageCosts) -> SimResult:
+    """`schedule` (1F1B, one stage per rank) as torch.distributed.pipelining's Schedule1F1B runs it."""
+    calls = _calls(torch_1f1b_calls, schedule, "torch's Schedule1F1B runs 1F1B with one stage per rank")
+    return p2p_walk(schedule, costs, calls, "torch1f1b")
+
+
+def _calls(build: Callable[[Schedule], P2pCalls], schedule: Schedule, fix: str) -> P2pCalls:
+    try:
+        return build(schedule)
+    except ValueError as e:
+        raise ConfigError(Problem(str(e), key="plan.schedule", fix=fix)) from None
+
+
+def p2p_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls, engine: str) -> SimResult:
+    """Simulate `schedule` with each rank running its program of `calls` (result engine name `engine`)."""
     cs = compile_schedule(schedule)
     check_costs(cs, costs)
-    if calls is None:
-        try:
-            calls = megatron_blocking_calls(schedule)
-        except ValueError as e:
-            raise ConfigError(Problem(str(e), key="plan.schedule", fix="Megatron's blocking p2p walk runs 1F1B and "
-                                      "Megatron-order interleaved 1F1B only")) from None
     n_st = schedule.n_stages
     dtab = duration_table(costs)
     dur = [dtab[c] for c in cs.cidx]
@@ -77,28 +97,30 @@ def megatron_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls | None 
                 t += dur[p]
                 end[p] = t
             else:
-                ops = ops_of[-1 - item]
-                if post[ops[0]] < 0.0:  # first arrival: post every op of the call
+                c, mode = decode(item)
+                ops = ops_of[c]
+                if mode != WAIT and post[ops[0]] < 0.0:  # first arrival: post every op of the call
                     for o in ops:
                         post[o] = t
                         stack.extend(waiters.pop(o, ()))
-                missing = next((partner[o] for o in ops if post[partner[o]] < 0.0), -1)
-                if missing >= 0:
-                    waiters.setdefault(missing, []).append(r)
-                    break
-                for o in ops:
-                    t = max(t, max(post[o], post[partner[o]]) + lat[o])
+                if mode != POST:
+                    missing = next((partner[o] for o in ops if post[partner[o]] < 0.0), -1)
+                    if missing >= 0:
+                        waiters.setdefault(missing, []).append(r)
+                        break
+                    for o in ops:
+                        t = max(t, max(post[o], post[partner[o]]) + lat[o])
             i += 1
         ptr[r], clock[r] = i, t
     blocked = [r for r in range(n_ranks) if ptr[r] < len(progs[r])]
-    if blocked:  # megatron_blocking_calls pairs every op, so this is a defect, not a user error
-        raise RuntimeError(f"Megatron p2p walk of {schedule.name!r} deadlocked on ranks {blocked}")
+    if blocked:  # the call builders pair every op, so this is a defect, not a user error
+        raise RuntimeError(f"p2p walk of {schedule.name!r} deadlocked on ranks {blocked}")
     del end[cs.n]
     lat1 = [ltab[i] for i in cs.lidx1]
     lat2 = [ltab[i] for i in cs.lidx2]
     arrivals, transfers = _inputs(cs, end, lat1, lat2, calls, post, lat)
     comm = comm_stream_times(cs, costs, end)
-    return make_result(RunData(cs, "megatron", start, end, dur, lat1, lat2, arrivals, comm, transfers,
+    return make_result(RunData(cs, engine, start, end, dur, lat1, lat2, arrivals, comm, transfers,
                                holding=tuple(i for h in holds for _, i in h)))
 
 

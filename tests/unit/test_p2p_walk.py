@@ -1,7 +1,8 @@
-"""sim/megatron_p2p.py and schedule/megatron_calls.py: Megatron-LM's blocking p2p calls around 1F1B and interleaved
-1F1B without overlap, their selection (ParallelPlan.pipeline_runtime "megatron", set by the Megatron loaders) and
-the 2021-era scatter/gather of p2p tensors. The walk against a real run of those calls on 4 gloo processes is
-tests/oracle/test_pipeline_megatron_p2p_gloo.py."""
+"""sim/p2p_walk.py with schedule/megatron_calls.py and schedule/torch_calls.py: Megatron-LM's blocking p2p calls
+around 1F1B and interleaved 1F1B without overlap, and torch.distributed.pipelining's Schedule1F1B; their selection
+(ParallelPlan.pipeline_runtime "megatron", set by the Megatron loaders; a torch-style 1f1b) and the 2021-era
+scatter/gather of p2p tensors. The walks against real runs on gloo: tests/oracle/test_pipeline_megatron_p2p_gloo.py
+(Megatron's loops) and tests/oracle/test_real_pipeline_gloo.py (torch's Schedule1F1B)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from projection.perf.costmodel import default_cost_model
 from projection.perf.placement import boundary_placement, op_placements
 from projection.perf.pricing import price_stages
 from projection.perf.project import project
+from projection.schedule.basic import one_f_one_b
 from projection.schedule.interleaved import interleaved_1f1b, megatron_group_size
 from projection.schedule.megatron_calls import megatron_blocking_calls
 from projection.sim.costs import StageCosts
 from projection.sim.dag import walk
-from projection.sim.megatron_p2p import megatron_walk
+from projection.sim.p2p_walk import megatron_walk
 from tests.cli.test_performance_cli import perf
 
 ARGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --max-position-embeddings 2048 "
@@ -173,3 +175,49 @@ def test_schedule_command_engine_megatron(capsys: pytest.CaptureFixture[str]) ->
                  "megatron"]) == 2
     err = capsys.readouterr().err
     assert "--engine" in err and "not zbv" in err and "Traceback" not in err
+
+
+def test_torch_schedule_1f1b_by_hand() -> None:
+    """The same pipeline (pp 2, 2 microbatches, F 1 s, B 2 s, 0.1 s per transfer) as torch's Schedule1F1B runs it:
+    rank 0's two warm-up forwards run back to back (F0's send is posted and waited only after F1: rank 1 has been in
+    its receive since 0, so it is done at 1.1), and F1's send is fused with B0's receive (posted at 2); rank 1
+    receives F0 at 1.1, runs F0 1.1-2.1 and B0 2.1-4.1, then posts [B0's send + F1's receive] at 4.1, which pairs
+    with rank 0's batch: both go on at 4.2. Rank 1: F1 4.2-5.2, B1 5.2-7.2, B1's send posted at 7.2; rank 0: B0
+    4.2-6.2, B1's receive done at 7.3, B1 7.3-9.3."""
+    from projection.sim.p2p_walk import torch_1f1b_walk
+
+    sched = one_f_one_b(2, 2)
+    costs = StageCosts.from_lists([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 0.1)
+    res = torch_1f1b_walk(sched, costs)
+    assert res.step_time_s == pytest.approx(9.3) and res.engine == "torch1f1b"
+    start = {(r, str(a)): s for r in range(2) for a, s in
+             zip(sched.actions[r], res.run.start[res.run.compiled.lo[r]:res.run.compiled.hi[r]], strict=True)}
+    assert start == pytest.approx({(0, "0F0"): 0.0, (0, "0F1"): 1.0, (0, "0B0"): 4.2, (0, "0B1"): 7.3,
+                                   (1, "1F0"): 1.1, (1, "1B0"): 2.1, (1, "1F1"): 4.2, (1, "1B1"): 5.2})
+
+
+@settings(max_examples=40, deadline=None)
+@given(pp=st.integers(2, 6), m=st.integers(1, 14), seed=st.integers(0, 10**6), lat=st.sampled_from([0.0, 0.05, 0.5]))
+def test_torch_1f1b_never_beats_the_dependency_walk(pp: int, m: int, seed: int, lat: float) -> None:
+    from projection.schedule.torch_calls import torch_1f1b_calls
+    from projection.sim.p2p_walk import p2p_walk
+
+    rnd = random.Random(seed)
+    sched = one_f_one_b(pp, m)
+    costs = StageCosts.from_lists([rnd.uniform(0.1, 3.0) for _ in range(pp)],
+                                  [rnd.uniform(0.1, 6.0) for _ in range(pp)], [0.0] * pp, lat)
+    calls = torch_1f1b_calls(sched)
+    assert all(calls.partner[calls.partner[o]] == o for o in range(len(calls.partner)))
+    res, dep = p2p_walk(sched, costs, calls, "torch1f1b"), walk(sched, costs)
+    assert res.step_time_s >= dep.step_time_s - 1e-9
+    assert all(a >= d - 1e-9 for a, d in zip(res.run.start, dep.run.start, strict=True))
+
+
+def test_torchtitan_1f1b_runs_schedule_1f1b() -> None:
+    """A TorchTitan pipeline with `pipeline_parallel_schedule = "1F1B"` is walked as torch's Schedule1F1B runs it
+    (on every torch release), its interleaved schedule as the release's runtime does."""
+    runs = Path(__file__).resolve().parents[2] / "benchmarks" / "torchtitan_runs"
+    one = project(api.load(runs / "t5_llama31_405b_fsdp8_tp8_pp8_1f1b.toml", hardware="h100-sxm", nodes=64))
+    assert one.engine == "torch1f1b"
+    il = api.load(runs / "t5_llama31_405b_fsdp8_tp8_pp8_interleaved1f1b.toml", hardware="h100-sxm", nodes=64)
+    assert not il.plan.torch_1f1b_pipeline and il.plan.pipeline_runtime != "megatron"
