@@ -37,7 +37,7 @@ Case construction (native scenarios; tag A = assumed, not stated by the source):
   gather and TP communication (A: the stored YAMLs disagree between versions on `ub_tp_comm_overlap`); flash attention;
   Llama-2/3 from the bundled presets, Nemotron from NeMo's NemotronConfig (LayerNorm, squared-ReLU 4h MLP, no
   biases, RoPE, untied, vocab 256,000; 8B/22B MHA, 340B 8 KV heads), GPT3 from NeMo's GPTConfig (dropout 0 for 175B).
-* Pipelines run Megatron's schedules.py (`pipeline_runtime: megatron`, sim/megatron_p2p.py): Narayanan and
+* Pipelines run Megatron's schedules.py (`pipeline_runtime: megatron`, sim/p2p_walk.py): Narayanan and
   Korthikanti without overlapped p2p (`overlap_p2p_comm` came to Megatron in 2023, so their interleaved runs made
   the blocking 4-way exchange) and with Megatron's 2021-22 scatter/gather of p2p tensors (its default then, off
   with SP: Narayanan §4.1); NeMo with overlapped p2p (R2: the launcher's training YAMLs, e.g.

@@ -211,7 +211,7 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
     if pp > 1:
         _primus_schedule(a, raw, pp)
         if not (a.get("patch_primus_pipeline") or (a.get("patch_zero_bubble") and a.get("enable_zero_bubble"))):
-            # Megatron's schedules.py runs the pipeline (blocking p2p calls, sim/megatron_p2p.py); Primus's patches
+            # Megatron's schedules.py runs the pipeline (blocking p2p calls, sim/p2p_walk.py); Primus's patches
             # run their own scheduler, whose sends and receives the dependency walk models
             raw.set("plan.pipeline_runtime", "megatron", a.origin("pipeline_model_parallel_size"))
     _sharding(a, raw)
