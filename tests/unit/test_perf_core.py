@@ -47,7 +47,7 @@ SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[Healt
 def scenario(*, layers: int = 8, hidden: int = 1024, tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1,
              sp: bool = False, nodes: int = 1, gpn: int = 8, mbs: int = 1, gbs: int = 64, seq: int = 1024,
              zero: int = 0, overlap: dict[str, bool] | None = None, recompute: str = "none", schedule: str = "1f1b",
-             device: object = QUIET, moe: bool = False) -> Scenario:
+             device: object = QUIET, moe: bool = False, runtime: str = "actions") -> Scenario:
     model = ModelSpec(num_layers=layers, hidden_size=hidden, num_attention_heads=16, num_kv_heads=8,
                       ffn_hidden_size=4 * hidden, vocab_size=32000, vocab_divisible_by=128, vocab_pad_with_tp=True,
                       moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": hidden} if moe else None)
@@ -55,7 +55,9 @@ def scenario(*, layers: int = 8, hidden: int = 1024, tp: int = 1, pp: int = 1, v
     rec = {"granularity": recompute, **({"method": "uniform", "num_layers": 1} if recompute == "full" else {})}
     dp = nodes * gpn // (tp * cp * pp)
     plan = ParallelPlan(tp=tp, sp=sp, pp=pp, vpp=vpp, cp=cp, dp=dp, sharding={"zero_stage": zero}, recompute=rec,
-                        overlap=overlap or {}, schedule=schedule, ep=2 if moe else 1)
+                        overlap=overlap or {}, schedule=schedule, ep=2 if moe else 1,
+                        pipeline_runtime="megatron" if runtime == "megatron" else "actions",
+                        schedule_style="torch" if runtime == "torch" else "megatron")
     cluster = ClusterSpec(device=device, nodes=nodes, gpus_per_node=gpn)
     return Scenario(model=model, training=training, plan=plan, cluster=cluster)
 
@@ -449,12 +451,15 @@ def test_extrapolate_is_weak_scaling_at_fixed_global_batch() -> None:
 
 grids = {"tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2]), "zero": st.sampled_from([0, 1, 3]),
          "overlap": st.booleans(), "recompute": st.sampled_from(["none", "full"]), "mbs": st.sampled_from([1, 2]),
-         "sp": st.booleans(), "schedule": st.sampled_from(["1f1b", "zb_h1", "gpipe"])}
+         "sp": st.booleans(), "schedule": st.sampled_from(["1f1b", "zb_h1", "gpipe"]),
+         # the pipeline's runtime: the dependency walk, Megatron's blocking calls, torch's (Schedule1F1B for 1f1b)
+         "runtime": st.sampled_from(["actions", "megatron", "torch"])}
 
 
 def _random(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int, sp: bool, schedule: str,
-            nodes: int = 1) -> Scenario:
+            runtime: str, nodes: int = 1) -> Scenario:
     return scenario(tp=tp, pp=pp, zero=zero, recompute=recompute, mbs=mbs, gbs=64 * mbs, nodes=nodes, sp=sp,
+                    runtime=runtime,
                     schedule=schedule, overlap={"grad_reduce": overlap, "param_gather": overlap and zero >= 1,
                                                 "tp_comm": overlap and (sp or tp == 1)},
                     hidden=512, layers=4, device=H100)
@@ -463,8 +468,8 @@ def _random(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int
 @SETTINGS
 @given(**grids)
 def test_tokens_per_gpu_do_not_grow_with_dp(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int,
-                                            sp: bool, schedule: str) -> None:
-    sc = _random(tp, pp, zero, overlap, recompute, mbs, sp, schedule)
+                                            sp: bool, schedule: str, runtime: str) -> None:
+    sc = _random(tp, pp, zero, overlap, recompute, mbs, sp, schedule, runtime)
     rates = [project(extrapolate(sc, n), engine="dag").tokens_per_s_per_gpu for n in (1, 2, 4)]
     assert all(b <= a * (1 + 1e-9) for a, b in zip(rates, rates[1:], strict=False)), rates
 
@@ -473,8 +478,10 @@ def test_tokens_per_gpu_do_not_grow_with_dp(tp: int, pp: int, zero: int, overlap
 @given(**grids, nodes=st.sampled_from([1, 2]))
 def test_exposed_communication_is_bounded_and_step_covers_compute(tp: int, pp: int, zero: int, overlap: bool,
                                                                  recompute: str, mbs: int, sp: bool, schedule: str,
-                                                                 nodes: int) -> None:
-    p = project(_random(tp, pp, zero, overlap, recompute, mbs, sp, schedule, nodes))
+                                                                 runtime: str, nodes: int) -> None:
+    p = project(_random(tp, pp, zero, overlap, recompute, mbs, sp, schedule, runtime, nodes))
+    if pp > 1 and schedule == "1f1b" and runtime != "actions":
+        assert p.engine == ("megatron" if runtime == "megatron" else "torch1f1b")
     for g in ("tp", "cp", "ep", "pp", "dp"):
         exposed = p.breakdown_s[f"comm.{g}"]
         assert 0.0 <= exposed <= p.comm_total_s[g] * (1 + 1e-9) + 1e-12, (g, exposed, p.comm_total_s[g])
