@@ -93,8 +93,8 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
             if sc.plan.lockstep_pipeline else None
         if steps is not None:
             sim = lockstep_walk(sched, priced.stage_costs(sched, dp.tasks), steps)
-        elif sc.plan.megatron_blocking_p2p:
-            sim = megatron_walk(sched, priced.stage_costs(sched, dp.tasks))
+        elif sc.plan.megatron_pipeline:
+            sim = megatron_walk(sched, priced.stage_costs(sched, dp.tasks), overlap=sc.plan.megatron_p2p_overlap)
         elif sc.plan.torch_1f1b_pipeline:
             sim = torch_1f1b_walk(sched, priced.stage_costs(sched, dp.tasks))
         else:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from projection.schedule.action import Action, Schedule
-from projection.schedule.p2p_calls import CallBuilder, Op, P2pCalls, recv_op, send_op
+from projection.schedule.p2p_calls import POST, CallBuilder, Op, P2pCalls, recv_op, send_op
 
 
 def _split(acts: Sequence[Action], r: int, pp: int, vpp: int) -> tuple[list[Action], list[Action], int]:
@@ -47,9 +47,10 @@ def _split(acts: Sequence[Action], r: int, pp: int, vpp: int) -> tuple[list[Acti
     return fs, bs, w
 
 
-def megatron_blocking_calls(schedule: Schedule) -> P2pCalls:
-    """The blocking calls Megatron-LM makes around `schedule` (1F1B, or interleaved 1F1B in Megatron's order, stage
-    s on rank s % pp); ValueError for any other schedule."""
+def megatron_calls(schedule: Schedule, overlap: bool = False) -> P2pCalls:
+    """The calls Megatron-LM makes around `schedule` (1F1B, or interleaved 1F1B in Megatron's order, stage s on rank
+    s % pp; `overlap`: --overlap-p2p-communication, which only the interleaved schedule takes); ValueError for any
+    other schedule."""
     pp = schedule.n_ranks
     n_st = schedule.n_stages
     if n_st % pp or any(s2r != s % pp for s, s2r in enumerate(schedule.stage_to_rank)) or schedule.routes:
@@ -60,8 +61,8 @@ def megatron_blocking_calls(schedule: Schedule) -> P2pCalls:
         for r, (fs, bs, w) in enumerate(split):
             _one_f_one_b(b, r, fs, bs, w, n_st)
     else:
-        for r, (fs, bs, w) in enumerate(split):
-            _interleaved(b, r, fs, bs, w, n_st, split)
+        for r in range(pp):
+            (_interleaved_overlap if overlap else _interleaved)(b, _Ring(r, split, n_st))
     return b.finish(schedule)
 
 
@@ -87,38 +88,49 @@ def _one_f_one_b(b: CallBuilder, r: int, fs: list[Action], bs: list[Action], w: 
         b.call(r, send_op(bs[i], pp, n_st))
 
 
-def _interleaved(b: CallBuilder, r: int, fs: list[Action], bs: list[Action], w: int, n_st: int,
-                 split: list[tuple[list[Action], list[Action], int]]) -> None:
-    pp, total = b.pp, len(fs)
+class _Ring:
+    """The receives Megatron's interleaved schedule posts after a rank's k-th forward or backward
+    (`recv_tensor_from_previous_stage`)."""
 
-    def recv_f_after(k: int) -> Op | None:
-        """Receive posted after forward k: the next forward's input, or on rank 0 the output of the last rank's
-        forward k - (pp - 1) unless that is the model's last stage (recv_tensor_from_previous_stage)."""
-        if k + 1 >= total:  # the last forward receives nothing (schedules.py: k == total - 1)
-            return None
-        if r > 0:
-            return recv_op(fs[k + 1], pp, n_st)
-        j = k - (pp - 1)
-        src = split[pp - 1][0][j] if j >= 0 else None
-        return (pp - 1, False, ("F", src.stage, src.microbatch)) if src and src.stage < n_st - 1 else None
+    def __init__(self, r: int, split: list[tuple[list[Action], list[Action], int]], n_st: int) -> None:
+        self.r, self.split, self.n_st, self.pp = r, split, n_st, len(split)
+        self.fs, self.bs, self.w = split[r]
 
-    def recv_b_after(k: int) -> Op | None:
-        """Receive posted after backward k: the next backward's gradient, or on the last rank the gradient rank 0's
-        backward k - (pp - 1) sends unless it is stage 0's."""
+    def after_f(self, k: int) -> Op | None:
+        """After forward k: the next forward's input, or on rank 0 the output of the last rank's forward k - (pp - 1)
+        unless that is the model's last stage; nothing after the last forward."""
+        pp, total = self.pp, len(self.fs)
         if k + 1 >= total:
             return None
-        if r < pp - 1:
-            return recv_op(bs[k + 1], pp, n_st)
+        if self.r > 0:
+            return recv_op(self.fs[k + 1], pp, self.n_st)
         j = k - (pp - 1)
-        src = split[0][1][j] if j >= 0 else None
+        src = self.split[pp - 1][0][j] if j >= 0 else None
+        return (pp - 1, False, ("F", src.stage, src.microbatch)) if src and src.stage < self.n_st - 1 else None
+
+    def after_b(self, k: int) -> Op | None:
+        """After backward k: the next backward's gradient, or on the last rank the gradient rank 0's backward
+        k - (pp - 1) sends unless it is stage 0's; nothing after the last backward."""
+        pp, total = self.pp, len(self.bs)
+        if k + 1 >= total:
+            return None
+        if self.r < pp - 1:
+            return recv_op(self.bs[k + 1], pp, self.n_st)
+        j = k - (pp - 1)
+        src = self.split[0][1][j] if j >= 0 else None
         return (0, False, ("B", src.stage, src.microbatch)) if src and src.stage > 0 else None
 
+
+def _interleaved(b: CallBuilder, ring: _Ring) -> None:
+    """Without overlap: every call blocking, one 4-way exchange after each steady F+B pair."""
+    r, fs, bs, w, pp, n_st = ring.r, ring.fs, ring.bs, ring.w, ring.pp, ring.n_st
+    total = len(fs)
     rem = total - w
     b.call(r, recv_op(fs[0], pp, n_st))
     for k in range(w):
         b.run(r, k)
         first_grad = recv_op(bs[0], pp, n_st) if k == w - 1 and rem else None
-        b.call(r, send_op(fs[k], pp, n_st), recv_f_after(k), first_grad)
+        b.call(r, send_op(fs[k], pp, n_st), ring.after_f(k), first_grad)
     pos = w
     for k in range(rem):
         b.run(r, pos)
@@ -126,10 +138,64 @@ def _interleaved(b: CallBuilder, r: int, fs: list[Action], bs: list[Action], w: 
         pos += 2
         fk = w + k
         b.call(r, send_op(fs[fk], pp, n_st), send_op(bs[k], pp, n_st),
-               recv_f_after(fk) if k < rem - 1 else None, recv_b_after(k))
+               ring.after_f(fk) if k < rem - 1 else None, ring.after_b(k))
     if not rem:
         b.call(r, recv_op(bs[0], pp, n_st))
     for k in range(rem, total):
         b.run(r, pos)
         pos += 1
-        b.call(r, send_op(bs[k], pp, n_st), recv_b_after(k))
+        b.call(r, send_op(bs[k], pp, n_st), ring.after_b(k))
+
+
+def _interleaved_overlap(b: CallBuilder, ring: _Ring) -> None:
+    """With `--overlap-p2p-communication` (megatron-core 0.16, without overlap_p2p_comm_warmup_flush; batch_p2p_comm
+    is then off, so each send and receive has its own handle): the warm-up's calls block, and its last one also posts
+    the first gradient's receive; in the steady state each pass waits only the oldest receive posted for it, then
+    posts its send and the next receive and waits the previous pass's send of that direction; the cool-down blocks
+    again, and the last backward send is waited at the end."""
+    r, fs, bs, w, pp, n_st = ring.r, ring.fs, ring.bs, ring.w, ring.pp, ring.n_st
+    total = len(fs)
+    rem = total - w
+    recv_prev: list[int] = []
+    recv_next: list[int] = []
+    b.call(r, recv_op(fs[0], pp, n_st))
+    for k in range(w):
+        b.run(r, k)
+        b.call(r, send_op(fs[k], pp, n_st), ring.after_f(k))
+        got = b.call(r, recv_op(bs[0], pp, n_st), mode=POST) if k == w - 1 and rem else None
+        if got is not None:
+            recv_next.append(got)
+    send_next = send_prev = None
+    pos = w
+    for k in range(rem):
+        fk = w + k
+        if recv_op(fs[fk], pp, n_st) is not None and recv_prev:  # pp_pre_forward
+            b.wait(r, recv_prev.pop(0))
+        b.run(r, pos)
+        sent = b.call(r, send_op(fs[fk], pp, n_st), mode=POST)  # pp_post_forward
+        got = b.call(r, ring.after_f(fk) if k < rem - 1 else None, mode=POST)
+        b.wait(r, send_next)
+        send_next = sent
+        if got is not None:
+            recv_prev.append(got)
+        if recv_op(bs[k], pp, n_st) is not None and recv_next:  # pp_pre_backward
+            b.wait(r, recv_next.pop(0))
+        b.run(r, pos + 1)
+        pos += 2
+        sent = b.call(r, send_op(bs[k], pp, n_st), mode=POST)  # pp_post_backward
+        got = b.call(r, ring.after_b(k), mode=POST)
+        b.wait(r, send_prev)
+        send_prev = sent
+        if got is not None:
+            recv_next.append(got)
+    if not rem:
+        b.call(r, recv_op(bs[0], pp, n_st))
+    for k in range(rem, total):
+        if recv_op(bs[k], pp, n_st) is not None and k and recv_next:
+            b.wait(r, recv_next.pop(0))
+        b.run(r, pos)
+        pos += 1
+        b.call(r, send_op(bs[k], pp, n_st), ring.after_b(k))
+    b.wait(r, send_prev)
+    b.wait(r, send_next)  # Megatron never waits it (its stream orders it); waited here, as every posted call is:
+    # the step ends with the last pass, whatever this wait holds

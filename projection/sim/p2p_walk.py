@@ -1,5 +1,5 @@
 """Exact walk of a pipeline schedule run with a framework's own point-to-point calls (schedule/p2p_calls.py):
-Megatron-LM's blocking calls around 1F1B and interleaved 1F1B without `--overlap-p2p-communication`
+Megatron-LM's calls around 1F1B and interleaved 1F1B, with or without `--overlap-p2p-communication`
 (schedule/megatron_calls.py), and torch.distributed.pipelining's Schedule1F1B (schedule/torch_calls.py).
 
 A call posts its sends and receives together; a send is done only when the peer has posted the matching receive,
@@ -9,10 +9,10 @@ so each op of a call ends at
 
 and a rank that waits for the call (at once when it blocks, or at a later wait) goes on at the latest of its ops. A
 rank that reaches a call before a peer holds there, which the dependency walk (dag.py, where a send never holds its
-sender and a receive waits only for the data) does not model: in Megatron's interleaved schedule each steady F+B
-pair ends in one exchange with both neighbours, so a slow neighbour holds the rank even when the rank's own next
-input is already there. torch's 2.10+ multi-stage runtime, and Megatron's interleaved schedule with overlap (its
-receives are waited just before the pass that needs the data), are the dependency walk.
+sender and a receive waits only for the data) does not model: in Megatron's interleaved schedule without overlap
+each steady F+B pair ends in one exchange with both neighbours, so a slow neighbour holds the rank even when the
+rank's own next input is already there. torch's 2.10+ multi-stage runtime (each receive waited just before the pass
+that needs it, sends never waited until the step ends) is the dependency walk.
 
 The walk parks a rank on the partner op it waits for and wakes it when that op is posted, so it is O(actions + ops).
 Comm tasks (costs.CommTask) are handled as in dag.walk.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from projection.errors import ConfigError, Problem
 from projection.schedule.action import Schedule
-from projection.schedule.megatron_calls import megatron_blocking_calls
+from projection.schedule.megatron_calls import megatron_calls
 from projection.schedule.p2p_calls import POST, WAIT, P2pCalls, decode
 from projection.schedule.torch_calls import torch_1f1b_calls
 from projection.sim.costs import StageCosts
@@ -41,12 +41,13 @@ from projection.sim.dag import (
 from projection.sim.result import RunData, SimResult, make_result
 
 
-def megatron_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls | None = None) -> SimResult:
-    """`schedule` (1F1B or Megatron-order interleaved 1F1B) with Megatron-LM's blocking p2p calls (`calls`, default
-    megatron_blocking_calls(schedule)), as the module docstring describes."""
+def megatron_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls | None = None, *,
+                  overlap: bool = False) -> SimResult:
+    """`schedule` (1F1B or Megatron-order interleaved 1F1B) with Megatron-LM's p2p calls (`calls`, default
+    megatron_calls(schedule, overlap)), as the module docstring describes."""
     if calls is None:
-        calls = _calls(megatron_blocking_calls, schedule, "Megatron's blocking p2p walk runs 1F1B and Megatron-order "
-                       "interleaved 1F1B only")
+        calls = _calls(lambda s: megatron_calls(s, overlap), schedule, "Megatron's p2p walk runs 1F1B and "
+                       "Megatron-order interleaved 1F1B only")
     return p2p_walk(schedule, costs, calls, "megatron")
 
 

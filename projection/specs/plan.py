@@ -147,8 +147,8 @@ class ParallelPlan(Spec):
     of sends and receives with the neighbours, sim/lockstep.py). The CLI's --pytorch VERSION sets it.
     "megatron": Megatron-LM's own schedules.py (the Megatron, Primus and Bridge loaders set it with a pipeline, except
     under Primus's pipeline patches): 1F1B, and interleaved 1F1B without overlap.p2p_comm, make blocking batched p2p
-    calls (megatron_blocking_p2p, sim/p2p_walk.py); with overlap its calls are waited just before the pass that
-    needs the data, as "actions" models."""
+    calls; with overlap.p2p_comm the interleaved steady state posts its sends and receives and waits each receive
+    just before the pass that needs it (megatron_pipeline, schedule/megatron_calls.py, sim/p2p_walk.py)."""
     p2p_scatter_gather: bool = False
     """Megatron-LM before Megatron-Core (2021-22 code: `--scatter-gather-tensors-in-pipeline`, its default, off with
     sequence parallelism; Narayanan et al. 2021 §4.1): with tp > 1 each pipeline p2p tensor is split into tp chunks,
@@ -192,12 +192,17 @@ class ParallelPlan(Spec):
             self.schedule in ("interleaved_1f1b", "zbv") or (self.schedule == "gpipe" and self.vpp_ > 1))
 
     @property
-    def megatron_blocking_p2p(self) -> bool:
-        """Megatron-LM's pipeline with blocking p2p calls (pipeline_runtime "megatron"): 1F1B (Megatron refuses
-        overlap_p2p_comm without interleaving), and interleaved 1F1B without overlap.p2p_comm."""
-        return self.pipeline_runtime == "megatron" and self.schedule_style == "megatron" and self.pp > 1 and (
-            self.schedule == "1f1b" or (self.schedule == "interleaved_1f1b"
-                                        and (self.vpp_ == 1 or not self.overlap.p2p_comm)))
+    def megatron_pipeline(self) -> bool:
+        """Megatron-LM's schedules.py runs the pipeline (pipeline_runtime "megatron"): 1F1B, or interleaved 1F1B with
+        its p2p overlapped or not (`megatron_p2p_overlap`)."""
+        return self.pipeline_runtime == "megatron" and self.schedule_style == "megatron" and self.pp > 1 and \
+            self.schedule in ("1f1b", "interleaved_1f1b")
+
+    @property
+    def megatron_p2p_overlap(self) -> bool:
+        """--overlap-p2p-communication in effect: the interleaved schedule with a virtual pipeline only (Megatron
+        refuses it for 1F1B, and its loader drops it without a virtual pipeline)."""
+        return self.overlap.p2p_comm and self.schedule == "interleaved_1f1b" and self.vpp_ > 1
 
     @property
     def torch_1f1b_pipeline(self) -> bool:
