@@ -34,8 +34,8 @@ def test_cases_table_found() -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue-6 threshold not met (measured 2026-11-30): median |error| 48.4 % (limit 15 %), max 68.8 % over 19 cases, "
-    "every one projected too fast: gpt3_7b_tp1_pp4_memory_speed (32 x 4096, GPU-bound) -12.6 %; the 18 small models "
+    "issue-6 threshold not met (measured 2026-12-01): median |error| 48.4 % (limit 15 %), max 68.8 % over 19 cases, "
+    "every one projected too fast: gpt3_7b_tp1_pp4_memory_speed (32 x 4096, GPU-bound) -12.5 %; the 18 small models "
     "(host-bound: Megatron's A100 and GB200 golden values are 1.15-1.75x the H100's) -25 .. -69 %. Priced: the host "
     "issue per kernel (eager HF trace, 31.6 us, profiler on) times the framework host factor measured by "
     "benchmarks/bench_megatron_host.py (Megatron-Core local layer against the HF layer under the trace's profiler "
