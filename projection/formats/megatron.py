@@ -210,10 +210,10 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
             raw.set("plan.schedule", "interleaved_1f1b", vpp[1])
     if pp > 1:
         _primus_schedule(a, raw, pp)
-        if not (a.get("patch_primus_pipeline") or (a.get("patch_zero_bubble") and a.get("enable_zero_bubble"))):
-            # Megatron's schedules.py runs the pipeline (blocking p2p calls, sim/p2p_walk.py); Primus's patches
-            # run their own scheduler, whose sends and receives the dependency walk models
-            raw.set("plan.pipeline_runtime", "megatron", a.origin("pipeline_model_parallel_size"))
+    if not (a.get("patch_primus_pipeline") or (a.get("patch_zero_bubble") and a.get("enable_zero_bubble"))):
+        # Megatron's schedules.py runs any pipeline (sim/p2p_walk.py), also one a layout search adds; Primus's
+        # patches run their own scheduler, which the dependency walk models
+        raw.set("plan.pipeline_runtime", "megatron", a.origin("pipeline_model_parallel_size"))
     _sharding(a, raw)
     _recompute(a, raw)
     off = "plan.offload"
@@ -232,8 +232,9 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
                       ("tp_comm_overlap", "tp_comm"), ("overlap_moe_expert_parallel_comm", "ep_comm"),
                       ("align_grad_reduce", "align_grad_reduce")):
         raw.set(f"{ov}.{key}", a.get(dest), a.origin(dest))
-    # Megatron validate_args: without a virtual pipeline, overlap_p2p_comm is forced off (§1.3).
-    raw.set(f"{ov}.p2p_comm", a.get("overlap_p2p_comm") and vpp is not None, a.origin("overlap_p2p_comm"))
+    # Megatron validate_args turns overlap_p2p_comm off without a virtual pipeline (§1.3): kept as given, it applies
+    # where the plan interleaves (ParallelPlan.megatron_p2p_overlap), also in a layout search that adds one
+    raw.set(f"{ov}.p2p_comm", a.get("overlap_p2p_comm"), a.origin("overlap_p2p_comm"))
 
 
 # Primus pp_algorithm (patch_primus_pipeline) -> schedule; "zero-bubble-heuristic" builds Primus's own cost-driven

@@ -55,6 +55,10 @@ def megatron_calls(schedule: Schedule, overlap: bool = False) -> P2pCalls:
     n_st = schedule.n_stages
     if n_st % pp or any(s2r != s % pp for s, s2r in enumerate(schedule.stage_to_rank)) or schedule.routes:
         raise ValueError(f"schedule {schedule.name!r} is not looped over {pp} ranks")
+    if pp == 2 and n_st > pp and not overlap:
+        raise ValueError("Megatron's interleaved schedule at pp 2 needs overlapped p2p (Megatron-LM refuses it "
+                         "without: each blocking batch to the one neighbour would pair its sends and receives "
+                         "crosswise)")
     split = [_split(acts, r, pp, n_st // pp) for r, acts in enumerate(schedule.actions)]
     b = CallBuilder(pp)
     if n_st == pp:

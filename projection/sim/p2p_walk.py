@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from projection.errors import ConfigError, Problem
-from projection.schedule.action import Schedule
+from projection.schedule.action import Action, Schedule
 from projection.schedule.megatron_calls import megatron_calls
 from projection.schedule.p2p_calls import POST, WAIT, P2pCalls, decode
 from projection.schedule.torch_calls import torch_1f1b_calls
@@ -83,26 +83,36 @@ def p2p_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls, engine: str
     clock = [0.0] * n_ranks
     holds = blocking_tasks(cs, costs)
     streams = _StreamClock(cs, costs, end) if any(holds) else None
+    # pred[p]: the action whose end set p's start (the rank's previous action, or the action a peer ended before
+    # posting the op p's rank waited for last); -1 when nothing, or a comm task, did (result.critical_path)
+    pred = [-1] * cs.n
+    last = [-1] * n_ranks
+    post_pred = [-1] * len(lat)
     waiters: dict[int, list[int]] = {}
     stack = list(range(n_ranks - 1, -1, -1))
     while stack:
         r = stack.pop()
-        i, t, prog, lo = ptr[r], clock[r], progs[r], cs.lo[r]
+        i, t, prog, lo, q = ptr[r], clock[r], progs[r], cs.lo[r], last[r]
         while i < len(prog):
             item = prog[i]
             if item >= 0:
                 p = lo + item
                 if streams is not None and holds[r] and holds[r][0][0] < p:
-                    t = max(t, streams.hold_until(r, p))
+                    held = streams.hold_until(r, p)
+                    if held > t:
+                        t, q = held, -1
                 start[p] = t
+                pred[p] = q
                 t += dur[p]
                 end[p] = t
+                q = p
             else:
                 c, mode = decode(item)
                 ops = ops_of[c]
                 if mode != WAIT and post[ops[0]] < 0.0:  # first arrival: post every op of the call
                     for o in ops:
                         post[o] = t
+                        post_pred[o] = q
                         stack.extend(waiters.pop(o, ()))
                 if mode != POST:
                     missing = next((partner[o] for o in ops if post[partner[o]] < 0.0), -1)
@@ -110,9 +120,12 @@ def p2p_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls, engine: str
                         waiters.setdefault(missing, []).append(r)
                         break
                     for o in ops:
-                        t = max(t, max(post[o], post[partner[o]]) + lat[o])
+                        b = partner[o] if post[partner[o]] > post[o] else o
+                        done = post[b] + lat[o]
+                        if done > t:
+                            t, q = done, post_pred[b]
             i += 1
-        ptr[r], clock[r] = i, t
+        ptr[r], clock[r], last[r] = i, t, q
     blocked = [r for r in range(n_ranks) if ptr[r] < len(progs[r])]
     if blocked:  # the call builders pair every op, so this is a defect, not a user error
         raise RuntimeError(f"p2p walk of {schedule.name!r} deadlocked on ranks {blocked}")
@@ -122,7 +135,20 @@ def p2p_walk(schedule: Schedule, costs: StageCosts, calls: P2pCalls, engine: str
     arrivals, transfers = _inputs(cs, end, lat1, lat2, calls, post, lat)
     comm = comm_stream_times(cs, costs, end)
     return make_result(RunData(cs, engine, start, end, dur, lat1, lat2, arrivals, comm, transfers,
-                               holding=tuple(i for h in holds for _, i in h)))
+                               holding=tuple(i for h in holds for _, i in h), pred=pred,
+                               sends=_sends(calls, post, lat)))
+
+
+def _sends(calls: P2pCalls, post: list[float], lat: list[float]) -> tuple[tuple[int, Action, float, float], ...]:
+    """Each send's transfer on its sender (rank, SEND_F/SEND_B of the producing stage, start_s, end_s): a send is
+    in flight on both ranks from the later of the two posts, and the sender waits for it as the receiver does."""
+    out = []
+    for o, key in enumerate(calls.op_key):
+        if calls.op_send[o] and lat[o] > 0.0:
+            t0 = max(post[o], post[calls.partner[o]])
+            out.append((calls.op_rank[o], Action(key[1], "SEND_F" if key[0] == "F" else "SEND_B", key[2]), t0,
+                        t0 + lat[o]))
+    return tuple(out)
 
 
 def _inputs(cs: CompiledSchedule, end: list[float], lat1: list[float], lat2: list[float], calls: P2pCalls,

@@ -27,7 +27,8 @@ CommInterval = tuple[int, str, float, float, int]  # (rank, label, start_s, end_
 @dataclass(frozen=True, slots=True)
 class TimelineEntry:
     """One interval on one rank. `action` is the compute action (stream "compute"), the receive it models
-    (RECV_F/RECV_B of the consuming stage, stream "p2p"), or None for a comm task (stream "comm")."""
+    (RECV_F/RECV_B of the consuming stage, stream "p2p"; under the runtime walks of sim/p2p_walk.py also the send,
+    SEND_F/SEND_B of the producing stage), or None for a comm task (stream "comm")."""
 
     action: Action | None
     start_s: float
@@ -54,6 +55,10 @@ class RunData:
     transfers: list[tuple[int, float, float]] | None = None  # (2 * position + input, start_s, end_s)
     events: int = 0  # events the event loop processed (0 for the walk)
     holding: tuple[int, ...] = ()  # indices into `comm` of the tasks that block their rank's compute
+    # the runtime walks (sim/p2p_walk.py): the action whose end set each action's start (-1: none or a comm task),
+    # and each send's transfer on its sender (rank, SEND_F/SEND_B action, start_s, end_s), which holds the sender
+    pred: list[int] | None = None
+    sends: tuple[tuple[int, Action, float, float], ...] = ()
 
     def arrival(self, p: int, j: int) -> float:
         """When input j (0 or 1) of position p was ready on p's rank (seconds); 0.0 when p has no such input."""
@@ -67,7 +72,8 @@ class RunData:
 
     def transfer_list(self) -> list[tuple[int, Action, float, float]]:
         """(receiving rank, RECV_F/RECV_B action of the consuming stage, start_s, end_s) of each p2p transfer that
-        takes time."""
+        takes time; under the runtime walks also (sending rank, SEND_F/SEND_B of the producing stage, ...), since
+        their sends hold the sender until the transfer ends."""
         cs = self.compiled
         if self.transfers is not None:
             slots = self.transfers
@@ -82,7 +88,7 @@ class RunData:
                 a = cs.acts[x >> 1]
                 kind: Kind = "RECV_F" if a.kind == "F" else "RECV_B"
                 out.append((cs.rank_of[x >> 1], Action(a.stage, kind, a.microbatch), s, e))
-        return out
+        return out + list(self.sends)
 
 
 def make_result(run: RunData) -> SimResult:
@@ -159,7 +165,8 @@ class SimResult:
     @cached_property
     def critical_path(self) -> tuple[Action, ...]:
         """Compute actions on a longest path, in time order: each one's start is set by its predecessor (the
-        previous action on its rank or a producer on another rank)."""
+        previous action on its rank or a producer on another rank; under the runtime walks, RunData.pred: also a
+        peer whose post a call waited for)."""
         cs, run = self.run.compiled, self.run
         if cs.n == 0:
             return ()
@@ -170,6 +177,10 @@ class SimResult:
         path = [p]
         while True:
             s = run.start[p]
+            if run.pred is not None and run.pred[p] >= 0:  # the runtime walks say which action set the start
+                p = run.pred[p]
+                path.append(p)
+                continue
             nxt = -1
             for j, dep in ((0, cs.dep1), (1, cs.dep2)):
                 if dep[p] < cs.n and run.arrival(p, j) == s:

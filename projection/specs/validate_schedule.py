@@ -13,7 +13,8 @@ Bad = Callable[[str, str, str], None]
 def schedule_problems(plan: ParallelPlan, m: int, bad: Bad) -> None:
     """With pp > 1 and m microbatches per data-parallel rank: the builder's own rules for the schedules without a
     rule of their own in layout_problems (1f1b and interleaved_1f1b have theirs), e.g. DualPipeV's m >= 2 pp, so
-    that `--schedule all` leaves out a schedule that cannot run; then torch's lock-step runtime (_lockstep_order)."""
+    that `--schedule all` leaves out a schedule that cannot run; then torch's lock-step runtime (_lockstep_order)
+    and Megatron's interleaved schedule at pp 2 without overlapped p2p."""
     from projection.schedule.registry import ScheduleTooLarge, build_schedule, stages_per_rank_problem
 
     if plan.schedule not in ("1f1b", "interleaved_1f1b") and stages_per_rank_problem(plan.schedule, plan.vpp_) is None:
@@ -28,6 +29,14 @@ def schedule_problems(plan: ParallelPlan, m: int, bad: Bad) -> None:
             return
     if plan.lockstep_pipeline:
         _lockstep_order(plan, m, bad)
+    if plan.megatron_pipeline and plan.pp == 2 and plan.vpp_ > 1 and not plan.megatron_p2p_overlap:
+        # Megatron-LM validate_args: with a virtual pipeline and not args.overlap_p2p_comm, `assert
+        # args.pipeline_model_parallel_size > 2`; Megatron-Core itself (Bridge) does not check, and its batch of
+        # sends and receives to the one neighbour would pair them crosswise (p2p_communication._batched_p2p_ops)
+        bad("plan.overlap.p2p_comm", "Megatron's interleaved schedule at pipeline size 2 needs overlapped p2p: both "
+            "neighbours are one rank, and each blocking batch would pair its sends and receives to it crosswise "
+            "(Megatron-LM refuses it: 'pipeline-model-parallel size should be greater than 2')",
+            "turn on overlapped p2p communication, or use a pipeline size above 2 or no virtual pipeline")
 
 
 def _lockstep_order(plan: ParallelPlan, m: int, bad: Bad) -> None:

@@ -107,7 +107,9 @@ def test_layouts_as_bridge_writes_them(tmp_path: Path) -> None:
     """A layout with the virtual pipeline size it implies (TransformerConfig accepts both when they agree); a layout
     as a list of stages (Bridge 0.6's dump)."""
     layout = '  pipeline_model_parallel_layout: "Et*8|t*8|t*8|t*8L"\n  virtual_pipeline_model_parallel_size: 2\n'
-    text = SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n" + layout)
+    # interleaving at pp 2 needs overlapped p2p (specs/validate_schedule.py)
+    overlap = "  overlap_p2p_comm: true\n"
+    text = SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n" + layout + overlap)
     sc = api.load(write(tmp_path, text), **CLUSTER)
     assert (sc.plan.pp, sc.plan.vpp_) == (2, 2)
     assert "disagrees with the layout's 4 stages" in problems(
@@ -116,8 +118,8 @@ def test_layouts_as_bridge_writes_them(tmp_path: Path) -> None:
     stages = [["embedding"] + ["decoder"] * 8, ["decoder"] * 8, ["decoder"] * 8, ["decoder"] * 8 + ["loss"]]
     listed = "  pipeline_model_parallel_layout:\n" + "".join(
         "  - [" + ", ".join(st) + "]\n" for st in stages)
-    sc = api.load(write(tmp_path, SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n" + listed), "list.yaml"),
-                  **CLUSTER)
+    sc = api.load(write(tmp_path, SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n" + listed + overlap),
+                        "list.yaml"), **CLUSTER)
     assert (sc.plan.pp, sc.plan.vpp_, sc.plan.pipeline_layout) == (2, 2, "E" + "|".join(["t" * 8] * 4) + "L")
 
 

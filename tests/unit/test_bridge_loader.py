@@ -183,9 +183,15 @@ def test_start_up_changes_are_applied(tmp_path: Path) -> None:
     no_sp = api.load(write(tmp_path, text.replace("sequence_parallel: true", "sequence_parallel: false"), "b.yaml"),
                      **CLUSTER)
     assert no_sp.plan.overlap.tp_comm is False
-    plain = api.load(write(tmp_path, text.replace("comm_overlap:\n  tp_comm_overlap: true\n", ""), "c.yaml"),
-                     **CLUSTER)
-    assert (plain.plan.overlap.grad_reduce, plain.plan.overlap.p2p_comm) == (False, False)
+    # without comm_overlap nothing is overlapped, which interleaving at pp 2 refuses: Megatron-Core's blocking batch
+    # to the one neighbour would pair its sends and receives crosswise (specs/validate_schedule.py); at pp 4 it runs
+    plain = text.replace("comm_overlap:\n  tp_comm_overlap: true\n", "")
+    with pytest.raises(ProjectionError, match="model.overlap_p2p_comm"):
+        api.load(write(tmp_path, plain, "c.yaml"), **CLUSTER)
+    four = api.load(write(tmp_path, plain.replace("pipeline_model_parallel_size: 2", "pipeline_model_parallel_size: 4"),
+                          "d.yaml"), **CLUSTER)
+    assert (four.plan.overlap.grad_reduce, four.plan.overlap.p2p_comm, four.plan.megatron_p2p_overlap) == \
+        (False, False, False)
 
 
 def test_megatron_fsdp_from_either_table(tmp_path: Path) -> None:

@@ -24,20 +24,27 @@ def _reload(path: Path):  # type: ignore[no-untyped-def]
 
 def test_a_logged_config_searched_on_another_pipeline_takes_that_pipelines_group_size() -> None:
     """The logged run (pp 1) holds microbatch_group_size_per_vp_stage 1, which Megatron-Core set from its own pp
-    (ModelParallelConfig: None -> pp). An interleaved pp 2 row is what the same file gives with the group size
-    unset, not a refusal for a group size of 1."""
-    (cand,) = search_layouts(api.load(RUN, **CLUSTER), pp=[2], vpp=[2], reload=_reload(RUN))
+    (ModelParallelConfig: None -> pp). An interleaved pp 4 row is what the same file gives with the group size
+    unset, not a refusal for a group size of 1. (pp 4: at pp 2 interleaving needs overlapped p2p, which the run
+    logged off.)"""
+    (cand,) = search_layouts(api.load(RUN, **CLUSTER), pp=[4], vpp=[2], reload=_reload(RUN))
     assert cand.status == "fits", [p.render() for p in cand.problems]
-    sc = api.load(RUN, overrides={**PP2_VPP2, "model.microbatch_group_size_per_vp_stage": None}, **CLUSTER)
-    assert (sc.plan.pp, sc.plan.vpp_, sc.plan.schedule) == (2, 2, "interleaved_1f1b")
+    sc = api.load(RUN, overrides={"model.pipeline_model_parallel_size": 4,
+                                  "model.virtual_pipeline_model_parallel_size": 2,
+                                  "model.microbatch_group_size_per_vp_stage": None}, **CLUSTER)
+    assert (sc.plan.pp, sc.plan.vpp_, sc.plan.schedule) == (4, 2, "interleaved_1f1b")
     assert cand.projection is not None
     assert cand.projection.step_time_s == pytest.approx(project(sc, default_cost_model(sc)).step_time_s, rel=1e-12)
 
 
 def test_beside_pipelines_pp_1_is_searched_without_a_virtual_pipeline() -> None:
-    """`--pp 1,2 --vpp 2`: pp 1 (vpp 1) and pp 2 interleaved, no refusals of a virtual pipeline without one."""
-    found = search_layouts(api.load(RUN, **CLUSTER), pp=[1, 2], vpp=[2], reload=_reload(RUN))
-    assert sorted((c.pp, c.vpp, c.status) for c in found) == [(1, 1, "fits"), (2, 2, "fits")]
+    """`--pp 1,4 --vpp 2`: pp 1 (vpp 1) and pp 4 interleaved, no refusals of a virtual pipeline without one; pp 2
+    interleaved is refused for the run's own reason (it logged overlap_p2p_comm off, which interleaving at pp 2
+    needs on), not for the virtual pipeline."""
+    found = search_layouts(api.load(RUN, **CLUSTER), pp=[1, 2, 4], vpp=[2], reload=_reload(RUN))
+    assert sorted((c.pp, c.vpp, c.status) for c in found) == [(1, 1, "fits"), (2, 2, "refused"), (4, 2, "fits")]
+    (two,) = [c for c in found if c.pp == 2]
+    assert [p.key for p in two.problems] == ["model.overlap_p2p_comm"], [p.render() for p in two.problems]
 
 
 def test_the_layout_rules_name_bridges_fields_not_megatron_lm_flags() -> None:
@@ -49,7 +56,9 @@ def test_the_layout_rules_name_bridges_fields_not_megatron_lm_flags() -> None:
     assert "model.pipeline_model_parallel_size" in text and "--pipeline-model-parallel-size" not in text, text
     with pytest.raises(ProjectionError) as e:  # the logged group size 1 kept by hand on pp 2: refused at its line
         api.load(RUN, overrides=PP2_VPP2, **CLUSTER)
-    (p,) = e.value.problems
+    # with the run's logged overlap_p2p_comm: false, which interleaving at pp 2 also needs on (specs/validate_schedule)
+    p, p2p = sorted(e.value.problems, key=lambda x: x.key != "model.microbatch_group_size_per_vp_stage")
+    assert p2p.key == "model.overlap_p2p_comm" and p2p.line is not None, p2p.render()
     assert p.key == "model.microbatch_group_size_per_vp_stage" and p.line is not None
     assert "model.microbatch_group_size_per_vp_stage" in (p.fix or "") and "--" not in (p.fix or ""), p.render()
 
@@ -113,6 +122,7 @@ def test_a_group_size_of_the_users_own_is_kept_on_another_pipeline(tmp_path: Pat
     text = text.replace("  microbatch_group_size_per_vp_stage: 1\n", "  microbatch_group_size_per_vp_stage: 8\n")
     text = text.replace("  pipeline_model_parallel_size: 1\n", "  pipeline_model_parallel_size: 2\n")
     text = text.replace("  virtual_pipeline_model_parallel_size: null\n", "  virtual_pipeline_model_parallel_size: 2\n")
+    text = text.replace("  overlap_p2p_comm: false\n", "  overlap_p2p_comm: true\n")  # interleaving at pp 2 needs it
     path = write(tmp_path, text, "run_config.yaml")
     found = search_layouts(api.load(path, **CLUSTER), pp=[2, 4], vpp=[2, 4], reload=_reload(path))
     assert {(c.pp, c.vpp): c.scenario.plan.microbatch_group_size for c in found if c.scenario is not None} == {
@@ -122,8 +132,9 @@ def test_a_group_size_of_the_users_own_is_kept_on_another_pipeline(tmp_path: Pat
 def test_pp_1_beside_pipelines_is_loaded_without_the_files_virtual_pipeline() -> None:
     """--pp 1,2 without --vpp on a file with vpp 2: the pp-1 row is pp 1 without a virtual pipeline, loaded as such
     (not the file's vpp, refused as a virtual pipeline without one)."""
-    base = api.load(RUN, overrides=PP2_VPP2 | {"model.microbatch_group_size_per_vp_stage": None}, **CLUSTER)
-    path_overrides = PP2_VPP2 | {"model.microbatch_group_size_per_vp_stage": None}
+    # overlapped p2p: interleaving at pp 2 needs it (the run logged false, for its pp 1)
+    path_overrides = PP2_VPP2 | {"model.microbatch_group_size_per_vp_stage": None, "model.overlap_p2p_comm": True}
+    base = api.load(RUN, overrides=path_overrides, **CLUSTER)
     found = search_layouts(base, pp=[1, 2], reload=lambda ov: api.load(RUN, overrides={**path_overrides, **ov},
                                                                         **CLUSTER))
     (one,) = [c for c in found if c.pp == 1]

@@ -86,7 +86,7 @@ def test_megatron_gpt_defaults() -> None:
     assert t.params_dtype == "fp32" and t.dropout == pytest.approx(0.1) and t.fp8 is None
     p = plan()
     assert (p.tp, p.pp, p.cp, p.ep, p.etp, p.vpp, p.sharding.zero_stage) == (1, 1, 1, 1, None, None, 0)
-    assert p.overlap.p2p_comm is False  # forced off without a virtual pipeline (§1.3)
+    assert p.overlap.p2p_comm is True and not p.megatron_p2p_overlap  # the flag as given, off without interleaving
 
 
 def test_padded_vocab_gpt2_at_tp8() -> None:
