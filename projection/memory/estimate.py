@@ -241,7 +241,7 @@ def default_inflight(sc: Scenario) -> InflightTimeline:
     p = sc.plan
     n_micro = schedule_microbatches(sc)  # one pipeline schedule (TorchTitan runs one per accumulation step)
     sched = build_schedule(p.schedule, p.pp, n_micro, p.vpp_, microbatch_group_size=p.microbatch_group_size,
-                           style=p.schedule_style)
+                           style=p.schedule_style, combined_1f1b=p.megatron_combined_1f1b)
     return inflight_timeline(sched)
 
 
@@ -249,7 +249,8 @@ def _default_matrices(sc: Scenario) -> Matrices:
     p = sc.plan
     m = schedule_microbatches(sc)
     try:
-        return _schedule_matrices(p.schedule, p.pp, m, p.vpp_, p.microbatch_group_size, p.schedule_style)
+        return _schedule_matrices(p.schedule, p.pp, m, p.vpp_, p.microbatch_group_size, p.schedule_style,
+                                  p.megatron_combined_1f1b)
     except ScheduleTooLarge as e:
         raise ConfigError(Problem(str(e), key="training.global_batch_size", file=sc.source,
                                   fix=TOO_MANY_MICROBATCHES_FIX)) from None
@@ -261,12 +262,13 @@ def _default_matrices(sc: Scenario) -> Matrices:
 
 @lru_cache(maxsize=512)
 def _schedule_matrices(name: str, pp: int, n_micro: int, vpp: int, group: int | None,
-                       style: Literal["megatron", "torch"] = "megatron") -> Matrices:
+                       style: Literal["megatron", "torch"] = "megatron", combined_1f1b: bool = False) -> Matrices:
     """In-flight matrices of a schedule, cached by its shape (hashing a built Schedule would cost O(actions))."""
     from projection.schedule.inflight import inflight_matrices
     from projection.schedule.registry import build_schedule
 
-    return inflight_matrices(build_schedule(name, pp, n_micro, vpp, microbatch_group_size=group, style=style))
+    return inflight_matrices(build_schedule(name, pp, n_micro, vpp, microbatch_group_size=group, style=style,
+                                            combined_1f1b=combined_1f1b))
 
 
 def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimeline] | None = None,

@@ -61,6 +61,7 @@ def build_plan_schedule(scenario: Scenario) -> Schedule:
     m = schedule_microbatches(scenario)
     try:
         return build_schedule(p.schedule, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size,
+                              combined_1f1b=p.megatron_combined_1f1b,
                               style=p.schedule_style)
     except ScheduleTooLarge as e:
         raise ConfigError(Problem(str(e), key="training.global_batch_size", file=scenario.source,

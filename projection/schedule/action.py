@@ -14,7 +14,7 @@ CSV notation: "0F0" = stage 0, F, microbatch 0; "1I3", "2W5", "0SEND_F0".
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Kind = Literal["F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B"]
@@ -59,6 +59,12 @@ class Schedule:
     actions: tuple[tuple[Action, ...], ...]  # actions[rank] in execution order
     routes: tuple[tuple[int, ...], ...] = ()
     overlapped: tuple[tuple[int, ...], ...] = ()
+    # per rank, the warm-up forwards its builder chose (Megatron's orders): what Megatron's calls follow; not part of
+    # the order, so not of equality (a schedule read back from its CSV is the same schedule)
+    warmup: tuple[int, ...] = field(default=(), compare=False)
+    # Megatron-Core's combined 1F1B (interleaved_1f1b): each steady forward runs with the backward after it, layer
+    # by layer, the forward's activations saved as the backward's are freed (schedule/inflight.py)
+    combined: bool = False
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         return tuple(s for s, r in enumerate(self.stage_to_rank) if r == rank)

@@ -39,7 +39,8 @@ def act(stage: int, kind: Kind, microbatch: int) -> Action:
 
 def make_schedule(name: str, stage_to_rank: Sequence[int], n_microbatches: int,
                   per_rank: Sequence[Iterable[Action]], *, routes: Sequence[Sequence[int]] = (),
-                  overlapped: Sequence[Iterable[int]] = ()) -> Schedule:
+                  overlapped: Sequence[Iterable[int]] = (), warmup: Sequence[int] = (),
+                  combined: bool = False) -> Schedule:
     """Freeze per-rank action lists into a Schedule (n_ranks = len(per_rank), n_stages = len(stage_to_rank))."""
     frozen_overlap = tuple(tuple(sorted(o)) for o in overlapped)
     if not any(frozen_overlap):
@@ -53,4 +54,6 @@ def make_schedule(name: str, stage_to_rank: Sequence[int], n_microbatches: int,
         actions=tuple(tuple(acts) for acts in per_rank),
         routes=tuple(tuple(r) for r in routes),
         overlapped=frozen_overlap,
+        warmup=tuple(warmup),
+        combined=combined,
     )

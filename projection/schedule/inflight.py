@@ -10,7 +10,8 @@ F&B pair (DualPipe) is two consecutive actions, F first, so the count after its 
 is what overlapped execution holds.
 Closed forms checked in tests/unit/test_schedules.py: peak total on rank r is min(pp - r, m) for 1F1B and ZB-H1,
 m for GPipe, min(2(pp - r) - 1, m) for ZB-H2 and min((pp - r - 1) * 2 + (vpp - 1) * G + 1, m * vpp) for
-Megatron's interleaved 1F1B with group size G.
+Megatron's interleaved 1F1B with group size G; the same for its combined 1F1B (Schedule.combined), whose one more
+warm-up forward is the one a steady step no longer adds (its forward counted with the backward it runs with).
 """
 
 from __future__ import annotations
@@ -34,15 +35,28 @@ def _timelines(s: Schedule) -> tuple[Timeline, Timeline]:
         pend = dict.fromkeys(stages, 0)
         rank_live: list[dict[int, int]] = []
         rank_wait: list[dict[int, int]] = []
+        deferred: int | None = None  # a combined step's forward stage, counted with its backward
+        steady_from = s.warmup[r] if s.combined and s.warmup else len(acts)  # forwards before the steady state
+        forwards = 0
         for a in acts:
             if a.kind not in COMPUTE_KINDS:
                 continue
             cur.setdefault(a.stage, 0)
             pend.setdefault(a.stage, 0)
             if a.kind == "F":
+                forwards += 1
+            if a.kind == "F" and forwards > steady_from:
+                # Megatron's combined 1F1B runs this forward layer by layer with the backward after it, each
+                # forward layer's activations saved as a backward layer's are freed: the step never holds one more
+                # microbatch than before it, so its forward counts when the backward ends
+                deferred = a.stage
+            elif a.kind == "F":
                 cur[a.stage] += 1
             elif a.kind == "B":
                 cur[a.stage] -= 1
+                if deferred is not None:
+                    cur[deferred] += 1
+                    deferred = None
             elif a.kind == "I":
                 cur[a.stage] -= 1
                 pend[a.stage] += 1
@@ -126,7 +140,9 @@ def peak_candidates(s: Schedule) -> tuple[tuple[State, ...], ...]:
     out = []
     for rank_timeline, acts in zip(inflight_timeline(s), s.actions, strict=True):
         compute = [a for a in acts if a.kind in COMPUTE_KINDS]
-        states = {tuple(sorted(c.items())) for c, a in zip(rank_timeline, compute, strict=True) if a.kind == "F"}
+        # a combined 1F1B step's forward counts with its backward (_timelines): there activations grow on B too
+        states = {tuple(sorted(c.items())) for c, a in zip(rank_timeline, compute, strict=True)
+                  if a.kind == "F" or s.combined}
         keep = [st for st in states if not any(o != st and _dominates(o, st) for o in states)]
         out.append(tuple(sorted(keep)))
     return tuple(out)

@@ -67,10 +67,15 @@ def torch_group_size(pp: int, n_microbatches: int) -> int:
     return n_microbatches // rounds
 
 
-def _rank_ops(rank: int, pp: int, m: int, vpp: int, group: int) -> list[Action]:
+def warmup_count(rank: int, pp: int, m: int, vpp: int, group: int, extra: int = 0) -> int:
+    """Warm-up forwards of rank `rank` (module docstring), `extra` more with Megatron's combined 1F1B."""
+    return min((pp - rank - 1) * 2 + (vpp - 1) * group + extra, m * vpp)
+
+
+def _rank_ops(rank: int, pp: int, m: int, vpp: int, group: int, extra: int = 0) -> list[Action]:
     table = schedule_table(m, vpp, group)
     total = m * vpp
-    warmup = min((pp - rank - 1) * 2 + (vpp - 1) * group, total)
+    warmup = warmup_count(rank, pp, m, vpp, group, extra)
 
     def fwd(k: int) -> Action:
         mb, chunk = table[k]
@@ -89,15 +94,27 @@ def _rank_ops(rank: int, pp: int, m: int, vpp: int, group: int) -> list[Action]:
 
 
 def interleaved_1f1b(pp: int, n_microbatches: int, vpp: int, *, microbatch_group_size: int | None = None,
-                     style: Style = "megatron") -> Schedule:
-    """Interleaved 1F1B over pp ranks with vpp chunks each (stage s on rank s % pp), in Megatron's or torch's order."""
+                     style: Style = "megatron", combined_1f1b: bool = False) -> Schedule:
+    """Interleaved 1F1B over pp ranks with vpp chunks each (stage s on rank s % pp), in Megatron's or torch's order.
+    `combined_1f1b` (Megatron, vpp > 1): Megatron-Core's combined 1F1B under overlap_moe_expert_parallel_comm, which
+    runs one more warm-up forward on every rank (schedules.py get_pp_rank_microbatches: "so that the forward and
+    backward computations are independent in all 1f1b steps") and each steady forward together with its backward,
+    layer by layer (Schedule.combined)."""
     require_positive(pp, n_microbatches, vpp)
     m = n_microbatches
+    if combined_1f1b and (style != "megatron" or vpp == 1):
+        raise ValueError("the combined 1F1B is Megatron's interleaved schedule's (vpp > 1)")
     if style == "megatron":
         if vpp == 1:
             per_rank = [one_f_one_b_rank(r, pp, m) for r in range(pp)]
-            return make_schedule("interleaved_1f1b", looped_placement(pp, 1), m, per_rank)
+            return make_schedule("interleaved_1f1b", looped_placement(pp, 1), m, per_rank,
+                                 warmup=[min(pp - r - 1, m) for r in range(pp)])
         group = megatron_group_size(pp, m, microbatch_group_size)
+        extra = int(combined_1f1b)
+        per_rank = [_rank_ops(r, pp, m, vpp, group, extra) for r in range(pp)]
+        return make_schedule("interleaved_1f1b", looped_placement(pp, vpp), m, per_rank,
+                             warmup=[warmup_count(r, pp, m, vpp, group, extra) for r in range(pp)],
+                             combined=combined_1f1b)
     elif style == "torch":
         if microbatch_group_size is not None:
             raise ValueError("interleaved_1f1b (torch): the microbatch group size is derived from pp and "

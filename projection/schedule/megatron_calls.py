@@ -28,7 +28,8 @@ from projection.schedule.action import Action, Schedule
 from projection.schedule.p2p_calls import POST, CallBuilder, Op, P2pCalls, recv_op, send_op
 
 
-def _split(acts: Sequence[Action], r: int, pp: int, vpp: int) -> tuple[list[Action], list[Action], int]:
+def _split(acts: Sequence[Action], r: int, pp: int, vpp: int,
+           warmup: int | None = None) -> tuple[list[Action], list[Action], int]:
     """A rank's forwards and backwards in order, and its warm-up count W; ValueError unless the order is Megatron's
     (W warm-up forwards, then forward-backward pairs, then backwards). W is Megatron's, not read off the order
     (W = m - 1 and W = m give the same order but different calls): min(pp - r - 1, m) for 1F1B,
@@ -36,7 +37,9 @@ def _split(acts: Sequence[Action], r: int, pp: int, vpp: int) -> tuple[list[Acti
     first chunk-1 forward)."""
     fs = [a for a in acts if a.kind == "F"]
     bs = [a for a in acts if a.kind == "B"]
-    if vpp == 1:
+    if warmup is not None:  # the builder's (one more under Megatron's combined 1F1B)
+        w = warmup
+    elif vpp == 1:
         w = min(pp - r - 1, len(fs))
     else:
         group = next((i for i, a in enumerate(fs) if a.stage >= pp), len(fs))
@@ -59,7 +62,8 @@ def megatron_calls(schedule: Schedule, overlap: bool = False) -> P2pCalls:
         raise ValueError("Megatron's interleaved schedule at pp 2 needs overlapped p2p (Megatron-LM refuses it "
                          "without: each blocking batch to the one neighbour would pair its sends and receives "
                          "crosswise)")
-    split = [_split(acts, r, pp, n_st // pp) for r, acts in enumerate(schedule.actions)]
+    split = [_split(acts, r, pp, n_st // pp, schedule.warmup[r] if schedule.warmup else None)
+             for r, acts in enumerate(schedule.actions)]
     b = CallBuilder(pp)
     if n_st == pp:
         for r, (fs, bs, w) in enumerate(split):

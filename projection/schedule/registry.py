@@ -67,12 +67,14 @@ class ScheduleTooLarge(ValueError):
 @lru_cache(maxsize=256)
 def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
                    microbatch_group_size: int | None = None,
-                   style: Literal["megatron", "torch"] = "megatron") -> Schedule:
+                   style: Literal["megatron", "torch"] = "megatron", combined_1f1b: bool = False) -> Schedule:
     """The per-rank action lists of schedule `name` for pp ranks, n_microbatches and vpp stages per rank.
 
     `style` picks whose ordering interleaved_1f1b follows (and, for 1f1b, whose constraints apply): "megatron"
     (default; Megatron-LM and Primus) or "torch" (torch.distributed.pipelining). Deterministic and pure, so results
     are cached (planner sweeps rebuild the same pipeline shape many times); the Schedule is immutable.
+    `combined_1f1b`: Megatron's interleaved schedule under the expert-parallel overlap (interleaved_1f1b); ignored by
+    the others.
     """
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
@@ -86,7 +88,8 @@ def build_schedule(name: str, pp: int, n_microbatches: int, vpp: int = 1, *,
     if name == "gpipe":
         return gpipe(pp, n_microbatches, vpp)
     if name == "interleaved_1f1b":
-        return interleaved_1f1b(pp, n_microbatches, vpp, microbatch_group_size=microbatch_group_size, style=style)
+        return interleaved_1f1b(pp, n_microbatches, vpp, microbatch_group_size=microbatch_group_size, style=style,
+                                combined_1f1b=combined_1f1b and vpp > 1 and style == "megatron")
     problem = stages_per_rank_problem(name, vpp)
     if problem is not None:
         raise ValueError(problem)

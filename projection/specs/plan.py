@@ -205,6 +205,13 @@ class ParallelPlan(Spec):
         return self.overlap.p2p_comm and self.schedule == "interleaved_1f1b" and self.vpp_ > 1
 
     @property
+    def megatron_combined_1f1b(self) -> bool:
+        """Megatron-Core's combined 1F1B: the interleaved schedule under the expert-parallel overlap
+        (overlap_moe_expert_parallel_comm), one more warm-up forward per rank (interleaved_1f1b)."""
+        return self.overlap.ep_comm and self.schedule_style == "megatron" and self.pp > 1 and self.vpp_ > 1 \
+            and self.schedule == "interleaved_1f1b"
+
+    @property
     def torch_1f1b_pipeline(self) -> bool:
         """torch.distributed.pipelining's Schedule1F1B (one stage per rank, every torch release): its p2p batches
         are waited, fused around each backward (schedule/torch_calls.py, sim/p2p_walk.py)."""
