@@ -50,4 +50,5 @@ def one_f_one_b(pp: int, n_microbatches: int) -> Schedule:
     """1F1B (PipeDream-Flush) over pp ranks, one stage each."""
     require_positive(pp, n_microbatches, 1)
     per_rank = [one_f_one_b_rank(r, pp, n_microbatches) for r in range(pp)]
-    return make_schedule("1f1b", looped_placement(pp, 1), n_microbatches, per_rank)
+    return make_schedule("1f1b", looped_placement(pp, 1), n_microbatches, per_rank,
+                         warmup=[min(pp - r - 1, n_microbatches) for r in range(pp)])

@@ -28,22 +28,12 @@ from projection.schedule.action import Action, Schedule
 from projection.schedule.p2p_calls import POST, CallBuilder, Op, P2pCalls, recv_op, send_op
 
 
-def _split(acts: Sequence[Action], r: int, pp: int, vpp: int,
-           warmup: int | None = None) -> tuple[list[Action], list[Action], int]:
-    """A rank's forwards and backwards in order, and its warm-up count W; ValueError unless the order is Megatron's
-    (W warm-up forwards, then forward-backward pairs, then backwards). W is Megatron's, not read off the order
-    (W = m - 1 and W = m give the same order but different calls): min(pp - r - 1, m) for 1F1B,
-    min(2 (pp - r - 1) + (vpp - 1) G, m vpp) interleaved, with G the microbatch group size (the index of the rank's
-    first chunk-1 forward)."""
+def _split(acts: Sequence[Action], r: int, w: int) -> tuple[list[Action], list[Action], int]:
+    """A rank's forwards and backwards in order, and its warm-up count w (the builder's: W = m - 1 and W = m give
+    the same order but different calls); ValueError unless the order is Megatron's (w warm-up forwards, then
+    forward-backward pairs, then backwards)."""
     fs = [a for a in acts if a.kind == "F"]
     bs = [a for a in acts if a.kind == "B"]
-    if warmup is not None:  # the builder's (one more under Megatron's combined 1F1B)
-        w = warmup
-    elif vpp == 1:
-        w = min(pp - r - 1, len(fs))
-    else:
-        group = next((i for i, a in enumerate(fs) if a.stage >= pp), len(fs))
-        w = min(2 * (pp - r - 1) + (vpp - 1) * group, len(fs))
     expect = fs[:w] + [x for pair in zip(fs[w:], bs, strict=False) for x in pair] + bs[len(fs) - w:]
     if len(fs) + len(bs) != len(acts) or len(fs) != len(bs) or list(acts) != expect:
         raise ValueError(f"rank {r}'s actions are not in Megatron's warm-up / 1F1B / cool-down order")
@@ -62,8 +52,10 @@ def megatron_calls(schedule: Schedule, overlap: bool = False) -> P2pCalls:
         raise ValueError("Megatron's interleaved schedule at pp 2 needs overlapped p2p (Megatron-LM refuses it "
                          "without: each blocking batch to the one neighbour would pair its sends and receives "
                          "crosswise)")
-    split = [_split(acts, r, pp, n_st // pp, schedule.warmup[r] if schedule.warmup else None)
-             for r, acts in enumerate(schedule.actions)]
+    if len(schedule.warmup) != pp:
+        raise ValueError(f"schedule {schedule.name!r} does not say its warm-up forwards (Megatron's 1F1B and "
+                         "interleaved builders do)")
+    split = [_split(acts, r, schedule.warmup[r]) for r, acts in enumerate(schedule.actions)]
     b = CallBuilder(pp)
     if n_st == pp:
         for r, (fs, bs, w) in enumerate(split):

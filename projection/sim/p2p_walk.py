@@ -163,14 +163,11 @@ def _inputs(cs: CompiledSchedule, end: list[float], lat1: list[float], lat2: lis
             if d < n:
                 arrivals[2 * p + j] = end[d] + la
     transfers = []
-    where = {(r, a.kind, a.stage, a.microbatch): cs.lo[r] + k for r, acts in enumerate(cs.schedule.actions)
-             for k, a in enumerate(acts)}
     for o, key in enumerate(calls.op_key):
         if calls.op_send[o]:
             continue
-        kind, s, mb = key
-        x = 2 * where[(calls.op_rank[o], "F", s + 1, mb)] if kind == "F" else \
-            2 * where[(calls.op_rank[o], "B", s - 1, mb)] + 1
+        kind, s, mb = key  # the consumer: F of the next stage, or B of the stage before (its gradient input)
+        x = 2 * cs.position(Action(s + 1, "F", mb)) if kind == "F" else 2 * cs.position(Action(s - 1, "B", mb)) + 1
         t0 = max(post[o], post[calls.partner[o]])
         arrivals[x] = t0 + lat[o]
         transfers.append((x, t0, t0 + lat[o]))

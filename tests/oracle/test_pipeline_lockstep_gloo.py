@@ -38,7 +38,7 @@ from projection.sim.costs import StageCosts  # noqa: E402
 from projection.sim.dag import walk  # noqa: E402
 from projection.sim.lockstep import lockstep_walk  # noqa: E402
 from tests.oracle.spawn import free_port, require_gloo, run_spawned  # noqa: E402
-from tests.oracle.test_real_pipeline_gloo import _DeviceTime, _instrument  # noqa: E402
+from tests.oracle.test_real_pipeline_gloo import _DeviceTime, _instrument, mean_pass_seconds  # noqa: E402
 
 require_gloo()
 PP, VPP, N_MB, ROWS, WIDTH, STEPS, WARMUP = 4, 3, 6, 8, 64, 4, 1
@@ -105,11 +105,9 @@ def _steps(recs: list[tuple[Any, ...]], runtime: str) -> list[tuple[float, float
         gaps = [first["F", s + 1][5] - first["F", s][6] for s in range(n - 1)]
         gaps += [first["B", s][5] - first["B", s + 1][6] for s in range(n - 1)]
         lat = max(0.0, statistics.median(gaps))
-        dur: dict[tuple[str, int], list[float]] = {}
-        for x in rs:
-            dur.setdefault((x[2], x[3]), []).append(x[6] - x[5])
-        f = [statistics.fmean(dur["F", s]) for s in range(n)]
-        b = [statistics.fmean(dur["B", s]) for s in range(n)]
+        mean = mean_pass_seconds(rs)
+        f = [mean["F", s] for s in range(n)]
+        b = [mean["B", s] for s in range(n)]
         costs = StageCosts.from_lists(f, b, [0.0] * n, lat)
         rows.append((max(x[6] for x in rs) - min(x[5] for x in rs), lockstep_walk(sched, costs, steps).step_time_s,
                      walk(sched, costs).step_time_s))

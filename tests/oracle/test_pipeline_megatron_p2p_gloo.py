@@ -77,6 +77,7 @@ from tests.oracle.megatron_loops import (  # noqa: E402
     _without_interleaving,
 )
 from tests.oracle.spawn import free_port, require_gloo, run_spawned  # noqa: E402
+from tests.oracle.test_real_pipeline_gloo import mean_pass_seconds  # noqa: E402
 
 require_gloo()
 STEPS, WARMUP = 4, 1
@@ -136,11 +137,9 @@ def _steps(recs: list[tuple[Any, ...]], name: str) -> list[tuple[float, float, f
             assert order == [str(a) for a in sched.actions[r]], (name, k, r)
         first = {(x[2], x[3]): x for x in rs if x[4] == 0}
         lat = max(0.0, statistics.median(first["F", s + 1][5] - first["F", s][6] for s in range(PP - 1)))
-        dur: dict[tuple[str, int], list[float]] = {}
-        for x in rs:
-            dur.setdefault((x[2], x[3]), []).append(x[6] - x[5])
-        f = [statistics.fmean(dur["F", s]) for s in range(n)]
-        b = [statistics.fmean(dur["B", s]) for s in range(n)]
+        mean = mean_pass_seconds(rs)
+        f = [mean["F", s] for s in range(n)]
+        b = [mean["B", s] for s in range(n)]
         costs = StageCosts.from_lists(f, b, [0.0] * n, lat)
         rows.append((max(x[6] for x in rs) - min(x[5] for x in rs),
                      megatron_walk(sched, costs, overlap=overlap).step_time_s, walk(sched, costs).step_time_s, lat))

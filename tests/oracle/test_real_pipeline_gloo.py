@@ -137,6 +137,15 @@ def _run(world: int, names: list[str], tmp: Path, limit_s: float = 60.0) -> list
     return recs
 
 
+def mean_pass_seconds(rs: list[tuple[Any, ...]]) -> dict[tuple[str, int], float]:
+    """Mean seconds of each (kind, stage) pass over the records (config, step, kind, stage, mb, t0, t1, ...) of one
+    measured step."""
+    dur: dict[tuple[str, int], list[float]] = {}
+    for x in rs:
+        dur.setdefault((x[2], x[3]), []).append(x[6] - x[5])
+    return {k: statistics.fmean(v) for k, v in dur.items()}
+
+
 def _compare(recs: list[tuple[Any, ...]], name: str, world: int) -> tuple[float, float]:
     """(mean measured step, mean simulated step) over the measured steps of schedule `name`, in seconds."""
     sched = build_schedule(name, world, N_MB, 2 if name == "zbv" else 1, style="torch")
@@ -153,10 +162,7 @@ def _compare(recs: list[tuple[Any, ...]], name: str, world: int) -> tuple[float,
         gaps += [first[grad, s][5] - first[grad, s + 1][6] for s in range(n - 1)]
         lat = max(0.0, statistics.median(gaps))
         lats.append(lat)
-        dur: dict[tuple[str, int], list[float]] = {}
-        for x in rs:
-            dur.setdefault((x[2], x[3]), []).append(x[6] - x[5])
-        mean = {k: statistics.fmean(v) for k, v in dur.items()}
+        mean = mean_pass_seconds(rs)
         f = [mean[("F", s)] for s in range(n)]
         w = [mean.get(("W", s), 0.0) for s in range(n)]
         b = [mean.get(("B", s), mean.get(("I", s), 0.0) + w[s]) for s in range(n)]

@@ -60,14 +60,8 @@ def test_lock_step_never_beats_the_dependency_walk(pp: int, vpp: int, m: int, se
         torch_group_size(pp, m)
     except ValueError:
         return
-    import random
-
-    rnd = random.Random(seed)
-    n = pp * vpp
-    f = [rnd.uniform(0.1, 3.0) for _ in range(n)]
-    b = [rnd.uniform(0.1, 6.0) for _ in range(n)]
     sched = interleaved_1f1b(pp, m, vpp, style="torch")
-    costs = StageCosts.from_lists(f, b, [0.0] * n, lat)
+    costs = random_costs(seed, pp * vpp, lat)
     if received_too_late(sched, torch_time_steps(pp, m, vpp)) is not None:
         with pytest.raises(ConfigError, match="is received at the end of step"):
             lockstep_walk(sched, costs, torch_time_steps(pp, m, vpp))
@@ -77,6 +71,16 @@ def test_lock_step_never_beats_the_dependency_walk(pp: int, vpp: int, m: int, se
     assert all(a >= d - 1e-9 for a, d in zip(lock.run.start, dep.run.start, strict=True))
     if pp == 1:  # one rank: no neighbour to wait for
         assert lock.step_time_s == pytest.approx(dep.step_time_s)
+
+
+def random_costs(seed: int, n: int, lat: float) -> StageCosts:
+    """Stage costs drawn from `seed`: F 0.1-3 s, B 0.1-6 s per stage (no W), `lat` per transfer."""
+    import random
+
+    rnd = random.Random(seed)
+    f = [rnd.uniform(0.1, 3.0) for _ in range(n)]
+    b = [rnd.uniform(0.1, 6.0) for _ in range(n)]
+    return StageCosts.from_lists(f, b, [0.0] * n, lat)
 
 
 def test_which_torch_orders_receive_too_late() -> None:

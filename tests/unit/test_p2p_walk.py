@@ -26,6 +26,7 @@ from projection.sim.costs import StageCosts
 from projection.sim.dag import walk
 from projection.sim.p2p_walk import megatron_walk
 from tests.cli.test_performance_cli import perf
+from tests.unit.test_lockstep_walk import random_costs
 
 ARGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --max-position-embeddings 2048 "
         "--micro-batch-size 1 --global-batch-size 32 --vocab-size 32000 --bf16 --tensor-model-parallel-size 2 "
@@ -74,12 +75,8 @@ def test_megatron_calls_never_beat_the_dependency_walk(pp: int, vpp: int, m: int
             megatron_group_size(pp, m, None)
         except ValueError:
             return
-    rnd = random.Random(seed)
-    n = pp * vpp
-    f = [rnd.uniform(0.1, 3.0) for _ in range(n)]
-    b = [rnd.uniform(0.1, 6.0) for _ in range(n)]
     sched = interleaved_1f1b(pp, m, vpp)
-    costs = StageCosts.from_lists(f, b, [0.0] * n, lat)
+    costs = random_costs(seed, pp * vpp, lat)
     if pp == 2 and vpp > 1 and not overlap:  # Megatron refuses it (test_interleaved_at_pp_2_needs_overlapped_p2p)
         return
     calls = megatron_calls(sched, overlap and vpp > 1)
