@@ -51,6 +51,7 @@ from projection.memory.buffers import (
 )
 from projection.memory.model_states import model_state_bytes
 from projection.memory.offload import layer_offload_splits, offload_split
+from projection.memory.pipeline_io import in_flight_io_bytes, receive_buffer_bytes
 from projection.memory.report import MemoryReport, RankMemory, verdict
 from projection.schedule.registry import TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge
 from projection.specs.accumulation import schedule_microbatches
@@ -115,6 +116,14 @@ def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = N
         per_depth = resident + 3 * layer_input_bytes(m, t, p) + sum(_loss_saved(sc, rt).values())
         terms["activations.mtp"] = slot.mtp_layers * per_depth + (off if slot.loss else 0.0)
     return sum(terms.values()), terms
+
+
+def _with_pipeline_io(sc: Scenario, slot: StageSlot, n_stages: int,
+                      stage: tuple[float, dict[str, float]]) -> tuple[float, dict[str, float]]:
+    """A stage's bytes per in-flight microbatch with what torch.distributed.pipelining holds for it beyond the saved
+    activations (memory/pipeline_io.py; 0 for other runtimes)."""
+    io = in_flight_io_bytes(sc, slot, n_stages)
+    return (stage[0] + io, {**stage[1], "activations.pipeline_io": io}) if io else stage
 
 
 def _selective_recompute_bytes(sc: Scenario, tensors: dict[str, float], i: int) -> float:
@@ -290,7 +299,8 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
     for rp in per_rank_params(sc.model, sc.plan):
         r = rp.pp_rank
         mine = [s for s in slots if s.pp_rank == r]
-        per_stage = {s.stage: stage_activation_bytes(sc, s, rt, memo) for s in mine}
+        per_stage = {s.stage: _with_pipeline_io(sc, s, len(slots), stage_activation_bytes(sc, s, rt, memo))
+                     for s in mine}
         loss_ws, bwd_ws = working_moments(sc, mine, rt)
         loss_stages = {s.stage for s in mine if s.loss}
         # The worst point of the rank's action sequence: live microbatches x bytes each, plus the larger transient
@@ -326,6 +336,9 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
             act_terms[k] = max(0.0, act_terms.get(k, 0.0) - v)
         states = model_state_bytes(sc.model, sc.training, sc.plan, rp)
         bufs = persistent_buffer_bytes(sc, rt, mine)
+        recv = receive_buffer_bytes(sc, mine, len(slots), schedule_microbatches(sc))
+        if recv:
+            bufs["buffers.pipeline_receive_buffers"] = round(recv)
         step = optimizer_step_bytes(sc, rt, rp)
         base = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
                 "buffers": sum(bufs.values()), "other": 0}
