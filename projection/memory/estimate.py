@@ -51,7 +51,7 @@ from projection.memory.buffers import (
 )
 from projection.memory.model_states import model_state_bytes
 from projection.memory.offload import layer_offload_splits, offload_split
-from projection.memory.pipeline_io import in_flight_io_bytes, receive_buffer_bytes
+from projection.memory.pipeline_io import in_flight_io_bytes, kept_input_grad_bytes, receive_buffer_bytes
 from projection.memory.report import MemoryReport, RankMemory, verdict
 from projection.schedule.registry import TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge
 from projection.specs.accumulation import schedule_microbatches
@@ -118,12 +118,24 @@ def stage_activation_bytes(sc: Scenario, slot: StageSlot, rt: Runtime | None = N
     return sum(terms.values()), terms
 
 
-def _with_pipeline_io(sc: Scenario, slot: StageSlot, n_stages: int,
+def _with_pipeline_io(sc: Scenario, slot: StageSlot, slots: Sequence[StageSlot],
                       stage: tuple[float, dict[str, float]]) -> tuple[float, dict[str, float]]:
     """A stage's bytes per in-flight microbatch with what torch.distributed.pipelining holds for it beyond the saved
-    activations (memory/pipeline_io.py; 0 for other runtimes)."""
-    io = in_flight_io_bytes(sc, slot, n_stages)
-    return (stage[0] + io, {**stage[1], "activations.pipeline_io": io}) if io else stage
+    activations, less its received input where the first layer's term counts that receive buffer (counted with the
+    buffers) (memory/pipeline_io.py; unchanged for other runtimes)."""
+    n = len(slots)
+    same_rank_next = slot.stage + 1 < n and slots[slot.stage + 1].pp_rank == slot.pp_rank
+    same_rank_prev = slot.stage > 0 and slots[slot.stage - 1].pp_rank == slot.pp_rank
+    held, counted = in_flight_io_bytes(sc, slot, n, same_rank_next, same_rank_prev)
+    if not held and not counted:
+        return stage
+    terms = dict(stage[1])
+    if held:
+        terms["activations.pipeline_outputs"] = held
+    if counted:
+        key = "activations.moe_layers" if sc.model.is_moe_layer(slot.layers[0]) else "activations.dense_layers"
+        terms[key] = max(0.0, terms.get(key, 0.0) - counted)
+    return sum(terms.values()), terms
 
 
 def _selective_recompute_bytes(sc: Scenario, tensors: dict[str, float], i: int) -> float:
@@ -299,7 +311,7 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
     for rp in per_rank_params(sc.model, sc.plan):
         r = rp.pp_rank
         mine = [s for s in slots if s.pp_rank == r]
-        per_stage = {s.stage: _with_pipeline_io(sc, s, len(slots), stage_activation_bytes(sc, s, rt, memo))
+        per_stage = {s.stage: _with_pipeline_io(sc, s, slots, stage_activation_bytes(sc, s, rt, memo))
                      for s in mine}
         loss_ws, bwd_ws = working_moments(sc, mine, rt)
         loss_stages = {s.stage for s in mine if s.loss}
@@ -339,6 +351,9 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
         recv = receive_buffer_bytes(sc, mine, len(slots), schedule_microbatches(sc))
         if recv:
             bufs["buffers.pipeline_receive_buffers"] = round(recv)
+        grads = kept_input_grad_bytes(sc, mine, len(slots), schedule_microbatches(sc))
+        if grads:
+            bufs["buffers.pipeline_input_grads"] = round(grads)
         step = optimizer_step_bytes(sc, rt, rp)
         base = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
                 "buffers": sum(bufs.values()), "other": 0}

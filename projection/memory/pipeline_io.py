@@ -7,7 +7,8 @@ pipelines, `ParallelPlan.schedule_style == "torch"`), read in torch 2.5-2.13 `to
   same on every stage but the last): n x the boundary tensor each way, persistent;
 * the stage's output of each microbatch in flight (`fwd_cache[chunk] = (output_tuple, flatten_input_tensors)` from
   the forward until its backward, which passes the outputs to `stage_backward`): one boundary tensor per in-flight
-  microbatch on every stage but the last, whose output (the logits) the loss keeps anyway;
+  microbatch, or on the last stage its logits, which the loss's saved tensors (fp32) do not include; none where the
+  next stage is on the same rank (V schedules: `set_local_fwd_input` hands the output over as that stage's input);
 * the received input of each microbatch in flight is one of those buffers: the model's saved activations count it
   again when the stage's first layer saves its input as it is (a norm saving its compute-dtype input, or an
   activation checkpoint saving the block's input), so that much per in-flight microbatch is taken back out of the
@@ -18,14 +19,16 @@ The boundary tensor is the residual stream between two blocks: micro batch x seq
 dtype, sequence-sharded by tp where TorchTitan's tensor parallelism keeps it so (its TP plan runs the residual as
 Shard(1) local tensors).
 
-Not counted: `output_chunks`, the outputs torch keeps until the step ends for the schedule to return them (every
-stage up to torch 2.7, the last from 2.8, and not with `return_outputs=False` from 2.10): which torch release a job
-runs is not known finely enough here (docs/performance.md).
+Up to torch 2.9 the gradient each input received stays on its receive buffer until the next step
+(`kept_input_grad_bytes`). Not counted: `output_chunks`, the outputs torch keeps until the step ends for the
+schedule to return them (every stage up to torch 2.7, the last from 2.8, and not with `return_outputs=False` from
+2.10), and the last stage's `torch.cat` of them: which torch release a job runs is not known finely enough here
+(docs/performance.md).
 """
 
 from __future__ import annotations
 
-from projection.memory.activations import dims
+from projection.memory.activations import dims, recomputed_layers
 from projection.specs.scenario import Scenario
 from projection.workload.stages import StageSlot
 
@@ -41,18 +44,39 @@ def boundary_bytes(sc: Scenario) -> float:
     return D.e * D.T * D.h * D.r
 
 
-def in_flight_io_bytes(sc: Scenario, slot: StageSlot, n_stages: int) -> float:
-    """Bytes per in-flight microbatch on `slot` beyond its saved activations: the output fwd_cache holds (not on the
-    last stage), less the received input the activations already count (not on the first stage; where the first
-    layer saves its input as it is). May be negative on the last stage."""
+def in_flight_io_bytes(sc: Scenario, slot: StageSlot, n_stages: int, same_rank_next: bool = False,
+                       same_rank_prev: bool = False) -> tuple[float, float]:
+    """(held, counted) bytes per in-flight microbatch on `slot`: the output fwd_cache holds beyond the saved
+    activations (a boundary tensor; on the last stage the logits, e x tokens x vocab / tp, which the loss's saved
+    tensors do not include; none where the next stage is on the same rank, as in a V schedule, whose receive
+    buffer it replaces), and the received input the first layer's saved activations already count (a receive
+    buffer, counted persistently: 0 on the first stage, where the first layer does not save its input as it is, or
+    where the previous stage is on the same rank and hands its output over instead)."""
     if not torch_pipeline(sc):
-        return 0.0
+        return 0.0, 0.0
+    m, t, p = sc.model, sc.training, sc.plan
     b = boundary_bytes(sc)
-    D = dims(sc.model, sc.training, sc.plan)
-    saves_input = D.e_norm == D.e or sc.plan.recompute.granularity != "none"
-    held = b if slot.stage < n_stages - 1 else 0.0
-    counted = b if slot.stage > 0 and saves_input and slot.layers else 0.0
-    return held - counted
+    D = dims(m, t, p)
+    if slot.stage == n_stages - 1:
+        held = D.e * D.T * m.padded_vocab(p.tp) / D.t if slot.loss else 0.0
+    else:
+        held = 0.0 if same_rank_next else b
+    counted = b if slot.stage > 0 and not same_rank_prev and slot.layers and saves_its_input(sc, slot) else 0.0
+    return held, counted
+
+
+def saves_its_input(sc: Scenario, slot: StageSlot) -> bool:
+    """Whether the stage's first layer keeps its input tensor itself for backward: a checkpointed layer (its input
+    is what the checkpoint saves), or a norm that saves its compute-dtype input (a fused or compiled norm; the
+    composite eager RMSNorm saves fp32 copies, which in fp32 training are the input itself)."""
+    p = sc.plan
+    D = dims(sc.model, sc.training, p)
+    first = slot.layers[0]
+    if D.e_norm == D.e or D.e == 4 or first in recomputed_layers(p, slot.layers):
+        return True
+    r = p.recompute
+    return r.granularity == "selective" and any(
+        mod == "op" or (mod.startswith("layer:") and r.every_nth_checkpoints(first)) for mod in r.modules)
 
 
 def receive_buffer_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_microbatches: int) -> float:
@@ -62,3 +86,12 @@ def receive_buffer_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_
         return 0.0
     sides = sum((s.stage > 0) + (s.stage < n_stages - 1) for s in slots)
     return sides * n_microbatches * boundary_bytes(sc)
+
+
+def kept_input_grad_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_microbatches: int) -> float:
+    """Up to torch 2.9 (`pipeline_runtime` "lockstep", the --pytorch releases before 2.10) `stage_backward` left each
+    input's gradient on its receive buffer's `.grad` until the next step (torch PR #164329 clears it from 2.10): n
+    gradients of the boundary tensor on every stage but the first, through the optimizer step."""
+    if not torch_pipeline(sc) or sc.plan.pipeline_runtime != "lockstep":
+        return 0.0
+    return sum(s.stage > 0 for s in slots) * n_microbatches * boundary_bytes(sc)

@@ -44,6 +44,10 @@ def pp_vis_dump(result: SimResult, activation_gb: float | Sequence[float] = 0.0)
         d: dict[str, Any] = {f"{p}_{f}": [] for p in ("fwd", "bwd", "wgrad")
                              for f in ("start", "end", "minibatch", "chunk")}
         mem, peak, usage = 0.0, 0.0, []
+        # Megatron's combined 1F1B: a steady forward's activations count with the backward it runs with
+        # (schedule/inflight.py), so the forward adds nothing and that backward adds what it frees
+        steady_from = sched.warmup[r] if sched.combined and sched.warmup else None
+        forwards, deferred = 0, 0.0
         for e in entries:
             if e.stream != "compute" or e.action is None:
                 continue
@@ -53,7 +57,14 @@ def pp_vis_dump(result: SimResult, activation_gb: float | Sequence[float] = 0.0)
             d[f"{p}_end"].append(e.end_s * 1e3)
             d[f"{p}_minibatch"].append(a.microbatch)
             d[f"{p}_chunk"].append(chunk_of[a.stage])
-            mem += {"F": 1.0, "B": -1.0, "I": -0.5, "W": -0.5}[a.kind] * act[a.stage]
+            delta = {"F": 1.0, "B": -1.0, "I": -0.5, "W": -0.5}[a.kind] * act[a.stage]
+            if a.kind == "F":
+                forwards += 1
+                if steady_from is not None and forwards > steady_from:
+                    delta, deferred = 0.0, delta
+            elif a.kind == "B" and deferred:
+                delta, deferred = delta + deferred, 0.0
+            mem += delta
             peak = max(peak, mem)
             usage.append(mem)
         files[f"pp_rank_{r}.json"] = {"0": {"total": result.step_time_s * 1e3, "memory": peak, **d,

@@ -59,8 +59,9 @@ class Schedule:
     actions: tuple[tuple[Action, ...], ...]  # actions[rank] in execution order
     routes: tuple[tuple[int, ...], ...] = ()
     overlapped: tuple[tuple[int, ...], ...] = ()
-    # per rank, the warm-up forwards its builder chose (Megatron's orders): what Megatron's calls follow; not part of
-    # the order, so not of equality (a schedule read back from its CSV is the same schedule)
+    # per rank, the warm-up forwards its builder chose (Megatron's orders): what Megatron's calls follow; derived from
+    # the order and the builder, so not part of equality (a CSV holds the order alone: read back, a schedule has no
+    # warm-up counts, and is not combined)
     warmup: tuple[int, ...] = field(default=(), compare=False)
     # Megatron-Core's combined 1F1B (interleaved_1f1b): each steady forward runs with the backward after it, layer
     # by layer, the forward's activations saved as the backward's are freed (schedule/inflight.py)

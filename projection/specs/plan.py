@@ -206,10 +206,9 @@ class ParallelPlan(Spec):
 
     @property
     def megatron_combined_1f1b(self) -> bool:
-        """Megatron-Core's combined 1F1B: the interleaved schedule under the expert-parallel overlap
-        (overlap_moe_expert_parallel_comm), one more warm-up forward per rank (interleaved_1f1b)."""
-        return self.overlap.ep_comm and self.schedule_style == "megatron" and self.pp > 1 and self.vpp_ > 1 \
-            and self.schedule == "interleaved_1f1b"
+        """Megatron-Core's combined 1F1B: its interleaved schedule (schedules.py, not Primus's own pipeline) under the
+        expert-parallel overlap (overlap_moe_expert_parallel_comm), one more warm-up forward per rank."""
+        return self.overlap.ep_comm and self.megatron_pipeline and self.vpp_ > 1 and self.schedule == "interleaved_1f1b"
 
     @property
     def torch_1f1b_pipeline(self) -> bool:

@@ -6,8 +6,9 @@ receive-information lists keep.
 Against projection, for the same pipeline written as a scenario (TorchTitan's runtime, fp32, pp 2, 4 microbatches):
 * the persistent receive buffers of each rank equal `receive_buffer_bytes` (4 input buffers on the second stage,
   4 gradient buffers on the first, each one boundary tensor of `boundary_bytes`);
-* the outputs `fwd_cache` holds peak at the in-flight count projection's schedule gives (2 on the first rank), each
-  the stage's output of `boundary_bytes`;
+* the outputs `fwd_cache` holds peak at the in-flight count projection's schedule gives (2 on the first rank, 1 on
+  the last), each the stage's output: a boundary tensor, and on the last stage (which ends in an output layer) its
+  logits, as `in_flight_io_bytes` prices them;
 * the second stage's module runs on its receive buffers themselves (the same storage), which is why the activations
   a stage saves of its input are not counted twice (`in_flight_io_bytes`).
 """
@@ -25,7 +26,7 @@ pytest.importorskip("torch")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from projection.memory.pipeline_io import boundary_bytes, receive_buffer_bytes  # noqa: E402
+from projection.memory.pipeline_io import boundary_bytes, in_flight_io_bytes, receive_buffer_bytes  # noqa: E402
 from projection.schedule.basic import one_f_one_b  # noqa: E402
 from projection.schedule.inflight import peak_inflight_total  # noqa: E402
 from projection.specs.hardware import ClusterSpec, load_device  # noqa: E402
@@ -37,7 +38,7 @@ from projection.workload.stages import split_stages  # noqa: E402
 from tests.oracle.spawn import free_port, require_gloo, run_spawned  # noqa: E402
 
 require_gloo()
-PP, N_MB, ROWS, SEQ, HIDDEN = 2, 4, 2, 16, 32
+PP, N_MB, ROWS, SEQ, HIDDEN, VOCAB = 2, 4, 2, 16, 32, 128
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +51,9 @@ def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=PP)
     torch.manual_seed(0)
-    stage = pipelining.PipelineStage(nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.GELU()), rank, PP,
-                                     torch.device("cpu"))
+    # the last stage ends in the output layer: its output is the logits
+    layers = [nn.Linear(HIDDEN, HIDDEN), nn.GELU()] + ([nn.Linear(HIDDEN, VOCAB)] if rank == PP - 1 else [])
+    stage = pipelining.PipelineStage(nn.Sequential(*layers), rank, PP, torch.device("cpu"))
     held: list[int] = []
     seen_inputs: list[int] = []  # the storage each step forward's module input lives in (not shape inference's)
     stepping = [False]
@@ -69,7 +71,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
     stage.forward_one_chunk = forward  # type: ignore[method-assign]
     sched = pipelining.Schedule1F1B(stage, N_MB, loss_fn=lambda y, t: ((y - t) ** 2).mean())
-    x, y = torch.randn(N_MB * ROWS, SEQ, HIDDEN), torch.randn(N_MB * ROWS, SEQ, HIDDEN)
+    x, y = torch.randn(N_MB * ROWS, SEQ, HIDDEN), torch.randn(N_MB * ROWS, SEQ, VOCAB)
     sched.step(x) if rank == 0 else sched.step(target=y, losses=[])
 
     def buffers(infos: Any) -> dict[int, int]:
@@ -92,7 +94,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 def _scenario() -> Scenario:
     model = ModelSpec(num_layers=2, hidden_size=HIDDEN, num_attention_heads=4, ffn_hidden_size=4 * HIDDEN,
-                      vocab_size=128)
+                      vocab_size=VOCAB)
     training = TrainingSpec(seq_length=SEQ, micro_batch_size=ROWS, global_batch_size=N_MB * ROWS,
                             params_dtype="fp32")
     plan = ParallelPlan(pp=PP, dp=1, schedule="1f1b", schedule_style="torch")
@@ -111,7 +113,12 @@ def test_receive_buffers_and_held_outputs(tmp_path: Path) -> None:
     for r in range(PP):
         mine = [s for s in slots if s.pp_rank == r]
         assert got[r]["recv"] == receive_buffer_bytes(sc, mine, len(slots), N_MB), (r, got[r])
-    # the first stage's outputs held while in flight: its peak in-flight count of boundary tensors
-    assert got[0]["fwd_cache_peak"] == peak_inflight_total(one_f_one_b(PP, N_MB))[0] * b
+    # the outputs held while in flight, at each rank's peak in-flight count: boundary tensors on the first stage,
+    # logits on the last, as in_flight_io_bytes prices them per microbatch
+    peaks = peak_inflight_total(one_f_one_b(PP, N_MB))
+    for r, slot in enumerate(slots):
+        held, _ = in_flight_io_bytes(sc, slot, len(slots))
+        assert got[r]["fwd_cache_peak"] == peaks[r] * held, (r, got[r]["fwd_cache_peak"], peaks[r], held)
+    assert in_flight_io_bytes(sc, slots[-1], len(slots))[0] == ROWS * SEQ * VOCAB * 4
     # the second stage computes on its receive buffers, so the activations it saves of its input are those buffers
     assert got[1]["inputs_are_buffers"]

@@ -24,13 +24,15 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 
 def scenario(*, mbs: int = 1, seq: int = 1024, tp: int = 1, pp: int = 1, zero: int = 0, dp: int = 8,
-             moe: bool = False, recompute: str = "none", sp: bool = False, gbs: int = 64) -> Scenario:
+             moe: bool = False, recompute: str = "none", sp: bool = False, gbs: int = 64,
+             style: str = "megatron") -> Scenario:
     model = ModelSpec(num_layers=8, hidden_size=512, num_attention_heads=8, num_kv_heads=4, ffn_hidden_size=1536,
                       vocab_size=32000, vocab_divisible_by=128, vocab_pad_with_tp=True,
                       moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 512} if moe else None)
     training = TrainingSpec(seq_length=seq, micro_batch_size=mbs, global_batch_size=gbs * mbs)
     rec = {"granularity": recompute, **({"method": "uniform", "num_layers": 1} if recompute == "full" else {})}
-    plan = ParallelPlan(tp=tp, sp=sp, pp=pp, dp=dp, sharding={"zero_stage": zero}, recompute=rec)
+    plan = ParallelPlan(tp=tp, sp=sp, pp=pp, dp=dp, sharding={"zero_stage": zero}, recompute=rec,
+                        schedule_style=style)  # "torch": torch.distributed.pipelining's own buffers too
     cluster = ClusterSpec(device=DEVICE, nodes=max(1, tp * pp * dp // 8), gpus_per_node=min(8, tp * pp * dp))
     return Scenario(model=model, training=training, plan=plan, cluster=cluster)
 
@@ -44,9 +46,12 @@ common = {"moe": st.booleans(), "recompute": st.sampled_from(["none", "full", "s
 
 @SETTINGS
 @given(mbs=st.sampled_from([1, 2, 4]), seq=st.sampled_from([256, 512, 1024]), tp=st.sampled_from([1, 2, 4]),
-       pp=st.sampled_from([1, 2, 4]), zero=st.sampled_from([0, 1, 2, 3]), **common)
-def test_no_negative_term(mbs: int, seq: int, tp: int, pp: int, zero: int, moe: bool, recompute: str) -> None:
-    rep = estimate_memory(scenario(mbs=mbs, seq=seq, tp=tp, pp=pp, zero=zero, moe=moe, recompute=recompute))
+       pp=st.sampled_from([1, 2, 4]), zero=st.sampled_from([0, 1, 2, 3]),
+       style=st.sampled_from(["megatron", "torch"]), **common)
+def test_no_negative_term(mbs: int, seq: int, tp: int, pp: int, zero: int, moe: bool, recompute: str,
+                          style: str) -> None:
+    rep = estimate_memory(scenario(mbs=mbs, seq=seq, tp=tp, pp=pp, zero=zero, moe=moe, recompute=recompute,
+                                   style=style))
     for r in rep.ranks:
         assert all(v >= 0 for v in r.bytes.values()) and all(v >= 0 for v in r.terms.values())
         assert r.reserved_bytes >= r.peak_bytes > 0

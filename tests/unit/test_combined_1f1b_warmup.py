@@ -72,3 +72,29 @@ def test_a_megatron_job_with_the_expert_parallel_overlap(tmp_path: Path) -> None
     assert [w - v for w, v in zip(over.warmup, plain.warmup, strict=True)] == [1, 1, 1, 1]
     assert [sum(b.inflight.values()) for b in mem1.ranks] == [sum(a.inflight.values()) for a in mem0.ranks]
     assert project(sc).engine == "megatron"
+
+
+def test_pp_vis_memory_track_counts_a_steady_forward_with_its_backward() -> None:
+    """The --pp-vis activation track follows the same rule: with one unit per microbatch and stage, each rank's peak
+    is its peak in flight, equal for the combined and the plain order."""
+    from projection.report.ppvis import pp_vis_dump
+
+    for pp, vpp, m in ((4, 2, 8), (4, 3, 12)):
+        peaks = []
+        for combined in (False, True):
+            sched = interleaved_1f1b(pp, m, vpp, combined_1f1b=combined)
+            dump = pp_vis_dump(megatron_walk(sched, StageCosts.uniform(pp * vpp, 1.0, 2.0), overlap=True), 1.0)
+            peaks.append([dump[f"pp_rank_{r}.json"]["0"]["memory"] for r in range(pp)])
+            assert peaks[-1] == [float(x) for x in peak_inflight_total(sched)]
+        assert peaks[0] == peaks[1]
+
+
+def test_primus_pipeline_runs_no_combined_1f1b() -> None:
+    """Primus's own pipeline (patch_primus_pipeline) runs its own interleaved order: Megatron's extra warm-up is
+    schedules.py's, so it is not applied there."""
+    from projection.specs.plan import ParallelPlan
+
+    plan = ParallelPlan(pp=4, vpp=2, dp=1, ep=2, schedule="interleaved_1f1b", overlap={"ep_comm": True},
+                        pipeline_runtime="actions")
+    assert not plan.megatron_combined_1f1b
+    assert plan.model_copy(update={"pipeline_runtime": "megatron"}).megatron_combined_1f1b
