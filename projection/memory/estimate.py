@@ -351,7 +351,7 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
         recv = receive_buffer_bytes(sc, mine, len(slots), schedule_microbatches(sc))
         if recv:
             bufs["buffers.pipeline_receive_buffers"] = round(recv)
-        grads = kept_input_grad_bytes(sc, mine, len(slots), schedule_microbatches(sc))
+        grads = kept_input_grad_bytes(sc, mine, schedule_microbatches(sc))
         if grads:
             bufs["buffers.pipeline_input_grads"] = round(grads)
         step = optimizer_step_bytes(sc, rt, rp)

@@ -88,7 +88,7 @@ def receive_buffer_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_
     return sides * n_microbatches * boundary_bytes(sc)
 
 
-def kept_input_grad_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_microbatches: int) -> float:
+def kept_input_grad_bytes(sc: Scenario, slots: list[StageSlot], n_microbatches: int) -> float:
     """Up to torch 2.9 (`pipeline_runtime` "lockstep", the --pytorch releases before 2.10) `stage_backward` left each
     input's gradient on its receive buffer's `.grad` until the next step (torch PR #164329 clears it from 2.10): n
     gradients of the boundary tensor on every stage but the first, through the optimizer step."""
