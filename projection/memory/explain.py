@@ -107,6 +107,9 @@ def explain(report: MemoryReport) -> str:
             lines.append(f"  activations per {kind:<24} {sp.sstr(expr)}  with {_subs_text(subs)} -> "
                          f"{float(expr.subs(subs)):,.0f} per microbatch (before recompute)")
         lines.append(f"  in-flight microbatches at the peak, per virtual stage: {r.inflight}")
+        for k, v in r.terms.items():  # framework buffers and pipeline outputs: named sizes, no formula
+            if k.startswith("buffers.") or k == "activations.pipeline_outputs":
+                lines.append(f"  {k:<50} {v:,.0f}")
         lines.append("")
     return "\n".join(lines)
 

@@ -34,3 +34,20 @@ def test_a_v_schedules_hand_over_is_neither_held_nor_a_receive_buffer() -> None:
     # and the estimate applies the same rule
     plain = {s.stage: (1.0, {"activations.dense_layers": 1.0 + b}) for s in slots}
     assert _with_pipeline_io(sc, slots[2], slots, plain[2])[1].get("activations.dense_layers") == 1.0 + b
+
+
+def test_explain_names_the_pipeline_buffers_and_held_outputs() -> None:
+    """`projection memory --explain` lists the buffers and held pipeline outputs a rank's peak includes."""
+    from pathlib import Path
+
+    from projection import api
+    from projection.memory.explain import explain
+
+    toml = Path(__file__).resolve().parents[2] / "benchmarks" / "torchtitan_runs" / \
+        "t5_llama31_405b_fsdp8_tp8_pp8_1f1b.toml"
+    report = api.estimate_memory(api.load(toml, hardware="h100-sxm", nodes=64))
+    text = explain(report)
+    lines = text.splitlines()
+    for k in ("buffers.pipeline_receive_buffers", "activations.pipeline_outputs"):
+        value = report.ranks[0].terms[k]
+        assert value > 0 and any(line.split() == [k, f"{value:,.0f}"] for line in lines), k
