@@ -124,7 +124,8 @@ def projected_reserved_gib(case: Case) -> float:
     """`projection memory`'s reserved-bytes peak of the case, the largest over its pipeline ranks, in GiB."""
     from projection import api
 
-    sc = api.load(Path(case.config), hardware=case.hardware, nodes=case.nodes)
+    # on the torch the row ran (up to 2.9 each input's gradient stays on its pipeline receive buffer)
+    sc = api.load(Path(case.config), hardware=case.hardware, nodes=case.nodes, pytorch=case.pytorch or None)
     return max(r.reserved_bytes for r in api.estimate_memory(sc).ranks) / GiB
 
 

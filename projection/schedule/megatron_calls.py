@@ -1,8 +1,10 @@
-"""Megatron-LM's blocking point-to-point calls around a pipeline schedule's passes (sim/p2p_walk.py walks them).
+"""Megatron-LM's point-to-point calls around a pipeline schedule's passes (sim/p2p_walk.py walks them).
 
 Re-derived from megatron/core/pipeline_parallel/schedules.py (megatron-core 0.16.1; the same loops since the 2021
 code): `forward_backward_pipelining_without_interleaving` and `forward_backward_pipelining_with_interleaving` with
-`overlap_p2p_comm` False. Each p2p call (`send_forward_recv_backward`, `send_forward_backward_recv_forward_backward`,
+`overlap_p2p_comm` False, below; and the interleaved schedule with it True (`_interleaved_overlap`: megatron-core 0.16
+without warm-up flush, blocking warm-up and cool-down, each steady pass waiting its own receive and the previous
+send). Each p2p call (`send_forward_recv_backward`, `send_forward_backward_recv_forward_backward`,
 ...) posts its sends and receives as one `batch_isend_irecv` and waits for all of them (p2p_communication.py
 `_communicate`, wait_on_reqs=True), so the rank goes on only when every peer of the call has posted its side.
 

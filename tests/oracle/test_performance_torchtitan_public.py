@@ -81,12 +81,12 @@ MEMORY: dict[str, str | None] = {
     "T4 70B fsdp32 tp8": "71.9 GiB measured, projected 58.8 GiB: -18.2 %" + _RESERVED,
     "T4 70B fsdp32 tp8 asyncTP": ("67.6 GiB measured, projected 58.8 GiB: -13.0 %; async TP changes no projected "
                                   "byte while the measurement drops 4.3 GiB" + _RESERVED),
-    "T5 405B 3D 1F1B": "82.5 GiB measured (largest GPU), projected 59.5 GiB (largest rank): -27.8 %" + _PP,
-    "T5 405B 3D interleaved": "72.7 GiB measured (largest GPU), projected 55.4 GiB: -23.8 %" + _PP,
-    "T6 405B 4D fsdp8 cp1 32k": "75.3 GiB measured (largest GPU), projected 59.5 GiB: -20.9 %" + _PP,
-    "T6 405B 4D fsdp4 cp2 64k": "75.9 GiB measured (largest GPU), projected 59.5 GiB: -21.6 %" + _PP,
-    "T6 405B 4D fsdp2 cp4 128k": "77.1 GiB measured (largest GPU), projected 59.5 GiB: -22.8 %" + _PP,
-    "T6 405B 4D fsdp1 cp8 256k": "84.9 GiB measured (largest GPU), projected 65.1 GiB: -23.3 %" + _PP,
+    "T5 405B 3D 1F1B": "82.5 GiB measured (largest GPU), projected 60.1 GiB (largest rank): -27.1 %" + _PP,
+    "T5 405B 3D interleaved": "72.7 GiB measured (largest GPU), projected 57.4 GiB: -21.1 %" + _PP,
+    "T6 405B 4D fsdp8 cp1 32k": "75.3 GiB measured (largest GPU), projected 60.1 GiB: -20.2 %" + _PP,
+    "T6 405B 4D fsdp4 cp2 64k": "75.9 GiB measured (largest GPU), projected 60.1 GiB: -20.8 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "77.1 GiB measured (largest GPU), projected 60.1 GiB: -22.0 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "84.9 GiB measured (largest GPU), projected 66.1 GiB: -22.2 %" + _PP,
 }
 
 
