@@ -28,7 +28,7 @@ schedule to return them (every stage up to torch 2.7, the last from 2.8, and not
 
 from __future__ import annotations
 
-from projection.memory.activations import dims, recomputed_layers
+from projection.memory.activations import Dims, dims, recomputed_layers
 from projection.specs.scenario import Scenario
 from projection.workload.stages import StageSlot
 
@@ -38,9 +38,9 @@ def torch_pipeline(sc: Scenario) -> bool:
     return sc.plan.schedule_style == "torch" and sc.plan.pp > 1
 
 
-def boundary_bytes(sc: Scenario) -> float:
-    """One microbatch's tensor across a pipeline boundary (module docstring)."""
-    D = dims(sc.model, sc.training, sc.plan)
+def boundary_bytes(sc: Scenario, D: Dims | None = None) -> float:
+    """One microbatch's tensor across a pipeline boundary (module docstring); `D`: the scenario's dims, if at hand."""
+    D = D or dims(sc.model, sc.training, sc.plan)
     return D.e * D.T * D.h * D.r
 
 
@@ -54,23 +54,23 @@ def in_flight_io_bytes(sc: Scenario, slot: StageSlot, n_stages: int, same_rank_n
     where the previous stage is on the same rank and hands its output over instead)."""
     if not torch_pipeline(sc):
         return 0.0, 0.0
-    m, t, p = sc.model, sc.training, sc.plan
-    b = boundary_bytes(sc)
-    D = dims(m, t, p)
+    m, p = sc.model, sc.plan
+    D = dims(m, sc.training, p)
+    b = boundary_bytes(sc, D)
     if slot.stage == n_stages - 1:
         held = D.e * D.T * m.padded_vocab(p.tp) / D.t if slot.loss else 0.0
     else:
         held = 0.0 if same_rank_next else b
-    counted = b if slot.stage > 0 and not same_rank_prev and slot.layers and saves_its_input(sc, slot) else 0.0
+    counted = b if slot.stage > 0 and not same_rank_prev and slot.layers and saves_its_input(sc, slot, D) else 0.0
     return held, counted
 
 
-def saves_its_input(sc: Scenario, slot: StageSlot) -> bool:
+def saves_its_input(sc: Scenario, slot: StageSlot, D: Dims | None = None) -> bool:
     """Whether the stage's first layer keeps its input tensor itself for backward: a checkpointed layer (its input
     is what the checkpoint saves), or a norm that saves its compute-dtype input (a fused or compiled norm; the
     composite eager RMSNorm saves fp32 copies, which in fp32 training are the input itself)."""
     p = sc.plan
-    D = dims(sc.model, sc.training, p)
+    D = D or dims(sc.model, sc.training, p)
     first = slot.layers[0]
     if D.e_norm == D.e or D.e == 4 or first in recomputed_layers(p, slot.layers):
         return True

@@ -268,7 +268,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         priced[key] = (out[-1], mine)
         for k, v in mine.items():
             prov[k] = prov.get(k, 0.0) + v
-    p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out)
+    p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out, groups["tp"])
     return PricedStages(plan.schedule, tuple(out), fwd_s, fwd_s, p2p_bytes, places, plan.schedule in SPLIT_BACKWARD,
                         host_s, prov, host_source, (host_f, host_b))
 
@@ -322,7 +322,7 @@ def _with_grad_accumulation(bwd: list[Op], training: TrainingSpec) -> list[Op]:
     return out
 
 
-def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice]
+def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice], tp_group: GroupPlacement
          ) -> tuple[int, tuple[float, ...], tuple[GroupPlacement, ...]]:
     plan, training, model = scenario.plan, scenario.training, scenario.model
     tokens = training.micro_batch_size * training.seq_length // plan.cp // (plan.tp if plan.sp_ else 1)
@@ -331,7 +331,7 @@ def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice]
     if plan.p2p_scattered:  # Narayanan et al. 2021 §4.1: each TP rank sends size / tp over its own link, and the
         # receiver all-gathers the tp chunks over its TP group before the pass (Megatron 2021 gather_split_1d_tensor)
         sent = size // plan.tp
-        gather = cost_model.collective_seconds("all_gather", size, op_placements(scenario.cluster, plan)["tp"])
+        gather = cost_model.collective_seconds("all_gather", size, tp_group)
     secs, places = [], []
     for a, b in zip(stages, stages[1:], strict=False):
         place = boundary_placement(scenario.cluster, plan, a.pp_rank, b.pp_rank)
