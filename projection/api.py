@@ -22,7 +22,7 @@ from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR, is_device_path
 from projection.report.inspect import InspectReport, build_inspect_report
 from projection.specs.hardware import DeviceSpec, load_device
-from projection.specs.plan import torch_pipeline_runtime
+from projection.specs.plan import torch_pipeline_outputs_kept, torch_pipeline_runtime
 from projection.specs.scenario import Origin, RawScenario, Scenario, build_scenario
 
 DEFAULT_HARDWARE = "mi300x"
@@ -92,6 +92,10 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
                                     "e.g. --pytorch 2.9 or --pytorch 2.10.0"))
         elif raw.get("plan.pipeline_runtime") != "megatron":  # Megatron's schedules.py runs the same on any torch
             raw.set("plan.pipeline_runtime", runtime, Origin(COMMAND_LINE, None, "--pytorch"))
+            held = raw.origins.get("plan.pipeline_outputs_kept")
+            if held is None or held.file != "--set":  # an explicit --set (return_outputs=False: none) wins
+                raw.set("plan.pipeline_outputs_kept", torch_pipeline_outputs_kept(pytorch),
+                        Origin(COMMAND_LINE, None, "--pytorch"))
     if hardware is not None:
         raw.set("cluster.hardware", hardware, Origin(COMMAND_LINE, None, "--hardware"))
     if nodes is not None:

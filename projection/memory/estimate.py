@@ -51,7 +51,14 @@ from projection.memory.buffers import (
 )
 from projection.memory.model_states import model_state_bytes
 from projection.memory.offload import layer_offload_splits, offload_split
-from projection.memory.pipeline_io import in_flight_io_bytes, kept_input_grad_bytes, receive_buffer_bytes
+from projection.memory.pipeline_io import (
+    finished_matrices,
+    in_flight_io_bytes,
+    kept_input_grad_bytes,
+    kept_output_bytes,
+    merge_copy_bytes,
+    receive_buffer_bytes,
+)
 from projection.memory.report import MemoryReport, RankMemory, verdict
 from projection.schedule.registry import TOO_MANY_MICROBATCHES_FIX, ScheduleTooLarge
 from projection.specs.accumulation import schedule_microbatches
@@ -307,6 +314,9 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
     slots = split_stages(sc.model, sc.plan)
     memo: dict[tuple[object, ...], tuple[float, float]] = {}
     mats = _default_matrices(sc) if inflight is None else timeline_matrices(inflight(sc))
+    # torch's output_chunks: finished microbatches per point (unknown for a caller's own timeline) x bytes kept
+    keep = {s.stage: kept_output_bytes(sc, s, len(slots)) for s in slots}
+    done_mats = finished_matrices(sc) if any(keep.values()) and inflight is None else None
     ranks = []
     for rp in per_rank_params(sc.model, sc.plan):
         r = rp.pp_rank
@@ -328,9 +338,13 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
         work, freed = none, none
         stages, counts = mats[r]
         host_activations = 0.0  # pinned host memory the offloaded activations of the in-flight microbatches fill
+        kept_at = 0
         if counts.shape[0]:
             weights = np.array([per_stage[st][0] if st in per_stage else 0.0 for st in stages])
             saved = counts @ weights
+            if done_mats is not None:  # outputs output_chunks keeps after their backward (pipeline_io.py)
+                kept_now = done_mats[r][1] @ np.array([keep.get(st, 0.0) for st in stages])
+                saved = saved + kept_now
             off = {s.stage: sum(o for _, _, o in layer_offload_splits(sc, s, memo)) for s in mine}
             if any(off.values()):
                 host_activations = float(np.max(counts @ np.array([off.get(st, 0.0) for st in stages])))
@@ -340,7 +354,9 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
             at = int(np.argmax(saved + np.where(live, when_live[0], idle[0])))
             _, work, freed = when_live if bool(live[at]) else idle
             best_counts = {st: int(n) for st, n in zip(stages, counts[at], strict=True)}
-        act_terms: dict[str, float] = {}
+            if done_mats is not None and kept_now[at]:
+                kept_at = round(float(kept_now[at]))
+        act_terms: dict[str, float] = {"activations.pipeline_kept_outputs": kept_at} if kept_at else {}
         for st, n in best_counts.items():
             for k, v in per_stage.get(st, (0.0, {}))[1].items():
                 act_terms[k] = act_terms.get(k, 0.0) + n * v
@@ -358,13 +374,20 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
         base = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
                 "buffers": sum(bufs.values()), "other": 0}
         fwd_bwd = {**base, "activations": round(sum(act_terms.values()) + sum(work.values()))}
-        opt_step = {**base, "activations": 0, "other": base["other"] + sum(step.values())}
-        at_step = sum(fwd_bwd.values()) < sum(opt_step.values())
-        by = opt_step if at_step else fwd_bwd
-        # the addends of the moment the peak is at: the forward/backward's activations and working set, or the
-        # optimizer step's own buffers
-        terms = {**states.terms, **bufs, **(step if at_step else {**{k: round(v) for k, v in act_terms.items()},
-                                                                   **{k: round(v) for k, v in work.items()}})}
+        # after the last backward, torch's output_chunks (pipeline_io.py) still holds every output it keeps: beside
+        # the last stage's merged copy of them as the step ends, then through the optimizer step
+        kept = {"activations.pipeline_kept_outputs": round(sum(schedule_microbatches(sc) * keep[s.stage]
+                                                               for s in mine))}
+        merged = {**kept, "activations.pipeline_output_merge": round(merge_copy_bytes(
+            sc, mine, len(slots), schedule_microbatches(sc)))}
+        opt_step = {**base, "activations": sum(kept.values()), "other": base["other"] + sum(step.values())}
+        at_merge = {**base, "activations": sum(merged.values())}
+        moments = [(fwd_bwd, {**{k: round(v) for k, v in act_terms.items()}, **{k: round(v) for k, v in work.items()}}),
+                   (opt_step, {**step, **kept}), (at_merge, merged)]
+        # the addends of the moment the peak is at: the forward/backward's activations and working set, the
+        # optimizer step's own buffers, or the last stage's merge of its kept outputs (the first such moment wins)
+        by, at_terms = max(moments, key=lambda mo: sum(mo[0].values()))
+        terms = {**states.terms, **bufs, **{k: v for k, v in at_terms.items() if v or k not in merged}}
         peak = sum(by.values())
         ranks.append(RankMemory(pp_rank=r, bytes=by, terms=terms, peak_bytes=peak,
                                 reserved_bytes=reserved_bytes(peak, by["activations"],

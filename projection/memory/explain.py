@@ -108,7 +108,7 @@ def explain(report: MemoryReport) -> str:
                          f"{float(expr.subs(subs)):,.0f} per microbatch (before recompute)")
         lines.append(f"  in-flight microbatches at the peak, per virtual stage: {r.inflight}")
         for k, v in r.terms.items():  # framework buffers and pipeline outputs: named sizes, no formula
-            if k.startswith("buffers.") or k == "activations.pipeline_outputs":
+            if k.startswith(("buffers.", "activations.pipeline_")):
                 lines.append(f"  {k:<50} {v:,.0f}")
         lines.append("")
     return "\n".join(lines)

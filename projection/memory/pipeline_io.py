@@ -20,17 +20,29 @@ dtype, sequence-sharded by tp where TorchTitan's tensor parallelism keeps it so 
 Shard(1) local tensors).
 
 Up to torch 2.9 the gradient each input received stays on its receive buffer until the next step
-(`kept_input_grad_bytes`). Not counted: `output_chunks`, the outputs torch keeps until the step ends for the
-schedule to return them (every stage up to torch 2.7, the last from 2.8, and not with `return_outputs=False` from
-2.10), and the last stage's `torch.cat` of them: which torch release a job runs is not known finely enough here
-(docs/performance.md).
+(`kept_input_grad_bytes`).
+
+`output_chunks` (`ParallelPlan.pipeline_outputs_kept`): `forward_one_chunk` also appends each microbatch's output
+to `output_chunks`, which only the next `step()`'s `clear_runtime_states` empties, so the schedule can return the
+last stage's outputs (`_merge_outputs`, a `torch.cat` of them, made when the step's last backward is done; TorchTitan
+drops the result at once). Every stage up to torch 2.7, the last stage (its logits) from 2.8, none under
+`step(..., return_outputs=False)` (torch 2.10+). In flight an output is the fwd_cache's own tensor (counted above);
+after its backward it is held for `output_chunks` alone (`kept_output_bytes` per finished microbatch): through the
+rest of the step, the merge (all of them and their concatenated copy on the last stage, `merge_copy_bytes`) and the
+optimizer step.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from projection.memory.activations import Dims, dims, recomputed_layers
+from projection.specs.accumulation import schedule_microbatches
 from projection.specs.scenario import Scenario
 from projection.workload.stages import StageSlot
+
+if TYPE_CHECKING:
+    from projection.schedule.inflight import Matrices
 
 
 def torch_pipeline(sc: Scenario) -> bool:
@@ -95,3 +107,34 @@ def kept_input_grad_bytes(sc: Scenario, slots: list[StageSlot], n_microbatches: 
     if not torch_pipeline(sc) or sc.plan.pipeline_runtime != "lockstep":
         return 0.0
     return sum(s.stage > 0 for s in slots) * n_microbatches * boundary_bytes(sc)
+
+
+def kept_output_bytes(sc: Scenario, slot: StageSlot, n_stages: int) -> float:
+    """Bytes `output_chunks` keeps of one finished microbatch of `slot` (module docstring): its logits on the last
+    stage (as held in flight), a boundary tensor on the others up to torch 2.7, nothing under
+    return_outputs=False."""
+    kept = sc.plan.pipeline_outputs_kept
+    if not torch_pipeline(sc) or kept == "none":
+        return 0.0
+    if slot.stage == n_stages - 1:
+        D = dims(sc.model, sc.training, sc.plan)
+        return D.e * D.T * sc.model.padded_vocab(sc.plan.tp) / D.t if slot.loss else boundary_bytes(sc, D)
+    return boundary_bytes(sc) if kept == "every_stage" else 0.0
+
+
+def merge_copy_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_microbatches: int) -> float:
+    """The last stage's `_merge_outputs` at the end of its step: one torch.cat of its n kept outputs, a second
+    copy of them beside `output_chunks` (merge_chunks concatenates along the batch dimension)."""
+    return sum(n_microbatches * kept_output_bytes(sc, s, n_stages) for s in slots if s.stage == n_stages - 1)
+
+
+def finished_matrices(sc: Scenario) -> Matrices:
+    """Per rank, the plan's schedule's finished-microbatch counts per stage after each compute action
+    (schedule/inflight.py done_matrices; the schedule is cached by its shape)."""
+    from projection.schedule.inflight import done_matrices
+    from projection.schedule.registry import build_schedule
+
+    p = sc.plan
+    return done_matrices(build_schedule(p.schedule, p.pp, schedule_microbatches(sc), p.vpp_,
+                                        microbatch_group_size=p.microbatch_group_size, style=p.schedule_style,
+                                        combined_1f1b=p.megatron_combined_1f1b))

@@ -166,6 +166,28 @@ def inflight_matrices(s: Schedule) -> tuple[tuple[tuple[int, ...], np.ndarray], 
 Matrices = tuple[tuple[tuple[int, ...], np.ndarray], ...]
 
 
+@lru_cache(maxsize=256)
+def done_matrices(s: Schedule) -> Matrices:
+    """Per rank, in inflight_matrices' layout: done[k, j] = microbatches whose activation-freeing pass (B, or I of a
+    split backward) on stage j has run, after the rank's k-th compute action (what torch's `output_chunks` still
+    keeps once fwd_cache has let go, memory/pipeline_io.py). Cached; the arrays are read-only."""
+    timeline = []
+    for acts in s.actions:
+        done: dict[int, int] = {}
+        rows = []
+        for a in acts:
+            if a.kind not in COMPUTE_KINDS:
+                continue
+            if a.kind in ("B", "I"):
+                done[a.stage] = done.get(a.stage, 0) + 1
+            rows.append(dict(done))
+        timeline.append(rows)
+    out = timeline_matrices(timeline, [s.stages_of(r) for r in range(s.n_ranks)])
+    for _, mat in out:
+        mat.setflags(write=False)
+    return out
+
+
 def timeline_matrices(timeline: Sequence[Sequence[dict[int, int]]],
                       stages: Sequence[tuple[int, ...]] | None = None) -> Matrices:
     """The layout of inflight_matrices for a timeline given as dicts (e.g. a custom in-flight model); `stages`

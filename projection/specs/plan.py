@@ -24,14 +24,34 @@ RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_
 PipelineRuntime = Literal["actions", "lockstep", "megatron"]
 
 
-def torch_pipeline_runtime(version: str) -> PipelineRuntime | None:
-    """How torch release `version` ("2.9", "2.7.0a0+git1963fc8", "2.10.0+rocm7.0") runs multi-stage pipeline
-    schedules: "lockstep" up to 2.9 (ScheduleInterleaved1F1B on PipelineScheduleMulti's time steps), "actions" from
-    2.10 (_PipelineScheduleRuntime); None when the text is not a torch version."""
+def torch_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch release as torch.__version__ prints it ("2.9", "2.7.0a0+git1963fc8",
+    "2.10.0+rocm7.0"); None when the text is not a torch version."""
     m = re.fullmatch(r"v?(\d{1,3})\.(\d{1,3})(?:[.+a-z][0-9A-Za-z.+_-]*)?", version.strip())
-    if m is None:
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
+
+
+def torch_pipeline_runtime(version: str) -> PipelineRuntime | None:
+    """How torch release `version` runs multi-stage pipeline schedules: "lockstep" up to 2.9
+    (ScheduleInterleaved1F1B on PipelineScheduleMulti's time steps), "actions" from 2.10 (_PipelineScheduleRuntime);
+    None when the text is not a torch version."""
+    release = torch_release(version)
+    if release is None:
         return None
-    return "lockstep" if (int(m.group(1)), int(m.group(2))) < (2, 10) else "actions"
+    return "lockstep" if release < (2, 10) else "actions"
+
+
+PipelineOutputsKept = Literal["every_stage", "last_stage", "none"]
+
+
+def torch_pipeline_outputs_kept(version: str) -> PipelineOutputsKept | None:
+    """Which stages of torch release `version` keep every microbatch's output in `output_chunks` until the next
+    step (ParallelPlan.pipeline_outputs_kept): every stage up to 2.7 (`PipelineStage.forward_one_chunk` appends each
+    output unconditionally), the last stage from 2.8 (`if self.is_last`); None when the text is not a version."""
+    release = torch_release(version)
+    if release is None:
+        return None
+    return "every_stage" if release < (2, 8) else "last_stage"
 
 
 class RecomputeSpec(Spec):
@@ -149,6 +169,12 @@ class ParallelPlan(Spec):
     under Primus's pipeline patches): 1F1B, and interleaved 1F1B without overlap.p2p_comm, make blocking batched p2p
     calls; with overlap.p2p_comm the interleaved steady state posts its sends and receives and waits each receive
     just before the pass that needs it (megatron_pipeline, schedule/megatron_calls.py, sim/p2p_walk.py)."""
+    pipeline_outputs_kept: PipelineOutputsKept = "last_stage"
+    """What torch.distributed.pipelining (schedule_style "torch") keeps in `output_chunks`, every microbatch's
+    stage output from its forward until the next step begins, so that `step()` can return the last stage's outputs
+    merged (one torch.cat of them, made at the step's end): "every_stage" up to torch 2.7, "last_stage" (its logits)
+    from 2.8 (the CLI's --pytorch VERSION sets the two), "none" where the trainer calls `step(...,
+    return_outputs=False)` (torch 2.10+; TorchTitan's TOML-era trainers do not), memory/pipeline_io.py."""
     p2p_scatter_gather: bool = False
     """Megatron-LM before Megatron-Core (2021-22 code: `--scatter-gather-tensors-in-pipeline`, its default, off with
     sequence parallelism; Narayanan et al. 2021 §4.1): with tp > 1 each pipeline p2p tensor is split into tp chunks,

@@ -66,7 +66,8 @@ _FP8_MEM = ("; Float8 keeps what the compiled bf16 row keeps, in the measurement
 _RESERVED = ("; reserved bytes are projected with expandable segments (the loader's TorchTitan default: no "
              "fragmentation allowance); nothing here measures the runs' allocator settings")
 
-# name -> the strict-xfail reason of the memory comparison (None: within MEMORY_LIMIT), as measured 2026-11-30
+# name -> the strict-xfail reason of the memory comparison (None: within MEMORY_LIMIT), as measured 2026-11-30 (the
+# pipeline rows 2026-12-01, with torch 2.7's output_chunks)
 MEMORY: dict[str, str | None] = {
     "T1 8B fsdp8": "82.4 GiB max reserved measured, projected 71.6 GiB: -13.1 %" + _RESERVED,
     "T1 8B fsdp8 compile": "77.0 GiB measured, projected 67.6 GiB: -12.2 %" + _RESERVED,
@@ -81,12 +82,12 @@ MEMORY: dict[str, str | None] = {
     "T4 70B fsdp32 tp8": "71.9 GiB measured, projected 58.8 GiB: -18.2 %" + _RESERVED,
     "T4 70B fsdp32 tp8 asyncTP": ("67.6 GiB measured, projected 58.8 GiB: -13.0 %; async TP changes no projected "
                                   "byte while the measurement drops 4.3 GiB" + _RESERVED),
-    "T5 405B 3D 1F1B": "82.5 GiB measured (largest GPU), projected 60.1 GiB (largest rank): -27.1 %" + _PP,
-    "T5 405B 3D interleaved": "72.7 GiB measured (largest GPU), projected 57.4 GiB: -21.1 %" + _PP,
-    "T6 405B 4D fsdp8 cp1 32k": "75.3 GiB measured (largest GPU), projected 60.1 GiB: -20.2 %" + _PP,
-    "T6 405B 4D fsdp4 cp2 64k": "75.9 GiB measured (largest GPU), projected 60.1 GiB: -20.8 %" + _PP,
-    "T6 405B 4D fsdp2 cp4 128k": "77.1 GiB measured (largest GPU), projected 60.1 GiB: -22.0 %" + _PP,
-    "T6 405B 4D fsdp1 cp8 256k": "84.9 GiB measured (largest GPU), projected 66.1 GiB: -22.2 %" + _PP,
+    "T5 405B 3D 1F1B": "82.5 GiB measured (largest GPU), projected 60.2 GiB (largest rank): -27.0 %" + _PP,
+    "T5 405B 3D interleaved": "72.7 GiB measured (largest GPU), projected 60.5 GiB: -16.8 %" + _PP,
+    "T6 405B 4D fsdp8 cp1 32k": "75.3 GiB measured (largest GPU), projected 60.2 GiB: -20.0 %" + _PP,
+    "T6 405B 4D fsdp4 cp2 64k": "75.9 GiB measured (largest GPU), projected 60.2 GiB: -20.6 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "77.1 GiB measured (largest GPU), projected 60.2 GiB: -21.9 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "84.9 GiB measured (largest GPU), projected 66.2 GiB: -22.1 %" + _PP,
 }
 
 
