@@ -99,8 +99,8 @@ def primus_root_problems(primus_root: str | None) -> list[Problem]:
 def add_pytorch_arg(p: argparse.ArgumentParser) -> None:
     """--pytorch VERSION: the torch release the job runs (api.load's `pytorch`)."""
     p.add_argument("--pytorch", metavar="VERSION", help="the torch release the job runs (default 2.10 or later): up "
-                   "to 2.9 torch.distributed.pipelining runs interleaved schedules in lock-step time steps; up to 2.7 every "
-                   "stage, from 2.8 the last, keeps each microbatch's output until the next step")
+                   "to 2.9 torch.distributed.pipelining runs interleaved schedules in lock-step time steps; up to 2.7 "
+                   "every stage, from 2.8 the last, keeps each microbatch's output until the next step")
 
 
 def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json")) -> None:

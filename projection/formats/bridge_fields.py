@@ -40,6 +40,7 @@ _SAME = {
         "gradient_accumulation_fusion", "tp_comm_overlap", "overlap_p2p_comm", "defer_embedding_wgrad_compute",
         "wgrad_deferral_limit", "bf16", "fp16", "fp8", "fp8_recipe", "fp8_amax_history_len",
         "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+        "cuda_graph_impl", "cuda_graph_scope", "enable_cuda_graph", "external_cuda_graph",
     ),
     "train": ("micro_batch_size", "global_batch_size"),
     "dataset": ("seq_length",),

@@ -40,6 +40,7 @@ from projection.formats.megatron_checks import (
     fsdp2_drops_fp8_gather,
     zero_bubble_rules,
 )
+from projection.formats.megatron_kernels import attention_backend, cuda_graphs
 from projection.formats.megatron_model import MegatronArgs, model_section
 from projection.specs.scenario import Origin, RawScenario
 from projection.workload.stages import LayoutError, expand_layout
@@ -128,7 +129,7 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
     # two rates in Megatron: residual / embedding dropout and the attention probabilities' dropout
     raw.set("training.dropout", a.get("hidden_dropout"), a.origin("hidden_dropout"))
     raw.set("training.attention_dropout", a.get("attention_dropout"), a.origin("attention_dropout"))
-    raw.set("training.attention_backend", *_attention_backend(a))
+    raw.set("training.attention_backend", *attention_backend(a))
     raw.set("training.fused_loss", a.get("cross_entropy_loss_fusion"), a.origin("cross_entropy_loss_fusion"))
     impl = a.get("transformer_impl")
     raw.set("training.kernels.transformer_impl", "local" if impl == "local" else "transformer_engine",
@@ -156,23 +157,13 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
     if dispatcher == "flex":  # other backends (ncclep, ...) read their counts on the host as DeepEP's does
         turbo = a.origins.get("use_turbo_deepep") if turbo_deepep else None
         raw.set("training.kernels.moe_flex_backend", backend, turbo or a.origin("moe_flex_dispatcher_backend"))
+    cuda_graphs(a, raw)
     for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("moe_permute_fusion", "moe_permute_fusion"),
                       ("defer_embedding_wgrad_compute",
                                                                   "defer_embedding_wgrad"),
                       ("wgrad_deferral_limit", "wgrad_deferral_limit"),
                       ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl")):
         raw.set(f"training.kernels.{key}", a.get(dest), a.origin(dest))
-
-
-def _attention_backend(a: MegatronArgs) -> tuple[str, Origin]:
-    backend = a.get("attention_backend")
-    if backend != "auto":
-        return ("unfused" if backend == "local" else backend), a.origin("attention_backend")
-    if a.get("use_flash_attn"):  # older flag: flash attention; an explicit 'auto' (Primus's default) does not hide it
-        return "flash", a.origin("use_flash_attn")
-    if a.get("transformer_impl") == "local":  # Megatron's own DotProductAttention stores the score matrix
-        return "unfused", a.origin("transformer_impl")
-    return "auto", a.origin("attention_backend")
 
 
 def _plan(a: MegatronArgs, raw: RawScenario) -> None:

@@ -107,6 +107,12 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "use_flash_attn": ("bool", False),
     "transformer_impl": ("str", "transformer_engine"),
     "cross_entropy_loss_fusion": ("bool", False),
+    # CUDA graphs (not modelled: said in the performance notes): Megatron-Core 0.16 TransformerConfig's
+    # cuda_graph_impl (none, local, transformer_engine) and scope, and the deprecated flags it replaces
+    "cuda_graph_impl": ("str", "none"),
+    "cuda_graph_scope": ("list", None),
+    "enable_cuda_graph": ("bool", False),
+    "external_cuda_graph": ("bool", False),
     # parallelism (§1.4)
     "tensor_model_parallel_size": ("int", 1),
     "sequence_parallel": ("bool", False),

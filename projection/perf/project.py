@@ -178,6 +178,12 @@ def _unmodelled(sc: Scenario) -> list[str]:
     if sc.model.moe is not None and plan.ep * plan.etp_ > 1 and k.moe_token_dispatcher == "flex":
         notes.append("MoE token dispatcher 'flex' (DeepEP / HybridEP kernels) priced as the NCCL all-to-all "
                      "dispatcher: the same bytes, not the same kernels")
+    if k.cuda_graph_impl != "none":
+        scope = ", ".join(k.cuda_graph_scope) or "whole layers"
+        notes.append(f"CUDA graphs ({k.cuda_graph_impl}, {scope}) not modelled: every kernel keeps its eager host "
+                     "launch, so where the host bounds the step (small layers or microbatches) the graphed run is "
+                     "faster than projected; the graphs' static buffers and memory pools are not in the memory "
+                     "estimate")
     off = plan.offload
     if off.optimizer and off.optimizer_fraction > 0:
         notes.append(f"optimizer offload: the host's optimizer step over {off.optimizer_fraction:.0%} of the state is "

@@ -182,6 +182,13 @@ class KernelSpec(Spec):
     moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(
         "alltoall", description="Megatron --moe-token-dispatcher-type (flex: DeepEP / HybridEP); the performance "
         "model prices the all-to-all dispatcher and says so in its notes when another one is configured")
+    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = Field(
+        "none", description="Megatron's CUDA-graph capture (--cuda-graph-impl, or the deprecated --enable-cuda-graph "
+        "/ --external-cuda-graph; Megatron-Bridge's cuda_graph_impl): recorded, not modelled; the performance notes "
+        "say so (kernels keep their eager host launch, graph pools are not in the memory estimate)")
+    cuda_graph_scope: tuple[str, ...] = Field(
+        (), description="what the graphs capture (--cuda-graph-scope: attn, mlp, moe, moe_router, moe_preprocess, "
+        "mamba, full_iteration; empty or 'full' = whole layers)")
     compiled: bool = Field(
         False, description="torch.compile of the decoder blocks (TorchTitan [compile] enable with the 'model' "
         "component; set by the TorchTitan loaders): the min-cut partitioner recomputes the SwiGLU's SiLU output "
