@@ -22,10 +22,24 @@ from projection.memory.report import MemoryReport
 from projection.paths import HARDWARE_DIR, MODELS_DIR, is_device_path
 from projection.report.inspect import InspectReport, build_inspect_report
 from projection.specs.hardware import DeviceSpec, load_device
-from projection.specs.plan import torch_pipeline_outputs_kept, torch_pipeline_runtime
+from projection.specs.plan import torch_pipeline_outputs_kept, torch_pipeline_runtime, torch_release
 from projection.specs.scenario import Origin, RawScenario, Scenario, build_scenario
 
 DEFAULT_HARDWARE = "mi300x"
+
+
+def _outputs_kept(raw: RawScenario, pytorch: str, problems: list[Problem]) -> None:
+    """--pytorch's `plan.pipeline_outputs_kept` (torch_pipeline_outputs_kept), unless the file or --set states it:
+    a stated "none" (the trainer passes step(return_outputs=False)) needs torch 2.10+, which added the argument."""
+    held = raw.origins.get("plan.pipeline_outputs_kept")
+    if held is None or held.file.startswith("default"):
+        raw.set("plan.pipeline_outputs_kept", torch_pipeline_outputs_kept(pytorch),
+                Origin(COMMAND_LINE, None, "--pytorch"))
+    elif raw.get("plan.pipeline_outputs_kept") == "none" and (torch_release(pytorch) or (0, 0)) < (2, 10):
+        problems.append(Problem(f"'none' (step(return_outputs=False)) needs torch 2.10 or later; --pytorch says "
+                                f"{pytorch}", key=held.key or "plan.pipeline_outputs_kept", file=held.file,
+                                line=held.line, fix="drop it (torch before 2.10 keeps the outputs: last_stage from "
+                                "2.8, every_stage before) or give the torch release the job runs"))
 
 
 def load(config: str | Path, *, hardware: str | None = None, nodes: int | None = None,
@@ -92,10 +106,7 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
                                     "e.g. --pytorch 2.9 or --pytorch 2.10.0"))
         elif raw.get("plan.pipeline_runtime") != "megatron":  # Megatron's schedules.py runs the same on any torch
             raw.set("plan.pipeline_runtime", runtime, Origin(COMMAND_LINE, None, "--pytorch"))
-            held = raw.origins.get("plan.pipeline_outputs_kept")
-            if held is None or held.file != "--set":  # an explicit --set (return_outputs=False: none) wins
-                raw.set("plan.pipeline_outputs_kept", torch_pipeline_outputs_kept(pytorch),
-                        Origin(COMMAND_LINE, None, "--pytorch"))
+            _outputs_kept(raw, pytorch, problems)
     if hardware is not None:
         raw.set("cluster.hardware", hardware, Origin(COMMAND_LINE, None, "--hardware"))
     if nodes is not None:

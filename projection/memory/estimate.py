@@ -55,7 +55,7 @@ from projection.memory.pipeline_io import (
     finished_matrices,
     in_flight_io_bytes,
     kept_input_grad_bytes,
-    kept_output_bytes,
+    kept_output_weights,
     merge_copy_bytes,
     receive_buffer_bytes,
 )
@@ -315,7 +315,7 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
     memo: dict[tuple[object, ...], tuple[float, float]] = {}
     mats = _default_matrices(sc) if inflight is None else timeline_matrices(inflight(sc))
     # torch's output_chunks: finished microbatches per point (unknown for a caller's own timeline) x bytes kept
-    keep = {s.stage: kept_output_bytes(sc, s, len(slots)) for s in slots}
+    keep = kept_output_weights(sc, slots)
     done_mats = finished_matrices(sc) if any(keep.values()) and inflight is None else None
     ranks = []
     for rp in per_rank_params(sc.model, sc.plan):
@@ -387,6 +387,8 @@ def estimate_memory(sc: Scenario, inflight: Callable[[Scenario], InflightTimelin
         # the addends of the moment the peak is at: the forward/backward's activations and working set, the
         # optimizer step's own buffers, or the last stage's merge of its kept outputs (the first such moment wins)
         by, at_terms = max(moments, key=lambda mo: sum(mo[0].values()))
+        if by is not fwd_bwd:  # no microbatch is in flight at the merge or the optimizer step
+            best_counts = dict.fromkeys(best_counts, 0)
         terms = {**states.terms, **bufs, **{k: v for k, v in at_terms.items() if v or k not in merged}}
         peak = sum(by.values())
         ranks.append(RankMemory(pp_rank=r, bytes=by, terms=terms, peak_bytes=peak,

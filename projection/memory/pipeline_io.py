@@ -27,14 +27,20 @@ to `output_chunks`, which only the next `step()`'s `clear_runtime_states` emptie
 last stage's outputs (`_merge_outputs`, a `torch.cat` of them, made when the step's last backward is done; TorchTitan
 drops the result at once). Every stage up to torch 2.7, the last stage (its logits) from 2.8, none under
 `step(..., return_outputs=False)` (torch 2.10+). In flight an output is the fwd_cache's own tensor (counted above);
-after its backward it is held for `output_chunks` alone (`kept_output_bytes` per finished microbatch): through the
-rest of the step, the merge (all of them and their concatenated copy on the last stage, `merge_copy_bytes`) and the
-optimizer step.
+after its backward it is held for `output_chunks` (`kept_output_bytes` per finished microbatch; under a split
+backward a stage's `backward_state` also holds it until W, the same storage): through the rest of the step, the
+merge once `_step_microbatches` returns (all of them and their concatenated copy on the last stage,
+`merge_copy_bytes`) and the optimizer step. Where a V schedule hands an output to the same rank's next stage under
+the 2.10+ runtime, the kept output is that stage's receive buffer, counted there. TorchTitan's DualPipeV with
+expert-parallel overlap runs its overlapped forwards through a callback that keeps their outputs even under
+`return_outputs=False`; that is not counted.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
 
 from projection.memory.activations import Dims, dims, recomputed_layers
 from projection.specs.accumulation import schedule_microbatches
@@ -109,17 +115,27 @@ def kept_input_grad_bytes(sc: Scenario, slots: list[StageSlot], n_microbatches: 
     return sum(s.stage > 0 for s in slots) * n_microbatches * boundary_bytes(sc)
 
 
-def kept_output_bytes(sc: Scenario, slot: StageSlot, n_stages: int) -> float:
+def kept_output_bytes(sc: Scenario, slot: StageSlot, n_stages: int, same_rank_next: bool = False) -> float:
     """Bytes `output_chunks` keeps of one finished microbatch of `slot` (module docstring): its logits on the last
     stage (as held in flight), a boundary tensor on the others up to torch 2.7, nothing under
-    return_outputs=False."""
+    return_outputs=False. Not where the next stage is on the same rank under the 2.10+ runtime: `set_local_fwd_input`
+    makes the kept output that stage's receive buffer, counted with the buffers."""
     kept = sc.plan.pipeline_outputs_kept
     if not torch_pipeline(sc) or kept == "none":
         return 0.0
     if slot.stage == n_stages - 1:
         D = dims(sc.model, sc.training, sc.plan)
         return D.e * D.T * sc.model.padded_vocab(sc.plan.tp) / D.t if slot.loss else boundary_bytes(sc, D)
+    if same_rank_next and sc.plan.pipeline_runtime == "actions":
+        return 0.0
     return boundary_bytes(sc) if kept == "every_stage" else 0.0
+
+
+def kept_output_weights(sc: Scenario, slots: Sequence[StageSlot]) -> dict[int, float]:
+    """kept_output_bytes of every stage, by stage."""
+    n = len(slots)
+    return {s.stage: kept_output_bytes(sc, s, n, s.stage + 1 < n and slots[s.stage + 1].pp_rank == s.pp_rank)
+            for s in slots}
 
 
 def merge_copy_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_microbatches: int) -> float:
@@ -130,11 +146,17 @@ def merge_copy_bytes(sc: Scenario, slots: list[StageSlot], n_stages: int, n_micr
 
 def finished_matrices(sc: Scenario) -> Matrices:
     """Per rank, the plan's schedule's finished-microbatch counts per stage after each compute action
-    (schedule/inflight.py done_matrices; the schedule is cached by its shape)."""
+    (schedule/inflight.py done_matrices), cached by the schedule's shape."""
+    p = sc.plan
+    return _finished(p.schedule, p.pp, schedule_microbatches(sc), p.vpp_, p.microbatch_group_size, p.schedule_style,
+                     p.megatron_combined_1f1b)
+
+
+@lru_cache(maxsize=256)
+def _finished(name: str, pp: int, n_micro: int, vpp: int, group: int | None, style: Literal["megatron", "torch"],
+              combined: bool) -> Matrices:
     from projection.schedule.inflight import done_matrices
     from projection.schedule.registry import build_schedule
 
-    p = sc.plan
-    return done_matrices(build_schedule(p.schedule, p.pp, schedule_microbatches(sc), p.vpp_,
-                                        microbatch_group_size=p.microbatch_group_size, style=p.schedule_style,
-                                        combined_1f1b=p.megatron_combined_1f1b))
+    return done_matrices(build_schedule(name, pp, n_micro, vpp, microbatch_group_size=group, style=style,
+                                        combined_1f1b=combined))

@@ -80,16 +80,66 @@ def test_the_last_stage_peaks_where_it_merges_its_kept_logits() -> None:
 
 
 def test_up_to_torch_2_7_every_stage_keeps_its_finished_outputs() -> None:
-    """With every stage keeping its outputs, the first stage's peak can only grow, by at most the m boundary
-    tensors it ends the step with."""
+    """Torch-style 1F1B at pp 2 over 8 microbatches: the first stage's peak moves to its last forward, 2 microbatches
+    in flight and 6 finished, so it grows by exactly 6 boundary tensors; the last stage keeps its logits either
+    way."""
     every, last = estimate_memory(_scenario("every_stage")), estimate_memory(_scenario("last_stage"))
     b = boundary_bytes(_scenario("every_stage"))
-    grow = every.ranks[0].peak_bytes - last.ranks[0].peak_bytes
-    assert 0 <= grow <= 8 * b
-    assert every.ranks[-1].peak_bytes == last.ranks[-1].peak_bytes  # the last stage keeps its logits either way
+    assert every.ranks[0].inflight == {0: 2}
+    assert every.ranks[0].terms["activations.pipeline_kept_outputs"] == 6 * b
+    assert every.ranks[0].peak_bytes - last.ranks[0].peak_bytes == 6 * b
+    assert every.ranks[-1].peak_bytes == last.ranks[-1].peak_bytes
 
 
-def test_pytorch_flag_sets_it_and_an_explicit_set_wins(tmp_path: Path) -> None:
+def test_the_optimizer_step_holds_every_kept_output() -> None:
+    """Where the optimizer step has transient buffers of its own (Megatron's fp32 copies of 16-bit main gradients,
+    given through the runtime here) and peaks, the outputs output_chunks keeps are held beside them."""
+    from dataclasses import replace
+
+    from projection.memory.buffers import runtime_for
+    from projection.specs.training import OptimizerSpec
+
+    def scenario(kept: str) -> Scenario:
+        sc = _scenario(kept)
+        training = sc.training.model_copy(update={"optimizer": OptimizerSpec(main_grads_dtype="bf16"),
+                                                  "seq_length": 64})
+        return sc.model_copy(update={"training": training})
+
+    reports = {k: estimate_memory(scenario(k), runtime=replace(runtime_for(scenario(k)), megatron=True))
+               for k in ("every_stage", "none")}
+    first = reports["every_stage"].ranks[0]
+    assert "optimizer_step.fp32_grad_copies" in first.terms and first.inflight == {0: 0}
+    b = boundary_bytes(scenario("every_stage"))
+    assert first.terms["activations.pipeline_kept_outputs"] == 8 * b == first.bytes["activations"]
+    assert first.peak_bytes - reports["none"].ranks[0].peak_bytes == 8 * b
+
+
+def test_a_v_schedules_hand_over_is_kept_as_the_next_stages_buffer() -> None:
+    """Under the 2.10+ runtime a V schedule's output handed to the same rank's next stage is that stage's receive
+    buffer (set_local_fwd_input), counted with the buffers, not kept again."""
+    from projection.memory.pipeline_io import kept_output_weights
+
+    model = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=4, ffn_hidden_size=1024, vocab_size=1024)
+    plan = ParallelPlan(pp=2, vpp=2, dp=1, schedule="zbv", schedule_style="torch", pipeline_outputs_kept="every_stage")
+    sc = Scenario(model=model, training=TrainingSpec(seq_length=128, micro_batch_size=1, global_batch_size=4),
+                  plan=plan, cluster=ClusterSpec(device=load_device("h100-sxm"), nodes=1, gpus_per_node=2))
+    b = boundary_bytes(sc)
+    slots = split_stages(sc.model, sc.plan)
+    assert [s.pp_rank for s in slots] == [0, 1, 1, 0]
+    weights = kept_output_weights(sc, slots)
+    assert [weights[i] for i in range(3)] == [b, 0.0, b]
+    lockstep = sc.model_copy(update={"plan": plan.model_copy(update={"pipeline_runtime": "lockstep"})})
+    assert kept_output_weights(lockstep, slots)[1] == b
+
+
+def test_merge_peak_has_nothing_in_flight() -> None:
+    last = estimate_memory(_scenario("last_stage")).ranks[-1]
+    assert "activations.pipeline_output_merge" in last.terms and set(last.inflight.values()) == {0}
+
+
+def test_pytorch_flag_sets_it_where_nothing_states_it(tmp_path: Path) -> None:
+    from projection.errors import ConfigError
+
     toml = TT_RUNS / "t5_llama31_405b_fsdp8_tp8_pp8_1f1b.toml"
     assert api.load(toml, hardware="h100-sxm", nodes=64).plan.pipeline_outputs_kept == "last_stage"
     assert api.load(toml, hardware="h100-sxm", nodes=64, pytorch="2.7").plan.pipeline_outputs_kept == "every_stage"
@@ -97,9 +147,24 @@ def test_pytorch_flag_sets_it_and_an_explicit_set_wins(tmp_path: Path) -> None:
     native = tmp_path / "exp.yaml"
     native.write_text("model: llama2_7B\ntraining: {seq_length: 4096, micro_batch_size: 1, global_batch_size: 8}\n"
                       "plan: {pp: 2, schedule: 1f1b, schedule_style: torch}\n")
-    sc = api.load(native, hardware="h100-sxm", gpus_per_node=2, overrides=["plan.pipeline_outputs_kept=none"],
-                  pytorch="2.7")
-    assert sc.plan.pipeline_outputs_kept == "none"
+    stated = tmp_path / "stated.yaml"
+    stated.write_text(native.read_text().replace("schedule_style: torch", "schedule_style: torch, "
+                                                 "pipeline_outputs_kept: none"))
+
+    def kept(path: Path, pytorch: str, overrides: tuple[str, ...] = ()) -> str:
+        sc = api.load(path, hardware="h100-sxm", gpus_per_node=2, overrides=list(overrides), pytorch=pytorch)
+        return sc.plan.pipeline_outputs_kept
+
+    # the file's or --set's own value wins over --pytorch's
+    assert kept(stated, "2.10") == "none"
+    assert kept(native, "2.12", ("plan.pipeline_outputs_kept=none",)) == "none"
+    assert kept(native, "2.7", ("plan.pipeline_outputs_kept=last_stage",)) == "last_stage"
+    # return_outputs=False came with torch 2.10: a stated "none" on an older torch is refused where it is written
+    for path, overrides, file in ((stated, (), str(stated)), (native, ("plan.pipeline_outputs_kept=none",), "--set")):
+        with pytest.raises(ConfigError, match="needs torch 2.10 or later") as err:
+            kept(path, "2.9", overrides)
+        problem = err.value.problems[0]
+        assert problem.file == file and "pipeline_outputs_kept" in str(problem.key)
 
 
 def test_explain_lists_the_kept_outputs_and_their_merge() -> None:
