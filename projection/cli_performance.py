@@ -141,9 +141,12 @@ def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
         scenario = _load(args, env, args.nodes, default_nodes=min(counts) if counts else 1)
     except PlanError as err:
         target = target_nodes if target_nodes is not None else max(counts, default=None)
-        at_target = _load_or_none(args, env, target) if target is not None else None
-        if target is None or at_target is None:
-            raise  # not the starting point's problem: no count fixes it, or the target fails too
+        if target is None:
+            raise  # not the starting point's problem: no count fixes it
+        try:
+            at_target = _load(args, env, target)
+        except ProjectionError as at_err:  # the target fails too: its problems, not the start's world size
+            raise at_err from None
         smallest = _smallest_start(args, env, at_target) if target_nodes is not None and args.nodes is None else None
         if smallest is not None:  # the file gives no cluster size: start where the plan first fits, as Primus does
             scenario, start_note = smallest, (f"--target-nodes scaled from {smallest.cluster.nodes} nodes, the "
@@ -273,15 +276,6 @@ def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | 
 def _loads_or_none(load: Callable[[str | None], Scenario], schedule: str | None) -> Scenario | None:
     try:
         return load(schedule)
-    except ProjectionError:
-        return None
-
-
-def _load_or_none(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int) -> Scenario | None:
-    """The config as a plan at `nodes` nodes, or None where it does not load (the starting point, not the plan, is
-    then the problem)."""
-    try:
-        return _load(args, env, nodes)
     except ProjectionError:
         return None
 

@@ -384,3 +384,16 @@ def test_no_micro_batch_is_offered_that_the_schedule_refuses(capsys: pytest.Capt
                       "--num-layers-per-virtual-pipeline-stage 2 --bf16 --use-distributed-optimizer\n")
     code, _, err = perf(capsys, "--config", str(script), "--target-nodes", "8")
     assert code == 2 and "training.micro_batch_size=" not in err
+
+
+def test_target_nodes_reports_the_targets_problems_not_the_default_starts(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    """A file without a cluster size whose plan fails everywhere (32 layers over pp 3): --target-nodes 4 reports
+    that problem alone, not the world size of the 1 node assumed by default, which 4 nodes do not have."""
+    text = LLAMA.read_text(encoding="utf-8")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text[:text.index("cluster:")].replace("tp: 2", "tp: 8").replace("pp: 2", "pp: 3"),
+                   encoding="utf-8")
+    for flags in (("--target-nodes", "6"), ("--scaling", "1,6")):
+        code, _, err = perf(capsys, "--config", str(bad), *flags)
+        assert code == 2 and "cannot be split evenly" in err and "world size" not in err, (flags, err)
