@@ -90,6 +90,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     raw = read(ov)
     if schedule is not None and "torchtitan" in raw.framework and int(raw.get("plan.pp") or 1) > 1:
         raw = _torchtitan_schedule(read, ov, schedule)  # the stages per rank follow the schedule, as in TorchTitan
+    elif schedule is not None and raw.framework == "primus-megatron" and int(raw.get("plan.pp") or 1) > 1:
+        raw = _primus_schedule(read, ov, schedule, int(raw.get("plan.pp") or 1))  # through Primus's patches
     for key, value in cluster.items():
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
     for key, (value, where) in job_environment(merged(raw.job_env, command_line), problems).items():
@@ -206,6 +208,23 @@ def _torchtitan_schedule(read: Callable[[Mapping[str, Any]], RawScenario], ov: M
                                  file=COMMAND_LINE, fix=p.fix) if p.key == key else p for p in err.problems]) from None
     for field, where in list(raw.origins.items()):  # what the schedule set was set by --schedule
         if where.key == key and where.file == "--set":
+            raw.origins[field] = Origin(COMMAND_LINE, None, "--schedule")
+    return raw
+
+
+def _primus_schedule(read: Callable[[Mapping[str, Any]], RawScenario], ov: Mapping[str, Any], schedule: str,
+                     pp: int) -> RawScenario:
+    """A Primus Megatron experiment read again with the keys that make Primus run --schedule NAME (its pipeline
+    patches off for 1F1B, `patch_zero_bubble` for the zero-bubble family, primus_set.schedule_overrides), so that
+    what Primus refuses for that schedule is refused; the keys it set are --schedule's."""
+    from projection.formats.primus_set import schedule_overrides
+
+    keys = schedule_overrides(schedule, pp)
+    if keys is None:  # no Primus key runs it: Megatron's runtime refuses it when the plan is checked
+        return read(ov)
+    raw = read({**ov, **keys})
+    for field, where in list(raw.origins.items()):
+        if where.key in keys and where.file == "--set":
             raw.origins[field] = Origin(COMMAND_LINE, None, "--schedule")
     return raw
 

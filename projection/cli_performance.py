@@ -105,25 +105,37 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     counts = _check_args(args)
     scenario, start_note = scenario_at(args, env, counts)
-    titan = _torchtitan_schedules(args, env, scenario)
-    return _project(args, scenario, counts, start_note, titan)
+    runs = _framework_schedules(args, env, scenario)
+    return _project(args, scenario, counts, start_note, runs)
 
 
-def _torchtitan_schedules(args: argparse.Namespace, env: Mapping[str, str] | None,
-                          scenario: Scenario) -> list[Scenario] | None:
-    """With --schedule all on a TorchTitan pipeline: the job under each TorchTitan schedule that loads, each with the
-    stages per rank TorchTitan gives it (2 for Interleaved1F1B, ZBVZeroBubble and DualPipeV without
-    pipeline_parallel_layers_per_stage), not the file's vpp; None for another job."""
-    if args.schedule != "all" or "torchtitan" not in scenario.framework or scenario.plan.pp == 1:
+# the schedules a Primus Megatron experiment can run: Megatron-LM's own, and its zero-bubble runtime's
+_PRIMUS_SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "v_half", "v_min")
+
+
+def _framework_schedules(args: argparse.Namespace, env: Mapping[str, str] | None,
+                         scenario: Scenario) -> list[Scenario] | None:
+    """With --schedule all on a pipeline whose framework picks its schedule by its own keys: the job under each
+    schedule that loads. TorchTitan: each with the stages per rank it gives the schedule (2 for Interleaved1F1B,
+    ZBVZeroBubble and DualPipeV without pipeline_parallel_layers_per_stage), not the file's vpp; a Primus Megatron
+    experiment: through the keys Primus picks it by (its pipeline patches off, or patch_zero_bubble), so what
+    Primus refuses is not compared. None for another job."""
+    if args.schedule != "all" or scenario.plan.pp == 1:
         return None
-    from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES
+    if "torchtitan" in scenario.framework:
+        from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES
 
+        names: Sequence[str] = tuple(TORCHTITAN_SCHEDULE_NAMES)
+    elif scenario.framework == "primus-megatron":
+        names = [n for n in _PRIMUS_SCHEDULES if n != "interleaved_1f1b" or scenario.plan.vpp_ > 1]
+    else:
+        return None
     out = []
-    for name in TORCHTITAN_SCHEDULE_NAMES:
+    for name in names:
         try:
             out.append(scenario_at(argparse.Namespace(**{**vars(args), "schedule": name}), env)[0])
         except ProjectionError:
-            continue  # a schedule TorchTitan would refuse for this job: not compared
+            continue  # a schedule the framework would refuse for this job: not compared
     return out
 
 
@@ -195,7 +207,7 @@ def _raise_at_start(err: PlanError, args: argparse.Namespace) -> None:
 
 
 def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], start_note: str,
-             titan: Sequence[Scenario] | None = None) -> str:
+             runs: Sequence[Scenario] | None = None) -> str:
     from projection.perf import default_cost_model, extrapolate, project
     from projection.perf.scaling import node_count_problems
 
@@ -227,8 +239,8 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
         from projection.perf import compare_schedules
 
         projs = ([_noted(p, start_note) for p in compare_schedules(scenario, cost_model, engine=args.engine)]
-                 if titan is None else sorted((_noted(project(sc, default_cost_model(sc, calibration=calibration),
-                                                              engine=args.engine), start_note) for sc in titan),
+                 if runs is None else sorted((_noted(project(sc, default_cost_model(sc, calibration=calibration),
+                                                             engine=args.engine), start_note) for sc in runs),
                                               key=lambda p: p.step_time_s))
         chosen = chosen_schedule(projs)
         written = _write_all([], chosen, args, projs)
@@ -363,7 +375,7 @@ def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Proj
                   ("param all-gather (exposed)",
                    proj.param_gather_exposed_s[r] if r < len(proj.param_gather_exposed_s) else 0.0))
                  for r in range(len(sim.timeline))]
-        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds))]
+        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds, proj.priced))]
     return write_outputs(protect_jobs(jobs))  # kept until the report is printed (fileio.OutputJournal)
 
 

@@ -103,3 +103,26 @@ def unknown_override_keys(block: Mapping[str, Any], origins: Mapping[tuple[str, 
 
     walk(block, held, ())
     return problems
+
+
+# --schedule NAME on a Primus Megatron experiment: the keys that pick NAME as Primus picks it (megatron.py
+# _primus_schedule): 1F1B and interleaved 1F1B without Primus's pipeline patches (Megatron-LM's own schedules.py),
+# the zero-bubble family through `patch_zero_bubble` (ZB-H1 / ZB-H2 by the pending backwards allowed, the V schedules
+# by their memory setup), so that its zero-bubble runtime's rules (megatron_checks.zero_bubble_rules) apply
+_NO_PATCH = {"patch_zero_bubble": False, "patch_primus_pipeline": False}
+_ZERO_BUBBLE = {"patch_zero_bubble": True, "enable_zero_bubble": True, "patch_primus_pipeline": False,
+                "enable_1f1b_v": False}
+_V_SETUPS = {"zbv": "zb", "v_half": "half", "v_min": "min"}
+
+
+def schedule_overrides(schedule: str, pp: int) -> dict[str, Any] | None:
+    """The Primus keys that run `schedule` on a pipeline of `pp` stages; None for a schedule Primus has no way to
+    run (gpipe, DualPipe), which Megatron-LM's runtime then refuses (specs/validate_schedule.py)."""
+    if schedule in ("1f1b", "interleaved_1f1b"):
+        return dict(_NO_PATCH)
+    if schedule in ("zb_h1", "zb_h2"):
+        return {**_ZERO_BUBBLE, "zero_bubble_v_schedule": False,
+                "zero_bubble_max_pending_backward": pp if schedule == "zb_h1" else 2 * pp}
+    if schedule in _V_SETUPS:
+        return {**_ZERO_BUBBLE, "zero_bubble_v_schedule": True, "zero_bubble_v_schedule_mem_setup": _V_SETUPS[schedule]}
+    return None

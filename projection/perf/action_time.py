@@ -21,13 +21,14 @@ the GPU time of small kernels).
 
 `ActionTime.by_category` splits the action's seconds into compute classes (gemm, grouped_gemm, attention,
 memory_bound, recompute), exposed communication per group (tp, cp, ep, dp) and overhead; it sums to `seconds`.
-`comm_s` is the full time of every collective per group, overlapped or not.
+`comm_s` is the full time of every collective per group, overlapped or not. `launches` says when each launched
+collective or copy ran (seconds from the action's start, on its stream): what the Chrome trace draws.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Mode = Literal["run", "launch", "wait", "sync"]
@@ -49,6 +50,21 @@ class Item:
     stream: str = ""
     comm: bool = False
     after: tuple[int, ...] = ()  # a launch's stream also waits for these launches to finish (an event wait)
+    label: str = ""  # what a launch is ("all-gather", "reduce-scatter" ...), for the trace
+    unit: int = -1  # a launch's FSDP unit, counted from the stage's last unit (0: its last), -1: none
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """When one launched collective or copy of an action ran: seconds from the action's start, on `stream`;
+    `category` its group (tp, ep, dp, offload), `label` and `unit` those of its Item."""
+
+    category: str
+    stream: str
+    start_s: float
+    end_s: float
+    label: str = ""
+    unit: int = -1
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class ActionTime:
     by_category: Mapping[str, float] = field(default_factory=dict)
     comm_s: Mapping[str, float] = field(default_factory=dict)
     kernels: int = 0
+    launches: tuple[Launch, ...] = ()
 
 
 def run(category: str, seconds: float, kernels: int = 1) -> Item:
@@ -69,9 +86,9 @@ def blocking(group: str, seconds: float, full_s: float | None = None, kernels: i
 
 
 def launch(group: str, seconds: float, token: int, kernels: int = 1, stream: str | None = None,
-           after: tuple[int, ...] = ()) -> Item:
+           after: tuple[int, ...] = (), label: str = "", unit: int = -1) -> Item:
     return Item("launch", group, seconds, kernels=kernels, token=token, stream=stream or group, comm=True,
-                after=after)
+                after=after, label=label, unit=unit)
 
 
 def wait(*tokens: int) -> Item:
@@ -94,6 +111,7 @@ def run_items(items: Iterable[Item], host_s: float = 0.0, comm_host_s: float | N
     ends: dict[int, float] = {}  # token -> end of every launch so far
     cat: dict[str, float] = {}
     comm: dict[str, float] = {}
+    launches: list[Launch] = []
     kernels = 0
 
     def book(name: str, s: float) -> None:
@@ -143,8 +161,9 @@ def run_items(items: Iterable[Item], host_s: float = 0.0, comm_host_s: float | N
         ends[it.token] = end
         pending[it.token] = (start, end, host, it.category)
         comm[it.category] = comm.get(it.category, 0.0) + it.seconds
+        launches.append(Launch(it.category, it.stream, start, end, it.label, it.unit))
     settle(sorted(pending, key=lambda tok: pending[tok][1]))
-    return ActionTime(t, cat, comm, kernels)
+    return ActionTime(t, cat, comm, kernels, tuple(launches))
 
 
 def pipelined_exposed_s(comm_s: float, compute_s: float, chunks: int) -> float:
@@ -161,11 +180,13 @@ def add_times(parts: Iterable[ActionTime]) -> ActionTime:
     total = 0.0
     cat: dict[str, float] = {}
     comm: dict[str, float] = {}
+    launches: list[Launch] = []
     kernels = 0
     for p in parts:
+        launches += [replace(x, start_s=total + x.start_s, end_s=total + x.end_s) for x in p.launches]
         total += p.seconds
         kernels += p.kernels
         for src, dst in ((p.by_category, cat), (p.comm_s, comm)):
             for k, v in src.items():
                 dst[k] = dst.get(k, 0.0) + v
-    return ActionTime(total, cat, comm, kernels)
+    return ActionTime(total, cat, comm, kernels, tuple(launches))

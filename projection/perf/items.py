@@ -99,9 +99,11 @@ class ItemBuilder:
         """Items of an action made of `units` in execution order. FSDP gathers and activation reloads are prefetched
         one unit ahead and waited for before their unit; reduce-scatters and activation offload copies are launched
         after their unit on their own streams (a reload and an offload copy use the two directions of the host
-        link, `h2d` and `d2h`)."""
+        link, `h2d` and `d2h`). Each launch names its unit by its position from the stage's last unit (the units of
+        a backward come in backward order)."""
         out: list[Item] = []
-        ahead = [self._prefetch(u) for u in units]  # (launches, their tokens) per unit
+        last = [j if backward else len(units) - 1 - j for j in range(len(units))]
+        ahead = [self._prefetch(u, last[j]) for j, u in enumerate(units)]  # (launches, their tokens) per unit
         for j, unit in enumerate(units):
             if j == 0:
                 out += ahead[0][0]
@@ -110,25 +112,26 @@ class ItemBuilder:
             if j + 1 < len(units):
                 out += ahead[j + 1][0]
             out += self._entries(unit.entries, backward)
-            scatters, s_tokens = self._launch_all("dp", unit.scatter_s, FSDP_STREAMS)
+            scatters, s_tokens = self._launch_all("dp", unit.scatter_s, FSDP_STREAMS, "reduce-scatter", last[j])
             out += scatters
             if unit.replicate_s > 0.0 and s_tokens:
                 # FSDP2 foreach_reduce: the replica all-reduce of the reduce-scattered shard, on its own stream and
                 # process group, once the unit's reduce-scatter has finished
-                out.append(launch("dp", unit.replicate_s, self._next(), stream="fsdp_replicate", after=s_tokens))
-            out += self._launch_all("offload", (unit.offload_s,), ("d2h",))[0]
+                out.append(launch("dp", unit.replicate_s, self._next(), stream="fsdp_replicate", after=s_tokens,
+                                  label="all-reduce", unit=last[j]))
+            out += self._launch_all("offload", (unit.offload_s,), ("d2h",), "activation offload", last[j])[0]
         return out
 
-    def _prefetch(self, unit: Unit) -> tuple[list[Item], tuple[int, ...]]:
+    def _prefetch(self, unit: Unit, last: int) -> tuple[list[Item], tuple[int, ...]]:
         """What a unit waits for before its ops: its FSDP all-gathers and its activation reload."""
-        gathers, g_tokens = self._launch_all("dp", unit.gather_s, FSDP_STREAMS)
-        reload, r_tokens = self._launch_all("offload", (unit.reload_s,), ("h2d",))
+        gathers, g_tokens = self._launch_all("dp", unit.gather_s, FSDP_STREAMS, "all-gather", last)
+        reload, r_tokens = self._launch_all("offload", (unit.reload_s,), ("h2d",), "activation reload", last)
         return gathers + reload, g_tokens + r_tokens
 
-    def _launch_all(self, group: str, seconds: Sequence[float], streams: Sequence[str]
-                    ) -> tuple[list[Item], tuple[int, ...]]:
+    def _launch_all(self, group: str, seconds: Sequence[float], streams: Sequence[str], label: str = "",
+                    unit: int = -1) -> tuple[list[Item], tuple[int, ...]]:
         """Launch the k-th of `seconds` on the k-th of `streams` (the last stream for any beyond)."""
-        items = [launch(group, s, self._next(), stream=streams[min(k, len(streams) - 1)])
+        items = [launch(group, s, self._next(), stream=streams[min(k, len(streams) - 1)], label=label, unit=unit)
                  for k, s in enumerate(seconds) if s > 0.0]
         return items, tuple(i.token for i in items)
 

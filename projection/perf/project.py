@@ -147,6 +147,8 @@ def applicable_schedules(scenario: Scenario) -> list[str]:
             continue
         if p.schedule_style == "torch" and name not in TORCH_SCHEDULES:
             continue  # torch.distributed.pipelining has no such schedule
+        if p.pipeline_runtime == "megatron" and name not in ("1f1b", "interleaved_1f1b"):
+            continue  # Megatron-LM's schedules.py has no such schedule (specs/validate_schedule.py)
         try:
             build_schedule(name, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size,
                            style=p.schedule_style)

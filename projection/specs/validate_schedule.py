@@ -27,6 +27,12 @@ def schedule_problems(plan: ParallelPlan, m: int, bad: Bad) -> None:
             bad("plan.schedule", f"{e} ({m} microbatches per data-parallel rank)",
                 "a larger global batch or a smaller microbatch, or a schedule that accepts this many microbatches")
             return
+    if plan.pipeline_runtime == "megatron" and plan.pp > 1 and plan.schedule not in ("1f1b", "interleaved_1f1b"):
+        # Megatron-Core's get_forward_backward_func: forward_backward_pipelining_without_interleaving, or with
+        # interleaving under a virtual pipeline; Primus's zero-bubble schedules are its own runtime (its patches)
+        bad("plan.schedule", f"Megatron-LM's pipeline runtime (schedules.py) has no {plan.schedule} schedule: it runs "
+            "1F1B, and interleaved 1F1B with a virtual pipeline", "use 1f1b or interleaved_1f1b (in a Primus "
+            "experiment, --schedule zb_h1, zb_h2, zbv, v_half or v_min turns on Primus's zero-bubble runtime)")
     if plan.lockstep_pipeline:
         _lockstep_order(plan, m, bad)
     if plan.megatron_pipeline and plan.pp == 2 and plan.vpp_ > 1 and not plan.megatron_p2p_overlap:

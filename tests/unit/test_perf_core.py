@@ -458,6 +458,8 @@ grids = {"tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2]), "zero"
 
 def _random(tp: int, pp: int, zero: int, overlap: bool, recompute: str, mbs: int, sp: bool, schedule: str,
             runtime: str, nodes: int = 1) -> Scenario:
+    if runtime == "megatron":  # Megatron-LM's schedules.py runs 1F1B (and interleaved 1F1B) only
+        schedule = "1f1b"
     return scenario(tp=tp, pp=pp, zero=zero, recompute=recompute, mbs=mbs, gbs=64 * mbs, nodes=nodes, sp=sp,
                     runtime=runtime,
                     schedule=schedule, overlap={"grad_reduce": overlap, "param_gather": overlap and zero >= 1,
