@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from projection.cli_args import (
     add_pytorch_arg,
@@ -36,17 +36,16 @@ from projection.cli_args import (
     load_scenario,
     output_problems,
     whole_numbers,
-    write_outputs,
 )
+from projection.cli_perf_outputs import scaling_png, write_all
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
-from projection.fileio import protect_jobs, same_file_problems
+from projection.fileio import same_file_problems
 from projection.paths import is_device_path
 from projection.report.perf_tables import (
     chosen_schedule,
     scaling_rows,
     scaling_table,
     schedules_table,
-    title,
 )
 
 if TYPE_CHECKING:
@@ -86,8 +85,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "batch) and print one row per count")
     p.add_argument("--png", metavar="OUT.png", help="with --scaling: plot tokens/s/GPU and MFU against nodes "
                    "(needs matplotlib)")
-    p.add_argument("--engine", choices=("des", "dag"), default="des",
-                   help="simulator: event loop with communication streams (default) or the exact dependency walk")
+    p.add_argument("--engine", choices=("des", "dag"), default=None,
+                   help="simulator where no framework runtime is walked: event loop with communication streams "
+                   "(default) or the exact dependency walk; Megatron's pipelines, torch's Schedule1F1B and its "
+                   "lock-step runtime (--pytorch up to 2.9) are walked as they run, and say so")
     return p
 
 
@@ -177,8 +178,14 @@ def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
     return scenario, start_note
 
 
-def _noted(proj: Projection, note: str) -> Projection:
-    return dataclasses.replace(proj, notes=(*proj.notes, note)) if note else proj
+def _noted(proj: Projection, note: str, engine: str | None = None) -> Projection:
+    """`proj` with the start's note, and where --engine was asked for and a framework runtime walk ran instead,
+    a note saying so."""
+    notes = [note] if note else []
+    if engine is not None and proj.engine.split(":")[0] != engine:
+        notes.append(f"--engine {engine} not used: this pipeline runs on its framework's own runtime, walked as it "
+                     f"runs (engine {proj.engine}); --engine picks the simulator where no framework runtime applies")
+    return dataclasses.replace(proj, notes=(*proj.notes, *notes)) if notes else proj
 
 
 def _smallest_start(args: argparse.Namespace, env: Mapping[str, str] | None, at_target: Scenario) -> Scenario | None:
@@ -217,6 +224,7 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
     if clash:
         raise ConfigError(clash)
     calibration = Path(args.calibration) if args.calibration else None  # checked by _check_args
+    engine: Literal["des", "dag"] = "dag" if args.engine == "dag" else "des"  # where no framework runtime is walked
     schedule = None if args.schedule == "all" else args.schedule
     if counts:  # every count and the schedule at every count checked before anything is projected
         problems = [p for n in counts for p in node_count_problems(scenario, n, flag="--scaling")]
@@ -225,10 +233,10 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
         scaled = [extrapolate(scenario, n, flag="--scaling") for n in counts]
         _check_schedule(scaled, schedule, each_count=True)
         # one cost model per node count: its collectives are priced on that count's placements
-        rows = [project(sc, default_cost_model(sc, calibration=calibration), schedule=schedule, engine=args.engine)
-                for sc in scaled]
-        jobs = [] if not args.png else [("--png", args.png, lambda: _scaling_png(rows, args.png, scenario))]
-        written = _write_all(jobs, rows[-1], args, [rows[-1]])
+        rows = [_noted(project(sc, default_cost_model(sc, calibration=calibration), schedule=schedule, engine=engine),
+                       "", args.engine) for sc in scaled]
+        jobs = [] if not args.png else [("--png", args.png, lambda: scaling_png(rows, args.png, scenario))]
+        written = write_all(jobs, rows[-1], args, [rows[-1]])
         if args.format == "json":
             return json.dumps({"scaling": scaling_rows(rows), "projections": [p.to_dict() for p in rows],
                                "wrote": written}, indent=2)
@@ -238,18 +246,18 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
     if args.schedule == "all":
         from projection.perf import compare_schedules
 
-        projs = ([_noted(p, start_note) for p in compare_schedules(scenario, cost_model, engine=args.engine)]
+        projs = ([_noted(p, start_note, args.engine) for p in compare_schedules(scenario, cost_model, engine=engine)]
                  if runs is None else sorted((_noted(project(sc, default_cost_model(sc, calibration=calibration),
-                                                             engine=args.engine), start_note) for sc in runs),
+                                                             engine=engine), start_note, args.engine) for sc in runs),
                                               key=lambda p: p.step_time_s))
         chosen = chosen_schedule(projs)
-        written = _write_all([], chosen, args, projs)
+        written = write_all([], chosen, args, projs)
         if args.format == "json":
             return json.dumps({"schedules": [p.to_dict() for p in projs],
                                "chosen": chosen.schedule if chosen else None, "wrote": written}, indent=2)
         return "\n".join([schedules_table(projs, scenario), *[f"wrote {w}" for w in written]])
-    proj = _noted(project(scenario, cost_model, schedule=schedule, engine=args.engine), start_note)
-    written = _write_all([], proj, args, [proj])
+    proj = _noted(project(scenario, cost_model, schedule=schedule, engine=engine), start_note, args.engine)
+    written = write_all([], proj, args, [proj])
     if args.format == "json":
         doc = proj.to_dict()
         doc["wrote"] = written
@@ -359,51 +367,3 @@ def _check_schedule(scenarios: Sequence[Scenario], name: str | None, *, each_cou
                                     fix=fix + ("; or --schedule all to compare them" if ok and not each_count else "")))
     if problems:
         raise ConfigError(problems)
-
-
-def _write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Projection | None,
-               args: argparse.Namespace, pipelines: Sequence[Projection]) -> list[str]:
-    """The outputs asked for (the Chrome trace of `proj`, the pp_vis dumps of `pipelines`), all or none of them."""
-    trace = args.trace
-    if args.pp_vis:
-        jobs = [*jobs, *_pp_vis_jobs(pipelines, args, [(flag, path) for flag, path, _ in jobs])]
-    if trace and proj is not None:
-        from projection.report.trace import write_chrome_trace
-
-        sim = proj.sim
-        tails = [(("optimizer", proj.optimizer_s[r] if r < len(proj.optimizer_s) else 0.0),
-                  ("param all-gather (exposed)",
-                   proj.param_gather_exposed_s[r] if r < len(proj.param_gather_exposed_s) else 0.0))
-                 for r in range(len(sim.timeline))]
-        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds, proj.priced))]
-    return write_outputs(protect_jobs(jobs))  # kept until the report is printed (fileio.OutputJournal)
-
-
-def _pp_vis_jobs(projs: Sequence[Projection], args: argparse.Namespace,
-                 outputs: Sequence[tuple[str, str]]) -> list[tuple[str, str, Callable[[], object]]]:
-    """One (flag, folder, writer) per projection: its simulated pipeline as Primus pp_vis JSON in
-    <--pp-vis>/<schedule>/, the activation track from the memory estimate's bytes per microbatch and virtual stage.
-    ConfigError, before anything is written, where a file it would write is one the command reads or writes too."""
-    from projection.report.ppvis import pp_vis_files, write_pp_vis
-
-    files = [("--pp-vis", str(f)) for p in projs for f in pp_vis_files(p.sim, args.pp_vis, p.schedule)]
-    inputs = [("a file --config reads", f) for p in projs for f in p.scenario.input_files]
-    clash = same_file_problems([*inputs, ("--calibration", args.calibration)],
-                               [*outputs, ("--trace", args.trace), *files])
-    if clash:
-        raise ConfigError(clash)
-
-    def job(p: Projection) -> tuple[str, str, Callable[[], object]]:
-        gib = [0.0] * p.sim.schedule.n_stages
-        for r in p.memory.ranks if p.memory is not None else ():
-            for st, b in r.microbatch_activation_bytes.items():
-                gib[st] = b / 2**30
-        return ("--pp-vis", str(Path(args.pp_vis) / p.schedule),
-                lambda: write_pp_vis(p.sim, args.pp_vis, name=p.schedule, activation_gb=gib))
-    return [job(p) for p in projs]
-
-
-def _scaling_png(rows: Sequence[Projection], path: str, scenario: Scenario) -> Path:
-    from projection.report.scaling_plot import write_scaling_png
-
-    return write_scaling_png(rows, path, title=title(scenario))

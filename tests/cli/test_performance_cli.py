@@ -397,3 +397,18 @@ def test_target_nodes_reports_the_targets_problems_not_the_default_starts(capsys
     for flags in (("--target-nodes", "6"), ("--scaling", "1,6")):
         code, _, err = perf(capsys, "--config", str(bad), *flags)
         assert code == 2 and "cannot be split evenly" in err and "world size" not in err, (flags, err)
+
+
+def test_engine_flag_says_when_a_framework_runtime_is_walked_instead(capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine picks the simulator where no framework runtime applies; on a Megatron pipeline, walked as Megatron's
+    schedules.py runs it, the projection says the flag was not used (and says nothing when the flag is not given)."""
+    megatron = REPO.parent / "shared" / "fixtures" / "megatron" / "gpt3_mcore_te_tp1_pp4_vp1" / "model_config.yaml"
+    if not megatron.exists():
+        pytest.skip("../shared/fixtures is absent (a user's clone)")
+    asked = perf_json(capsys, "--config", str(megatron), "--engine", "dag")
+    plain = perf_json(capsys, "--config", str(megatron))
+    assert asked["engine"] == plain["engine"] == "megatron"
+    assert any(n.startswith("--engine dag not used") for n in asked["notes"])
+    assert not any(n.startswith("--engine") for n in plain["notes"])
+    native = perf_json(capsys, "--config", str(LLAMA), "--engine", "dag")
+    assert native["engine"] == "dag" and not any(n.startswith("--engine") for n in native["notes"])
