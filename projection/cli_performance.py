@@ -9,8 +9,8 @@ breakdown, the critical path and the memory verdict (projection/perf).
 `--target-nodes N` weak-scales the job from the config's own node count (or `--nodes`) to N nodes at a fixed global
 batch (data parallelism grows, microbatches per rank shrink; every collective is priced on its new placement).
 `--schedule all` compares every applicable pipeline schedule in one table. `--scaling 1,2,4` projects the job at each
-node count (at fixed global batch as `--target-nodes`, from the smallest count when the file gives no cluster size)
-and prints one row per count; `--png` adds a plot of tokens/s/GPU and MFU against nodes. `--trace` writes the
+node count (each row the job `--target-nodes` N projects, from the same starting point and global batch) and
+prints one row per count; `--png` adds a plot of tokens/s/GPU and MFU against nodes. `--trace` writes the
 simulated step as a Chrome trace (Perfetto), `--pp-vis` the simulated pipeline as Primus pp_vis JSON.
 
 Wiring (cli.py): `add_parser(subparsers)` adds the sub-command; `run(args, env)` prints and returns the exit code
@@ -149,9 +149,10 @@ def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
 
     start_note = ""
     target_nodes = getattr(args, "target_nodes", None)
-    # a file that gives no cluster size is scaled from the smallest --scaling count rather than from 1 node
+    flag = "--target-nodes" if target_nodes is not None else "--scaling"
+    # every --scaling row is the job --target-nodes N projects: one starting point, whose global batch they keep
     try:
-        scenario = _load(args, env, args.nodes, default_nodes=min(counts) if counts else 1)
+        scenario = _load(args, env, args.nodes)
     except PlanError as err:
         target = target_nodes if target_nodes is not None else max(counts, default=None)
         if target is None:
@@ -160,10 +161,10 @@ def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
             at_target = _load(args, env, target)
         except ProjectionError as at_err:  # the target fails too: its problems, not the start's world size
             raise at_err from None
-        smallest = _smallest_start(args, env, at_target) if target_nodes is not None and args.nodes is None else None
+        smallest = _smallest_start(args, env, at_target) if args.nodes is None else None
         if smallest is not None:  # the file gives no cluster size: start where the plan first fits, as Primus does
-            scenario, start_note = smallest, (f"--target-nodes scaled from {smallest.cluster.nodes} nodes, the "
-                                              "smallest count this plan fits (the config gives no node count)")
+            scenario, start_note = smallest, (f"{flag} scaled from {smallest.cluster.nodes} nodes, the smallest count "
+                                              "this plan fits (the config gives no node count)")
         else:
             _raise_at_start(err, args)
     if target_nodes is not None:

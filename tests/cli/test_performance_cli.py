@@ -17,6 +17,7 @@ from projection import cli_performance
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "llama3_8b_inline.yaml"  # TP 2, PP 2 on one MI300X node (8 GPUs): DP 2, gbs 64, mbs 1
+SEQ = 8192  # its seq_length
 KEYS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "world_size", "breakdown_s")
 
 
@@ -412,3 +413,23 @@ def test_engine_flag_says_when_a_framework_runtime_is_walked_instead(capsys: pyt
     assert not any(n.startswith("--engine") for n in plain["notes"])
     native = perf_json(capsys, "--config", str(LLAMA), "--engine", "dag")
     assert native["engine"] == "dag" and not any(n.startswith("--engine") for n in native["notes"])
+
+
+def test_scaling_rows_are_the_target_nodes_projections_of_one_start(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    """A file without a cluster size whose global batch follows the world (a local batch per rank, as TorchTitan's
+    global_batch_size -1): every --scaling row, whatever the other counts listed, is what --target-nodes N projects
+    from the one starting point, so the global batch is the same in all of them."""
+    text = LLAMA.read_text(encoding="utf-8")
+    free = tmp_path / "free.yaml"
+    free.write_text(text[:text.index("cluster:")].replace("global_batch_size: 64", "local_batch_size: 32"),
+                    encoding="utf-8")
+    assert "local_batch_size: 32" in free.read_text(encoding="utf-8")
+    target = perf_json(capsys, "--config", str(free), "--target-nodes", "4")
+    for counts in ("1,4", "2,4", "4"):
+        row = perf_json(capsys, "--config", str(free), "--scaling", counts)["projections"][-1]
+        assert row["nodes"] == 4 and row["step_time_s"] == pytest.approx(target["step_time_s"], rel=1e-12), counts
+        assert row["model_flops_per_step"] == target["model_flops_per_step"], counts
+    # 32 sequences per DP rank at the 1-node start (dp 2): 64, kept at 4 nodes
+    sequences = target["tokens_per_s_per_gpu"] * target["step_time_s"] * target["world_size"] / SEQ
+    assert sequences == pytest.approx(64, rel=1e-9)
