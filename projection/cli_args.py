@@ -174,6 +174,11 @@ def output_problems(files: Sequence[tuple[str, str | None]] = (), dirs: Sequence
     for flag, path in dirs:
         if not path:
             continue
+        same = [f for f, other in files if other and os.path.abspath(other) == os.path.abspath(path)]
+        if same:  # a folder of files and a file at one path: whichever is written second cannot be
+            out.append(Problem(f"the same path as {same[0]}", key=flag, file=path,
+                               fix=f"give {flag} a folder other than {same[0]}'s file"))
+            continue
         top = Path(path)
         while not top.exists() and top.parent != top:
             top = top.parent

@@ -78,7 +78,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--primus-root", help="a Primus checkout whose primus/configs presets resolve the experiment")
     add_pytorch_arg(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("--trace", metavar="OUT.json", help="write the simulated step as a Chrome trace (ui.perfetto.dev)")
+    p.add_argument("--trace", metavar="OUT.json", help="write the simulated step as a Chrome trace (ui.perfetto.dev; "
+                   "the chosen schedule's with --schedule all, the last count's with --scaling)")
     p.add_argument("--pp-vis", metavar="DIR", help="write the simulated pipeline as Primus pp_vis JSON to "
                    "DIR/<schedule>/ (every schedule's with --schedule all; the last count's with --scaling)")
     p.add_argument("--scaling", metavar="1,2,4,...", help="project at each node count (fixed global "
@@ -121,15 +122,8 @@ def _framework_schedules(args: argparse.Namespace, env: Mapping[str, str] | None
     ZBVZeroBubble and DualPipeV without pipeline_parallel_layers_per_stage), not the file's vpp; a Primus Megatron
     experiment: through the keys Primus picks it by (its pipeline patches off, or patch_zero_bubble), so what
     Primus refuses is not compared. None for another job."""
-    if args.schedule != "all" or scenario.plan.pp == 1:
-        return None
-    if "torchtitan" in scenario.framework:
-        from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES
-
-        names: Sequence[str] = tuple(TORCHTITAN_SCHEDULE_NAMES)
-    elif scenario.framework == "primus-megatron":
-        names = [n for n in _PRIMUS_SCHEDULES if n != "interleaved_1f1b" or scenario.plan.vpp_ > 1]
-    else:
+    names = _own_schedule_names(scenario) if args.schedule == "all" else None
+    if names is None:
         return None
     out = []
     for name in names:
@@ -138,6 +132,21 @@ def _framework_schedules(args: argparse.Namespace, env: Mapping[str, str] | None
         except ProjectionError:
             continue  # a schedule the framework would refuse for this job: not compared
     return out
+
+
+def _own_schedule_names(scenario: Scenario) -> Sequence[str] | None:
+    """The schedules of a pipeline whose framework picks its schedule by its own keys (TorchTitan's
+    pipeline_parallel_schedule, Primus's pipeline patches), each to be loaded as --schedule NAME loads it; None for
+    another job, or without a pipeline."""
+    if scenario.plan.pp == 1:
+        return None
+    if "torchtitan" in scenario.framework:
+        from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES
+
+        return tuple(TORCHTITAN_SCHEDULE_NAMES)
+    if scenario.framework == "primus-megatron":
+        return [n for n in _PRIMUS_SCHEDULES if n != "interleaved_1f1b" or scenario.plan.vpp_ > 1]
+    return None
 
 
 def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
@@ -241,7 +250,9 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
         if args.format == "json":
             return json.dumps({"scaling": scaling_rows(rows), "projections": [p.to_dict() for p in rows],
                                "wrote": written}, indent=2)
-        return "\n".join([scaling_table(rows, scenario), *[f"wrote {w}" for w in written]])
+        last = f" (the {rows[-1].scenario.cluster.nodes}-node row)"
+        return "\n".join([scaling_table(rows, scenario), *[f"wrote {w}{last if w == args.trace else ''}"
+                                                          for w in written]])
     _check_schedule([scenario], schedule)
     cost_model = default_cost_model(scenario, calibration=calibration)
     if args.schedule == "all":
@@ -287,9 +298,13 @@ def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | 
             raise
         if name == "all":
             return fallback
-        from projection.perf import applicable_schedules
+        own = _own_schedule_names(fallback)
+        if own is None:
+            from projection.perf import applicable_schedules
 
-        ok = ", ".join(applicable_schedules(fallback))
+            ok = ", ".join(applicable_schedules(fallback))
+        else:  # the framework sets the stages per rank (or its runtime) by the name: each loaded as --schedule does
+            ok = ", ".join(n for n in own if _loads_or_none(load, n) is not None)
         raise PlanError([replace(p, fix=f"use one of {ok}; or --schedule all to compare them") if p.key == "--schedule"
                          else p for p in err.problems]) from None
 

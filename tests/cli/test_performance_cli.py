@@ -433,3 +433,26 @@ def test_scaling_rows_are_the_target_nodes_projections_of_one_start(capsys: pyte
     # 32 sequences per DP rank at the 1-node start (dp 2): 64, kept at 4 nodes
     sequences = target["tokens_per_s_per_gpu"] * target["step_time_s"] * target["world_size"] / SEQ
     assert sequences == pytest.approx(64, rel=1e-9)
+
+
+def test_a_pp_vis_folder_at_the_trace_path_is_refused_before_any_work(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    same = tmp_path / "X"
+    code, out, err = perf(capsys, "--config", str(LLAMA), "--pp-vis", str(same), "--trace", str(same))
+    assert code == 2 and out == "" and "the same path as --trace" in err and not same.exists()
+
+
+def test_the_scaling_trace_says_which_row_it_is(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    code, out, _ = perf(capsys, "--config", str(LLAMA), "--scaling", "1,2", "--trace", str(trace))
+    assert code == 0 and f"wrote {trace} (the 2-node row)" in out and trace.exists()
+
+
+def test_an_inapplicable_torchtitan_schedule_lists_those_torchtitan_would_run(capsys: pytest.CaptureFixture[str]
+                                                                               ) -> None:
+    """TorchTitan sets the stages per rank by the schedule: the ones offered are those that load as --schedule
+    NAME loads them (interleaved 1F1B and ZB-V on two stages per rank), not those of the file's one stage."""
+    toml = REPO / "benchmarks" / "torchtitan_runs" / "t5_llama31_405b_fsdp8_tp8_pp8_1f1b.toml"
+    code, _, err = perf(capsys, "--config", str(toml), "--nodes", "64", "--hardware", "h100-sxm", "--schedule",
+                        "dualpipev")
+    assert code == 2 and "use one of gpipe, 1f1b, interleaved_1f1b, zbv;" in err
