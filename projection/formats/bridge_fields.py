@@ -41,6 +41,8 @@ _SAME = {
         "wgrad_deferral_limit", "bf16", "fp16", "fp8", "fp8_recipe", "fp8_amax_history_len",
         "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
         "cuda_graph_impl", "cuda_graph_scope", "enable_cuda_graph", "external_cuda_graph",
+        "apply_rope_fusion", "bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion",
+        "moe_shared_expert_overlap", "delay_wgrad_compute",
     ),
     "train": ("micro_batch_size", "global_batch_size"),
     "dataset": ("seq_length",),

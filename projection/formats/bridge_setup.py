@@ -166,7 +166,8 @@ def _comm_overlap(data: Table, origins: Origins, file: str) -> None:
         tp_overlap = False
     _set(data, origins, "model", "tp_comm_overlap", bool(tp_overlap), o)
     _set(data, origins, "model", "overlap_p2p_comm", *pick("overlap_p2p_comm", pp > 1 and vp > 1))
-    for field, default in (("defer_embedding_wgrad_compute", False), ("overlap_moe_expert_parallel_comm", False)):
+    for field, default in (("defer_embedding_wgrad_compute", False), ("overlap_moe_expert_parallel_comm", False),
+                           ("delay_wgrad_compute", False)):
         _set(data, origins, "model", field, *pick(field, default))
     if co.get("wgrad_deferral_limit") is not None:
         _set(data, origins, "model", "wgrad_deferral_limit", *pick("wgrad_deferral_limit", 0))

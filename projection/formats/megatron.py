@@ -40,7 +40,7 @@ from projection.formats.megatron_checks import (
     fsdp2_drops_fp8_gather,
     zero_bubble_rules,
 )
-from projection.formats.megatron_kernels import attention_backend, cuda_graphs
+from projection.formats.megatron_kernels import attention_backend, cuda_graphs, unmodelled_options
 from projection.formats.megatron_model import MegatronArgs, model_section
 from projection.specs.scenario import Origin, RawScenario
 from projection.workload.stages import LayoutError, expand_layout
@@ -158,6 +158,7 @@ def _training(a: MegatronArgs, raw: RawScenario) -> None:
         turbo = a.origins.get("use_turbo_deepep") if turbo_deepep else None
         raw.set("training.kernels.moe_flex_backend", backend, turbo or a.origin("moe_flex_dispatcher_backend"))
     cuda_graphs(a, raw)
+    unmodelled_options(a, raw)
     for dest, key in (("moe_grouped_gemm", "moe_grouped_gemm"), ("moe_permute_fusion", "moe_permute_fusion"),
                       ("defer_embedding_wgrad_compute",
                                                                   "defer_embedding_wgrad"),

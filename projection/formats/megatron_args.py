@@ -113,6 +113,16 @@ DESTS: dict[str, tuple[Kind, Any]] = {
     "cuda_graph_scope": ("list", None),
     "enable_cuda_graph": ("bool", False),
     "external_cuda_graph": ("bool", False),
+    # read to say they are not modelled (megatron_kernels.unmodelled_options): fusions Megatron-LM turns on by
+    # default (argparse store_false flags; Bridge's TransformerConfig field bias_activation_fusion) and MoE overlaps
+    "apply_rope_fusion": ("bool", True),
+    "bias_gelu_fusion": ("bool", True),
+    "bias_swiglu_fusion": ("bool", True),
+    "bias_activation_fusion": ("bool", True),
+    "bias_dropout_fusion": ("bool", True),
+    "masked_softmax_fusion": ("bool", True),
+    "moe_shared_expert_overlap": ("bool", False),
+    "delay_wgrad_compute": ("bool", False),
     # parallelism (§1.4)
     "tensor_model_parallel_size": ("int", 1),
     "sequence_parallel": ("bool", False),
@@ -188,6 +198,7 @@ DEST_ALIASES: dict[str, str] = {
 FLAG_RENAMES: dict[str, tuple[str, bool]] = {
     "disable-bias-linear": ("add_bias_linear", True),
     "no-gradient-accumulation-fusion": ("gradient_accumulation_fusion", True),
+    "no-rope-fusion": ("apply_rope_fusion", True),
     "no-overlap-p2p-communication": ("overlap_p2p_comm", True),
     "overlap-p2p-communication": ("overlap_p2p_comm", False),
     "no-position-embedding": ("add_position_embedding", True),

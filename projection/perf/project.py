@@ -186,6 +186,8 @@ def _unmodelled(sc: Scenario) -> list[str]:
                      "launch, so where the host bounds the step (small layers or microbatches) the graphed run is "
                      "faster than projected; the graphs' static buffers and memory pools are not in the memory "
                      "estimate")
+    if k.unmodelled:
+        notes.append("not modelled, priced as without them: " + "; ".join(k.unmodelled))
     off = plan.offload
     if off.optimizer and off.optimizer_fraction > 0:
         notes.append(f"optimizer offload: the host's optimizer step over {off.optimizer_fraction:.0%} of the state is "

@@ -189,6 +189,9 @@ class KernelSpec(Spec):
     cuda_graph_scope: tuple[str, ...] = Field(
         (), description="what the graphs capture (--cuda-graph-scope: attn, mlp, moe, moe_router, moe_preprocess, "
         "mamba, full_iteration; empty or 'full' = whole layers)")
+    unmodelled: tuple[str, ...] = Field(
+        (), description="options the job sets that projection reads but prices as their defaults (Megatron's "
+        "fusions turned off, MoE overlaps), each with what it is priced as; the performance notes list them")
     compiled: bool = Field(
         False, description="torch.compile of the decoder blocks (TorchTitan [compile] enable with the 'model' "
         "component; set by the TorchTitan loaders): the min-cut partitioner recomputes the SwiGLU's SiLU output "
