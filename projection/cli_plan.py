@@ -164,7 +164,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
                                ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"],
                                zero=values["zero"],
-                               reload=lambda over: load_scenario(args, env, extra=_reload_keys(base_extra, over)))
+                               # each candidate on the cluster searched (a TorchTitan TOML that fixes its degrees
+                               # would otherwise be loaded on as many GPUs as its degrees multiply to)
+                               reload=lambda over: load_scenario(args, env, nodes=scenario.cluster.nodes,
+                                                                 extra=_reload_keys(base_extra, over)))
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2

@@ -49,10 +49,11 @@ def _layout(scenario: Scenario, nodes: int) -> tuple[list[Problem], ParallelPlan
                         f"{plan.tp} * {plan.cp} * {plan.pp} = {mp}", key="cluster.nodes")], None, new_training
     asked = plan.model_copy(update={"dp": world // mp})
     rep = plan.sharding.dp_replicate
-    if rep > 1 and plan.dp is not None and "data_parallel_shard_degree" in scenario.origins.get("plan.dp", ""):
-        # HSDP with the shard degree given: TorchTitan derives only a shard degree of -1 from the world size (its
-        # ParallelDims asserts replicate x shard x cp x tp x pp = world), so a layout that fixes the shard group
-        # (often a node, to keep FSDP's traffic on the intra-node fabric) grows by replicas
+    if plan.dp is not None and plan.sharding.zero_stage == 3 and \
+            "data_parallel_shard_degree" in scenario.origins.get("plan.dp", ""):
+        # the shard degree given (HSDP, or FSDP with one replica): TorchTitan derives only a shard degree of -1 from
+        # the world size (its ParallelDims asserts replicate x shard x cp x tp x pp = world), so a layout that fixes
+        # the shard group (often a node, to keep FSDP's traffic on the intra-node fabric) grows by replicas
         shard = plan.dp // rep
         if (world // mp) % shard:
             return [Problem(f"{_n(nodes)}: dp = {world // mp} is not a multiple of the shard degree {shard} the file "

@@ -148,6 +148,11 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
             return refused(err.problems)
         if not divides:  # a loader that took it anyway: the world-size rule (specs/validate.py) still holds
             return refused([_world_problem(world, tp, cp, pp)])
+        if cand.world_size != world:  # a reload that sized its own cluster (e.g. from a TOML's fixed degrees)
+            return refused([Problem(f"this layout runs on {cand.world_size} GPUs, not the {world} searched: the "
+                                    "config fixes a degree the layout no longer fills", key="cluster.nodes",
+                                    file=sc.source, fix="load the candidate on the searched cluster (reload with "
+                                    "nodes=...), or let that degree follow the world size (-1)")])
         derived = derived_vpp_problem(sc, vpp, cand.plan.vpp_) if given["vpp"] else None
         if derived is not None:
             return refused([derived])

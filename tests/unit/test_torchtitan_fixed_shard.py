@@ -1,0 +1,36 @@
+"""A TorchTitan TOML that gives data_parallel_shard_degree (not -1): TorchTitan's ParallelDims asserts that the
+degrees multiply to the world, and derives only a shard degree of -1. So weak scaling grows replicas (HSDP) and keeps
+the shard group the file fixed, also at a replicate degree of 1; and a layout search keeps each candidate on the
+searched cluster, refusing a layout the fixed shard degree no longer fills instead of pricing it on more GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from projection import api
+from projection.perf import extrapolate
+from projection.perf.search import search_layouts
+
+TOML = Path(__file__).resolve().parents[2] / "benchmarks" / "torchtitan_runs" / "t1_llama31_8b_fsdp8.toml"
+
+
+def test_weak_scaling_grows_replicas_of_the_files_shard_group() -> None:
+    sc = api.load(TOML)
+    assert (sc.world_size, sc.plan.dp, sc.plan.sharding.dp_replicate) == (8, 8, 1)
+    at2 = extrapolate(sc, 2)
+    assert (at2.world_size, at2.plan.dp, at2.plan.sharding.dp_replicate) == (16, 16, 2)
+
+
+def test_plan_candidates_stay_on_the_searched_cluster() -> None:
+    sc = api.load(TOML)
+    found = search_layouts(sc, tp=[1, 2], zero=[3],
+                           reload=lambda over: api.load(TOML, nodes=sc.cluster.nodes, overrides=over))
+    priced = [c for c in found if c.projection is not None]
+    assert priced and all(c.projection.world_size == 8 for c in priced)
+    tp2 = [c for c in found if c.tp == 2]
+    assert tp2 and all(c.projection is None and c.problems for c in tp2)
+    # a reload that sizes its own cluster from the degrees is refused by the search itself
+    free = search_layouts(sc, tp=[2], zero=[3], reload=lambda over: api.load(TOML, overrides=over))
+    assert free and all(c.projection is None for c in free)
+    assert [p.message.split(":")[0] for c in free for p in c.problems] == [
+        "this layout runs on 16 GPUs, not the 8 searched"]
