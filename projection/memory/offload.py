@@ -74,16 +74,23 @@ def _saved_tensors(sc: Scenario, i: int, full: bool, chunk_head: bool) -> dict[s
     return tensors
 
 
+def _offloads(sc: Scenario) -> bool:
+    """Whether the plan's activation offloading runs: Megatron-Core's two mechanisms, in a Megatron-family job or a
+    native / HF scenario (whose plan fields are Megatron's, checked by Megatron-Core's rules, specs/validate.py);
+    TorchTitan has neither."""
+    return is_megatron(sc) or "torchtitan" not in sc.framework
+
+
 def offload_split(sc: Scenario, i: int, full: bool = False, chunk_head: bool = True) -> tuple[float, float]:
     """(resident, offloaded) bytes layer i keeps per in-flight microbatch under Megatron fine-grained activation
     offloading (module docstring); (saved, 0) without it."""
     m, t, p = sc.model, sc.training, sc.plan
     total = saved_layer_bytes(m, t, p, i, full, chunk_head=chunk_head)
-    if is_megatron(sc) and i < p.offload.activation_layers:  # layer-level CPU offloading of the first N layers
+    if _offloads(sc) and i < p.offload.activation_layers:  # layer-level CPU offloading of the first N layers
         tensors = _saved_tensors(sc, i, full, chunk_head)
         stay = sum(v for k, v in tensors.items() if _not_tagged_for_offload(k))
         return stay, total - stay
-    names = _offloaded_names(sc) if is_megatron(sc) else set()
+    names = _offloaded_names(sc) if _offloads(sc) else set()
     if not names:
         return total, 0.0
     tensors = _saved_tensors(sc, i, full, chunk_head)
