@@ -74,6 +74,8 @@ def state_formulas(sc: Scenario, pp_rank: int) -> list[tuple[str, sp.Expr, Mappi
     ]
 
 
+# the categories whose addends are named sizes at the peak's moment (no formula), by the prefixes of their terms
+_MOMENT_TERMS = {"activations": ("activations", "working"), "buffers": ("buffers",), "other": ("optimizer_step",)}
 _MAIN_TERMS = {"weights": ("weights.params", "weights.sharded"), "gradients": ("gradients.main",),
                "optimizer": ("optimizer.master", "optimizer.moments")}
 
@@ -107,9 +109,16 @@ def explain(report: MemoryReport) -> str:
             lines.append(f"  activations per {kind:<24} {sp.sstr(expr)}  with {_subs_text(subs)} -> "
                          f"{float(expr.subs(subs)):,.0f} per microbatch (before recompute)")
         lines.append(f"  in-flight microbatches at the peak, per virtual stage: {r.inflight}")
-        for k, v in r.terms.items():  # framework buffers and pipeline outputs: named sizes, no formula
-            if k.startswith(("buffers.", "activations.pipeline_")):
+        # the addends of the other categories at the rank's peak, as counted (activations after recompute and times
+        # the microbatches in flight, the working set of that moment; framework buffers; the optimizer step's own
+        # transient buffers), each category closed by the total the table prints
+        for category, prefixes in _MOMENT_TERMS.items():
+            terms = {k: v for k, v in r.terms.items() if k.split(".")[0] in prefixes}
+            if not terms and not r.bytes.get(category):
+                continue
+            for k, v in terms.items():
                 lines.append(f"  {k:<50} {v:,.0f}")
+            lines.append(f"    = {category:<48} {r.bytes[category]:,.0f}")
         lines.append("")
     return "\n".join(lines)
 
