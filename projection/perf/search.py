@@ -293,5 +293,12 @@ def _fitting_schedule(sc: Scenario, plan: ParallelPlan, training: TrainingSpec) 
     if plan.schedule in ok or plan.runs_as(plan.schedule) in ok:
         return plan
     name = "interleaved_1f1b" if plan.vpp_ > 1 else "1f1b"
+    if not ok:  # no schedule builds (the layout fails on other counts): still the one for this vpp, so that the
+        # refusal gives the layout's reasons, not a stage count the file's schedule never meant to run
+        from projection.schedule.registry import stages_per_rank_problem
+
+        if stages_per_rank_problem(plan.schedule, plan.vpp_) is not None:
+            return plan.model_copy(update={"schedule": plan.runs_as(name)})
+        return plan
     # no GPipe fallback: Megatron has no such schedule; a layout neither fits is refused with the schedule's reason
     return plan.model_copy(update={"schedule": plan.runs_as(name)}) if name in ok else plan

@@ -34,3 +34,18 @@ def test_plan_candidates_stay_on_the_searched_cluster() -> None:
     assert free and all(c.projection is None for c in free)
     assert [p.message.split(":")[0] for c in free for p in c.problems] == [
         "this layout runs on 16 GPUs, not the 8 searched"]
+
+
+def test_a_refused_interleaved_layout_gives_its_own_reasons_only() -> None:
+    """A vpp 2 layout refused on other counts (16 GPUs on 8, 12 layers over 8 stages) is judged as interleaved
+    1F1B, as a layout that holds would be: no 'vpp must be 1' from the file's 1F1B, which the search would not have
+    run."""
+    from projection.perf.search import search_layouts as search
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml"
+    sc = api.load(example, overrides=["model.num_layers=12"])
+    found = search(sc, tp=[4], pp=[4], vpp=[2])
+    assert found and all(c.projection is None for c in found)
+    messages = [p.message for c in found for p in c.problems]
+    assert any("cannot be split evenly" in m for m in messages) and any("not divisible" in m for m in messages)
+    assert not any("vpp must be 1" in m for m in messages), messages
