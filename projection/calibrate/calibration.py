@@ -167,7 +167,7 @@ class HostRow(Spec):
     """Host (CPU) seconds per kernel launch of eager PyTorch: the framework-overhead constant of projection/perf
     (a kernel cannot start before the host has issued it). `kernels`: launches the figure averages over."""
 
-    host_s: float = Field(gt=0)
+    host_s: RowSeconds  # like every measured time: an hour per launch is a unit slip (and overflows the pricing)
     kernels: int = Field(ge=1)
     device: str | None = None
     source: str = ""

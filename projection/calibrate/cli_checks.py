@@ -8,6 +8,7 @@ nothing written). Kept free of torch at import time: `calibrate import` and `cal
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 
 from projection.cli_args import output_problems
@@ -25,9 +26,19 @@ _MINIMUM = {
 }
 
 
+# Upper limits, physically meaningful. One benchmark buffer (--sizes) larger than 1 TiB exceeds the memory of any
+# accelerator (the largest hold 288 GB: MI355X, B300) and of most hosts; torch cannot even index one past 2**63 bytes.
+MAX_SIZE_BYTES = 2**40
+# A --shape dimension: cublasGemmEx and rocblas_gemm_ex take `int` m, n, k (at most 2**31 - 1), and one operand of
+# more than 2**38 elements (1 TiB in fp32) fits no accelerator's memory.
+MAX_DIMENSION = 2**31 - 1
+MAX_OPERAND_ELEMENTS = 2**38
+
+
 def number_problems(args: argparse.Namespace) -> list[Problem]:
-    """Every numeric flag given to this sub-command below its minimum (_MINIMUM)."""
-    problems = []
+    """Every numeric flag given to this sub-command below its minimum (_MINIMUM), and every --shape whose dimensions
+    or operands are past the limits above."""
+    problems = shape_limit_problems(getattr(args, "shape", None) or [], getattr(args, "calibrate_name", None))
     for attr, (minimum, why) in _MINIMUM.items():
         value = getattr(args, attr, None)
         if value is not None and value < minimum:
@@ -38,19 +49,56 @@ def number_problems(args: argparse.Namespace) -> list[Problem]:
     return problems
 
 
+def shape_limit_problems(shapes: Sequence[str], command: str | None) -> list[Problem]:
+    """--shape values (gemm MxNxK[:...], attention BxHxKVxDxS[xSKV]) with a dimension past MAX_DIMENSION or an
+    operand past MAX_OPERAND_ELEMENTS. Shapes that do not parse are left to the shape parser (cli_bench)."""
+    problems = []
+    fix = (f"give dimensions up to {MAX_DIMENSION} whose operands hold at most 2**38 elements (1 TiB in fp32, more "
+           "than any accelerator's memory)")
+    for text in shapes:
+        parts = text.split(":")[0].lower().split("x")
+        if not all(p.isdigit() for p in parts) or len(parts) < 3:
+            continue
+        dims = [int(p) for p in parts]
+        big = [d for d in dims if d > MAX_DIMENSION]
+        if big:
+            problems.append(Problem(f"shape {text!r}: dimension {big[0]} is past {MAX_DIMENSION}, the largest `int` "
+                                    "dimension of the BLAS interfaces (cublasGemmEx, rocblas_gemm_ex)", key="--shape",
+                                    file=COMMAND_LINE, fix=fix))
+            continue
+        if command == "attention" and len(dims) >= 5:  # Q [B, H, S, D] and K/V [B, KV, SKV, D]
+            b, h, kv, d, s = dims[:5]
+            operands = [b * h * s * d, b * kv * (dims[5] if len(dims) > 5 else s) * d]
+        else:  # A [M, K], B [K, N], D [M, N]
+            m, n, k = dims[:3]
+            operands = [m * k, k * n, m * n]
+        if max(operands) > MAX_OPERAND_ELEMENTS:
+            problems.append(Problem(f"shape {text!r}: an operand of {max(operands):.3g} elements, more than 2**38 "
+                                    "(1 TiB in fp32) fits no accelerator's memory", key="--shape", file=COMMAND_LINE,
+                                    fix=fix))
+    return problems
+
+
 def parse_sizes(text: str | None, key: str = "--sizes") -> tuple[list[int], list[Problem]]:
-    """Comma-separated byte sizes ('4096,1MiB') -> (sizes, problems); every size must be a positive byte count."""
+    """Comma-separated byte sizes ('4096,1MiB') -> (sizes, problems); every size must be a byte count from 1 to
+    MAX_SIZE_BYTES (1 TiB)."""
     if text is None:
         return [], []
     sizes: list[int] = []
     problems: list[Problem] = []
-    fix = "write positive sizes like 4096,1MiB,64MB"
+    fix = "write positive sizes up to 1TiB like 4096,1MiB,64MB"
     for item in text.split(","):
         try:
-            size = int(parse_bytes(item.strip()))
+            value = parse_bytes(item.strip())
         except ValueError as err:
             problems.append(Problem(str(err), key=key, file=COMMAND_LINE, fix=fix))
             continue
+        if not math.isfinite(value) or value > MAX_SIZE_BYTES:
+            problems.append(Problem(f"size {item.strip()!r} is past 1 TiB ({MAX_SIZE_BYTES} bytes): no accelerator "
+                                    "holds such a buffer (the largest hold 288 GB)", key=key, file=COMMAND_LINE,
+                                    fix=fix))
+            continue
+        size = int(value)
         if size < 1:
             problems.append(Problem(f"size {item.strip()!r} is {size} bytes: must be at least 1 byte", key=key,
                                     file=COMMAND_LINE, fix=fix))

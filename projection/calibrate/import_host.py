@@ -10,7 +10,8 @@ the next kernel (Python, dispatcher, framework code, the launch call), unless th
   waits inside `backward()`: that wait is not issuing time).
 host seconds per kernel = the sum of the kept intervals / their number. On a trace issued without interruption this
 is (last launch - first launch) / (launches - 1), the figure hardware_specs/h100-sxm.yaml and mi300x.yaml state for
-the TraceLens Qwen traces (tests/oracle/test_importers.py checks both).
+the TraceLens Qwen traces (tests/oracle/test_importers.py checks both). Events without a readable time are left out
+(import_common.trace_events); a figure over the schema's hour per launch (HostRow) is no figure (None).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import defaultdict
 from typing import Any
 
 from projection.calibrate.calibration import HostRow
+from projection.calibrate.import_common import build_row, thread_of, trace_events
 
 LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                       "cudaLaunchCooperativeKernel", "hipLaunchKernel", "hipExtModuleLaunchKernel",
@@ -35,14 +37,14 @@ def host_issue(trace: dict[str, Any], file: str, device: str | None = None) -> H
     thread without a block or another thread's launch between them."""
     launches: dict[Any, list[float]] = defaultdict(list)
     blocks: dict[Any, list[float]] = defaultdict(list)
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("cat") not in _RUNTIME_CATS or "ts" not in e:
+    for e in trace_events(trace):  # objects with a finite ts (import_trace notes the others)
+        if e.get("cat") not in _RUNTIME_CATS:
             continue
         name = e.get("name", "")
         if name in LAUNCHES:
-            launches[(e.get("pid"), e.get("tid"))].append(float(e["ts"]))
+            launches[thread_of(e)].append(float(e["ts"]))
         elif name in BLOCKING:
-            blocks[(e.get("pid"), e.get("tid"))].append(float(e["ts"]))
+            blocks[thread_of(e)].append(float(e["ts"]))
     every = sorted((ts, thread) for thread, stamps in launches.items() for ts in stamps)
     times = [ts for ts, _ in every]
     total_us, kept = 0.0, 0
@@ -57,9 +59,12 @@ def host_issue(trace: dict[str, Any], file: str, device: str | None = None) -> H
     if kept == 0:
         return None
     threads = sum(1 for s in launches.values() if len(s) > 1)
-    return HostRow(host_s=total_us / kept * 1e-6, kernels=kept, device=device,
-                   source=f"{file}: {kept} launch-to-launch intervals over {total_us / 1e3:.2f} ms of host time on "
-                          f"{threads} thread(s), without a block or another thread's launch between them")
+    # None when the figure is impossible (over the schema's hour per launch: timestamps that are not microseconds)
+    row, _ = build_row(HostRow, {"host_s": total_us / kept * 1e-6, "kernels": kept, "device": device,
+                                 "source": f"{file}: {kept} launch-to-launch intervals over {total_us / 1e3:.2f} ms "
+                                           f"of host time on {threads} thread(s), without a block or another "
+                                           "thread's launch between them"})
+    return row
 
 
 def _any_in(sorted_ts: list[float], a: float, b: float) -> bool:

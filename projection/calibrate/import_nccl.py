@@ -12,6 +12,13 @@ Per run: the collective comes from `# Collective test starting: all_reduce_perf`
 seen (`all_reduce_perf`, `alltoall_perf_mpi` ...), else from the columns and the busbw / algbw ratio. The rank count
 comes from the `# Using devices` list, else `nranks N` (NCCL INFO), else the ratio (for kinds whose bus factor
 depends on it); the node count from the distinct host names of the list, or an `N-node` banner.
+
+Refused (CalibrationError, exit code 2): a `cputime` column (-C 1), ranks split unevenly over the hosts of the
+`# Using devices` list (8 on one node and 4 on another: the fits price even placements only), a run that ended in a
+`Test NCCL failure` / `Test failure` line (the run aborted: the fabric or library failed, so its rows do not stand
+for a working setup). Skipped with a provenance note: halves that failed nccl-tests' data check (a non-zero `#wrong`
+count, or an error column starred, `error ? "*" : ""` in common.cu: the collective computed wrong data, so its time
+is not that of a correct collective) and rows whose values do not validate (a 20-digit size).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 
 from projection.calibrate.calibration import Calibration, CollectiveRow, Provenance, normalize_dtype
 from projection.calibrate.errors import CalibrationError
+from projection.calibrate.import_common import Skipped, build_row
 from projection.cost.collectives import CollectiveKind, bus_factor
 from projection.errors import Problem
 
@@ -53,6 +61,7 @@ class _Half:
     time_us: float
     algbw_gb_s: float
     busbw_gb_s: float
+    wrong: bool = False  # failed the data check: #wrong > 0, or an error column starred as over the tolerance
 
 
 @dataclass
@@ -102,6 +111,10 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
     malformed: list[int] = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
+        if _FAILURE.search(line):
+            raise CalibrationError(Problem(f"the benchmark failed: {line[:120]!r}", file=source, line=number,
+                                           fix="fix the failure (NCCL_DEBUG=INFO says more) and run the benchmark "
+                                               "again; the rows before it come from a setup that then failed"))
         half = _data_row(line, number)
         if half:
             if run.halves and half[0].size < run.halves[-1].size:
@@ -143,6 +156,7 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
                                            "all_reduce_perf -b 8 -e 8G -f 2)"))
     rows: list[CollectiveRow] = []
     provenance: list[Provenance] = []
+    skipped = Skipped(source)
     for r in runs:
         if "cputime" in r.header:
             # -C 1 (report_cputime): the time column is the host's; nccl-tests / rccl-tests print it as `cputime`
@@ -158,20 +172,31 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
                                            f"{r.halves[-1].line} does not match {kind} over {n_ranks} ranks (bus "
                                            f"factor {bus_factor(kind, n_ranks):.3f})", file=source,
                                            fix="keep each run's header (binary name, '# Using devices') with its rows"))
-        hosts = {host for host, _ in r.ranks.values()}
-        n_nodes = len(hosts) if hosts else r.nodes_hint
+        per_host = Counter(host for host, _ in r.ranks.values())
+        n_nodes = len(per_host) if per_host else r.nodes_hint
+        even = "import runs with the same GPUs on every node (the fits price even placements)"
         if n_nodes is not None and (n_nodes > n_ranks or n_ranks % n_nodes):
             raise CalibrationError(Problem(f"the run at lines {r.halves[0].line}-{r.halves[-1].line} has {n_ranks} "
                                            f"ranks on {n_nodes} nodes, not the same number on each", file=source,
-                                           fix="import runs with the same GPUs on every node (the fits price even "
-                                               "placements)"))
+                                           fix=even))
+        if len(set(per_host.values())) > 1:  # 12 ranks on 2 hosts as 8 + 4: divisible, yet not 6 on each
+            split = ", ".join(f"{n} on {host}" for host, n in per_host.items())
+            raise CalibrationError(Problem(f"the run at lines {r.halves[0].line}-{r.halves[-1].line} has its ranks "
+                                           f"split unevenly over the hosts ({split})", file=source, fix=even))
         names = Counter(dev for _, dev in r.ranks.values() if dev)
         device = names.most_common(1)[0][0] if names else None
-        rows += [CollectiveRow(kind=kind, n_ranks=n_ranks, n_nodes=n_nodes, size_bytes=h.size,
-                               time_s=h.time_us * 1e-6, algbw_bytes_per_s=h.algbw_gb_s * 1e9,
-                               busbw_bytes_per_s=h.busbw_gb_s * 1e9, in_place=h.in_place,
-                               dtype=normalize_dtype(h.dtype), device=device, source=f"{source}:{h.line}")
-                 for h in r.halves]
+        for h in r.halves:
+            if h.wrong:
+                skipped.add("half-row(s) that failed the data check (#wrong non-zero or a starred error)", h.line)
+                continue
+            row, why = build_row(CollectiveRow, dict(
+                kind=kind, n_ranks=n_ranks, n_nodes=n_nodes, size_bytes=h.size, time_s=h.time_us * 1e-6,
+                algbw_bytes_per_s=h.algbw_gb_s * 1e9, busbw_bytes_per_s=h.busbw_gb_s * 1e9, in_place=h.in_place,
+                dtype=normalize_dtype(h.dtype), device=device, source=f"{source}:{h.line}"))
+            if row is None:
+                skipped.add("half-row(s) with impossible values", h.line, why or "")
+            else:
+                rows.append(row)
         provenance.append(Provenance(device_name=device, library_versions=r.versions, command=r.command,
                                      source_files=(source,),
                                      notes=(f"{kind}, {n_ranks} ranks, {n_nodes or '?'} nodes: lines "
@@ -181,9 +206,13 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
         provenance.append(Provenance(source_files=(source,), notes=(
             f"skipped {len(malformed)} malformed data row(s) of {source} (numbers that cannot be read) at lines "
             f"{lines}",)))
-    return Calibration(provenance=tuple(provenance), collective=tuple(rows))
+    if not rows:
+        raise CalibrationError(Problem(f"no data row of the log can be used ({skipped.notes()[0].notes[0]})",
+                                       file=source, fix="run the benchmark again (with the data check passing)"))
+    return Calibration(provenance=(*provenance, *skipped.notes()), collective=tuple(rows))
 
 
+_FAILURE = re.compile(r"\bTest (?:NCCL |CUDA |HIP |RCCL )?failure\b")  # nccl-tests / rccl-tests common.h on an abort
 _STAMP = re.compile(r"\d{4}-\d{2}-\d{2}")  # `-S 1`: a `%Y-%m-%d %H:%M:%S` timestamp after the halves
 
 
@@ -201,7 +230,8 @@ def _data_row(line: str, number: int) -> list[_Half]:
             groups = [tail[mids + 4 * i: mids + 4 * i + 4] for i in range(halves)]
             if all(_numbers(g) for g in groups):
                 return [_Half(number, int(tokens[0]), tokens[2], tuple(tail[:mids]), i == 1, float(g[0]), float(g[1]),
-                              float(g[2])) for i, g in enumerate(groups)]
+                              float(g[2]), g[3].endswith("*") or (g[3].isdigit() and int(g[3]) > 0))
+                        for i, g in enumerate(groups)]
     return []
 
 

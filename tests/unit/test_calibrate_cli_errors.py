@@ -29,7 +29,7 @@ CASES = [
     ("memory --dtype unknown", ["memory", *CPU, "--sizes", "4096", "--dtype", "bogus"], ["--dtype", "'bogus'"]),
     ("attention --dtype unknown", ["attention", *CPU, "--shape", "1x2x2x8x16", "--dtype", "bogus"], ["--dtype"]),
     ("collective unknown kind", ["collective", *CPU, "--kinds", "all_reduce,gossip"], ["--kinds", "'gossip'"]),
-    ("collective larger than the host's RAM", ["collective", *CPU, "--sizes", "1PiB"],
+    ("collective larger than the host's RAM", ["collective", *CPU, "--sizes", "900GiB"],
      ["--sizes", "<command line>", "more than the host's available RAM", "give --sizes up to"]),
     ("--out onto a directory", ["gemm", *CPU, "--shape", "8x8x8", "--out", "outdir"], ["--out", "is a directory"]),
     ("--out in a missing directory", ["host", *CPU, "--out", "missing/h.json"], ["--out", "does not exist"]),
