@@ -100,8 +100,9 @@ def add_pytorch_arg(p: argparse.ArgumentParser) -> None:
     """--pytorch VERSION: the torch release the job runs (api.load's `pytorch`)."""
     p.add_argument("--pytorch", metavar="VERSION", help="the torch release the job runs (default 2.10 or later): up "
                    "to 2.9 torch.distributed.pipelining runs interleaved schedules in lock-step time steps; up to 2.7 "
-                   "every stage, from 2.8 the last, keeps each microbatch's output until the next step (a file's "
-                   "plan.pipeline_outputs_kept: none, for step(return_outputs=False), wins from 2.10)")
+                   "every stage, from 2.8 the last, keeps each microbatch's output until the next step (a "
+                   "plan.pipeline_outputs_kept in the file or --set wins; none, for step(return_outputs=False), needs "
+                   "2.10+)")
 
 
 def add_scenario_args(p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json")) -> None:

@@ -66,7 +66,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=count, help="number of nodes (replaces the config's); with --target-nodes or "
                    "--scaling, the node count the job is scaled from")
     p.add_argument("--target-nodes", type=count, metavar="N",
-                   help="weak-scale from the config's own nodes (or --nodes) to N nodes at a fixed global batch")
+                   help="weak-scale from the config's own nodes (or --nodes; a file without a node count: the fewest "
+                   "nodes its plan holds on) to N nodes at a fixed global batch")
     p.add_argument("--gpus-per-node", type=count, help="GPUs per node (default: the device's usual count)")
     p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
     p.add_argument("--calibration", metavar="FILE", help="a Calibration JSON (projection calibrate ...); default: "
@@ -244,7 +245,7 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
         _check_schedule(scaled, schedule, each_count=True)
         # one cost model per node count: its collectives are priced on that count's placements
         rows = [_noted(project(sc, default_cost_model(sc, calibration=calibration), schedule=schedule, engine=engine),
-                       "", args.engine) for sc in scaled]
+                       start_note, args.engine) for sc in scaled]
         jobs = [] if not args.png else [("--png", args.png, lambda: scaling_png(rows, args.png, scenario))]
         written = write_all(jobs, rows[-1], args, [rows[-1]])
         if args.format == "json":

@@ -88,7 +88,8 @@ class Projection:
 
     @property
     def exposed_comm_s(self) -> float:
-        """Exposed communication of the breakdown rank (seconds), all groups."""
+        """Exposed communication of the breakdown rank (seconds) over the tp, cp, ep, pp and dp groups (the host-link
+        copies of offloading are the breakdown's `offload`, not in it)."""
         return sum(self.breakdown_s[f"comm.{g}"] for g in COMM_GROUPS)
 
     @property

@@ -2,8 +2,9 @@
 
 `extrapolate(scenario, nodes)` keeps the model, the batch and tp / cp / pp / ep / etp, and gives the data-parallel
 axis the rest of the world: dp = nodes x GPUs per node / (tp x cp x pp), so each DP rank runs fewer microbatches
-(global batch / (micro batch x dp)). Under HSDP the replicas grow where the file gives the shard degree, the shard
-group where it leaves it to the world size (TorchTitan's -1). Every collective is priced from the new cluster by
+(global batch / (micro batch x dp)). Under FSDP the replicas grow where the file gives the shard degree (HSDP,
+or a replicate degree of 1, which becomes HSDP), the shard group where it leaves it to the world size (TorchTitan's
+-1). Every collective is priced from the new cluster by
 `project` (projection/perf/placement.py recomputes the placement of each group: DP and FSDP groups that span more
 nodes, EP / TP / PP groups that become inter-node), so nothing is carried over from the original cluster.
 """
