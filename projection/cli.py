@@ -37,8 +37,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _common(p)
     p = sub.add_parser("memory", help="per-rank memory: weights, gradients, optimizer, activations, verdict")
     _common(p)
-    p.add_argument("--explain", action="store_true", help="print each term's formula with the numbers substituted, and each category's addends at "
-                   "the peak, closed by the table's total")
+    p.add_argument("--explain", action="store_true", help="print each term's formula with the numbers substituted, "
+                   "and each category's addends at the peak, closed by the table's total")
     p.add_argument("--target-nodes", type=count, metavar="N",
                    help="per-rank memory after weak scaling to N nodes at the same global batch (as performance)")
     # The other sub-commands live in their own modules, imported only when named (they pull in scipy / torch);
