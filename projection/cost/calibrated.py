@@ -20,6 +20,7 @@ Tables and their interpolation (every table is exact at its measured points):
   collective rows (projection.calibrate.fit), else the fallback's analytic fabric; a group is never priced below a
   measured placement inside it (`held_time_s`).
 "In range" means inside the bounding box of the table's points in every coordinate.
+A calibration of several devices prices the projected one from its own rows only (projection/cost/device_rows.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from projection.calibrate.calibration import Calibration, MemoryBoundRow
+from projection.cost.above_range import above_range_s
 from projection.cost.collectives import (
     CollectiveKind,
     Fabric,
@@ -43,6 +45,7 @@ from projection.cost.collectives import (
     collective_time_s,
     curve_time_s,
 )
+from projection.cost.device_rows import DeviceRows, own_device_rows
 from projection.cost.model import collective_op_seconds
 from projection.cost.roofline import RooflineCostModel
 from projection.workload.ops import Op
@@ -171,6 +174,10 @@ class CalibratedCostModel:
                  fabric: Fabric | None = None, groups: Mapping[str, GroupPlacement] | None = None,
                  name: str = "calibration", path: Path | None = None, measured_on: Fabric | None = None) -> None:
         self.calibration, self.fallback, self.name = calibration, fallback, name
+        # a mixed-device calibration prices the projected device from its own rows only (cost/device_rows.py)
+        self.device_rows = own_device_rows(calibration, fallback.device) if fallback is not None \
+            else DeviceRows(calibration)
+        self.rows = self.device_rows.calibration  # the rows every table below is built from
         self.path = path  # the file it was read from, as given (None: built in memory)
         self.groups: Mapping[str, GroupPlacement] = groups if groups is not None else (
             fallback.groups if fallback is not None else {})
@@ -180,13 +187,18 @@ class CalibratedCostModel:
         self.gemm = self._gemm_tables()
         self.grouped = self._grouped_tables()
         self.attention = self._attention_tables()
-        rows = [r for r in calibration.memory_bound if r.size_bytes > 0]
+        rows = [r for r in self.rows.memory_bound if r.size_bytes > 0]
         generic = [r for r in rows if not kernel_fn(r.op)]
         self.memory = CurveTable([r.size_bytes for r in generic], [r.time_s for r in generic], "memory_bound") \
             if generic else None
         self.kernels = self._kernel_tables([r for r in rows if kernel_fn(r.op)])
-        self.host_kernel_issue_s: float | None = calibration.host_kernel_issue_s()
+        self.host_kernel_issue_s: float | None = self.rows.host_kernel_issue_s()
         self._cache: dict[Op, tuple[float, str]] = {}
+
+    def device_rows_note(self) -> str | None:
+        """What a mixed-device calibration prices the projected device with, table by table (None: used whole)."""
+        device = self.fallback.device.name if self.fallback is not None else ""
+        return self.device_rows.note(device, self.name)
 
     # ---- the CostModel interface
     def op_seconds(self, op: Op) -> float:
@@ -198,7 +210,15 @@ class CalibratedCostModel:
         if self.fabric is None:
             raise ValueError("no fabric: give the calibrated model a roofline fallback built with a cluster, or a "
                              "fabric")
-        return held_time_s(kind, size_bytes, group, self.fabric)[0]
+        return self._collective(kind, size_bytes, group)[0]
+
+    def _collective(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> tuple[float, str]:
+        """Seconds (held_time_s), with the bytes above the curve's largest measured size carried at the faster of its
+        last segment and the roofline (cost/above_range.py: "roofline", "segment"; "" inside the measured sizes)."""
+        fabric = self.fabric
+        assert fabric is not None
+        return above_range_s(kind, size_bytes, group, fabric.curve_for(kind, group), self._base_fabric,
+                             lambda s: held_time_s(kind, s, group, fabric)[0])
 
     def provenance(self, op: Op) -> str:
         if op.kind == "collective":
@@ -229,7 +249,11 @@ class CalibratedCostModel:
                 notes.append(f"scaled from {curve.n_ranks} ranks on {curve.n_nodes} node(s)")
             lo = min((s.first_bytes for s in curve.segments if s.first_bytes), default=0)
             hi = max((s.last_bytes for s in curve.segments), default=0)
-            if hi and not lo <= size_bytes <= hi:
+            if hi and size_bytes > hi:
+                how = self._collective(kind, size_bytes, group)[1]
+                notes.append("above the measured sizes: the bytes beyond the largest at " + (
+                    "the roofline's bandwidth" if how == "roofline" else "its last segment's bandwidth"))
+            elif hi and size_bytes < lo:
                 notes.append("outside the measured sizes")
             return f"calibrated: {self.name} {kind} curve" + (f" ({'; '.join(notes)})" if notes else "")
         tier = "intra" if group.tier == "intra_node" else "inter"
@@ -312,7 +336,7 @@ class CalibratedCostModel:
     # ---- table construction
     def _gemm_tables(self) -> dict[tuple[str, str], list[LogTable]]:
         groups: dict[tuple[str, str], list[tuple[list[float], float]]] = defaultdict(list)
-        for r in self.calibration.gemm:
+        for r in self.rows.gemm:
             rate = math.log(2.0 * r.m * r.n * r.k * r.batch / r.time_s)
             for key in ((r.dtype, r.layout), (r.dtype, "*")):
                 groups[key].append((_log2(r.m, r.n * r.batch, r.k), rate))
@@ -327,7 +351,7 @@ class CalibratedCostModel:
 
     def _grouped_tables(self) -> dict[str, list[LogTable]]:
         groups: dict[str, list[tuple[list[float], float]]] = defaultdict(list)
-        for r in self.calibration.grouped_gemm:
+        for r in self.rows.grouped_gemm:
             groups[r.dtype].append((_log2(r.groups, r.m, r.n, r.k), math.log(2.0 * r.groups * r.m * r.n * r.k
                                                                              / r.time_s)))
         return {d: [LogTable([p for p, _ in pts], [v for _, v in pts], f"grouped_gemm {d}")]
@@ -335,7 +359,7 @@ class CalibratedCostModel:
 
     def _attention_tables(self) -> dict[tuple[str, int, bool, str], list[LogTable]]:
         groups: dict[tuple[str, int, bool, str], list[tuple[list[float], float]]] = defaultdict(list)
-        for r in self.calibration.attention:
+        for r in self.rows.attention:
             full = 4.0 * r.batch * r.heads * r.seq_q * r.seq_kv * r.head_dim  # QK^T + PV, d_qk = d_v
             flop = full * (0.5 if r.causal else 1.0) * (2.0 if r.direction == "bwd" else 1.0)
             key = (r.direction, r.head_dim, r.causal, _dtype_class(r.dtype))
@@ -343,35 +367,19 @@ class CalibratedCostModel:
         return {k: [LogTable([p for p, _ in pts], [v for _, v in pts],
                              f"attention {k[0]} d={k[1]}{' causal' if k[2] else ''}")] for k, pts in groups.items()}
 
-    def _own_device_rows(self) -> Calibration:
-        """A calibration of several devices (--allow-mixed-devices) prices collectives from the rows of the device
-        projected where it has any (specs/device_names.device_match: its product name, or its ISA), not from whichever
-        device's curve comes first; the rest where none match (the projection's notes name the device)."""
-        devices = {r.device for r in self.calibration.collective if r.device}
-        if len(devices) < 2 or self.fallback is None:
-            return self.calibration
-        from projection.specs.device_names import device_match
-
-        own = {d for d in devices if device_match(d, self.fallback.device) != "other"}
-        if not own:
-            return self.calibration
-        rows = tuple(r for r in self.calibration.collective if r.device in own)
-        return self.calibration.model_copy(update={"collective": rows})
-
     def _fitted_fabric(self, base: Fabric | None) -> Fabric | None:
         """The base fabric with the calibration's collective curves and the tiers they imply. Where the curves were
         measured on another fabric (`measured_on`: a shipped calibration's machine, when this cluster has other
         NICs, links or GPUs per node), they are fitted on that one, and each fitted tier's bandwidth is scaled by
         this cluster's analytic tier bandwidth over the measured machine's (the efficiency the measurement shows,
         kept); the curves then scale per placement (collectives._scaled_segment_time_s)."""
-        rows = [r for r in self.calibration.collective if r.n_nodes is not None and r.size_bytes > 0]
+        rows = [r for r in self.rows.collective if r.n_nodes is not None and r.size_bytes > 0]
         if base is None or not rows:
             return base
         from projection.calibrate.errors import CalibrationError
         from projection.calibrate.fit import fit_calibration
 
-        calibration = self._own_device_rows()
-
+        calibration = self.rows
         ref = self.measured_on
         if ref is not None and replace(ref, oversubscription=base.oversubscription,
                                        inter_topology=base.inter_topology) == base:

@@ -230,9 +230,10 @@ def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
     by_arch = [m for m, v in verdicts.items() if v == "arch"]
     notes = []
     if foreign and len(foreign) < len(measured):  # a mixed calibration (--allow-mixed-devices)
-        notes.append(f"calibration {getattr(cm, 'name', '')} also holds measurements of {', '.join(foreign)}, not of "
-                     f"{dev.name}: its collectives are fitted to {dev.name}'s rows (CalibratedCostModel), its other "
-                     "tables used as they are")
+        rows_note = getattr(cm, "device_rows_note", None)  # which tables are its own, which fell back (device_rows.py)
+        notes.append((rows_note() if callable(rows_note) else None)
+                     or f"calibration {getattr(cm, 'name', '')} also holds measurements of {', '.join(foreign)}, not "
+                        f"of {dev.name}: {dev.name} is priced from its own rows only (projection/cost/device_rows.py)")
     elif foreign:
         notes.append(f"calibration {getattr(cm, 'name', '')} was measured on {', '.join(foreign)}, not on {dev.name}: "
                      "its seconds are used as they are (calibrate on this device, or pass --hardware with the device "

@@ -15,12 +15,19 @@ Match = Literal["same", "arch", "other"]
 
 _MEMORY = re.compile(r"\d+gb")
 _FORMS = {"sxm": "sxm", "sxm2": "sxm", "sxm4": "sxm", "sxm5": "sxm", "pcie": "pcie", "nvl": "nvl"}
+# Board names some drivers print instead of the product's: the memory and form factor the board stands for.
+# "NVIDIA A100-PG509-200" is PCI device 20B0 (subsystem 10DE 1450), the device ID of the A100-SXM4-40GB (NVIDIA
+# Linux driver README, Appendix A "Supported NVIDIA GPU Products"; the 80 GB SXM4 part is 20B2), and the HTA traces
+# that print it report totalGlobalMem 42.3 GB = 39.4 GiB, a 40 GB part's usable memory (an 80 GB one reports
+# 81920 MiB = 85.9 GB): ../shared/reference/hardware.md lists it as "A100-PG509-200 (40 GB)".
+_BOARDS = {"pg509200": ("40gb", "sxm")}
 
 
 def device_match(measured: str, dev: DeviceSpec) -> Match:
     """How a printed device name matches a device YAML: "same" (its name, marketing name or an alias, with no
     memory size or form factor that differs from the marketing name's: "A100-SXM4-40GB" is not a100-80g, "H100
-    PCIe" not h100-sxm), "arch" (only the ISA, e.g. hipBLASLt's gfx942), else "other"."""
+    PCIe" not h100-sxm, nor is the board name "A100-PG509-200", a 40 GB part: `_BOARDS`), "arch" (only the ISA,
+    e.g. hipBLASLt's gfx942), else "other"."""
     names = {_squash(n) for n in (dev.name, dev.marketing_name, *dev.aliases) if n}
     names = {n for n in names if len(n) >= 3}
     squashed = _squash(measured)
@@ -46,7 +53,9 @@ def identify(measured: str, devices: Iterable[DeviceSpec]) -> DeviceSpec | None:
 
 def _tokens(name: str) -> dict[str, set[str]]:
     words = re.split(r"[^a-z0-9]+", name.lower())
-    return {"memory": {w for w in words if _MEMORY.fullmatch(w)}, "form": {_FORMS[w] for w in words if w in _FORMS}}
+    boards = [board for code, board in _BOARDS.items() if code in _squash(name)]
+    return {"memory": {w for w in words if _MEMORY.fullmatch(w)} | {b[0] for b in boards},
+            "form": {_FORMS[w] for w in words if w in _FORMS} | {b[1] for b in boards}}
 
 
 def _squash(text: str) -> str:

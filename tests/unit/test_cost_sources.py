@@ -24,8 +24,8 @@ def test_data_parallel_collectives_are_a_cost_source() -> None:
     (bucket,) = r.dp.grad_buckets
     curve = default_cost_model(sc).fabric.curve_for("all_reduce", GroupPlacement(8, 8, 1))
     assert curve is not None and bucket.size_bytes > max(s.last_bytes for s in curve.segments)
-    label = "calibrated: a100-80g.json all_reduce curve (outside the measured sizes)"
-    assert r.provenance[label] > 0.1  # the bucket's 0.24 s of a ~1.3 s step's priced seconds
+    label = "calibrated: a100-80g.json all_reduce curve (above the measured sizes: the bytes beyond the largest at"
+    assert sum(v for k, v in r.provenance.items() if k.startswith(label)) > 0.1  # the bucket's share of the step
     assert sum(r.provenance.values()) == pytest.approx(1.0)
 
 
