@@ -63,3 +63,12 @@ def test_primus_compares_what_primus_would_run(capsys: pytest.CaptureFixture[str
     assert _schedules_compared(capsys, PRIMUS, PP4) == ["1f1b"]
     assert sorted(_schedules_compared(capsys, PRIMUS, ZB_READY)) == sorted(
         ["1f1b", "zb_h1", "zb_h2", "zbv", "v_half", "v_min"])
+
+
+def test_one_reason_for_a_schedule_megatron_lacks_at_a_virtual_pipeline() -> None:
+    """At vpp > 1 the runtime's refusal stands alone: not beside ZB-H1's own one-stage-per-rank rule."""
+    vpp = FIXTURES / "megatron" / "gpt3_7b_tp1_pp4_memory_speed" / "model_config.yaml"
+    with pytest.raises(ProjectionError) as err:
+        api.load(vpp, hardware="h100-sxm", gpus_per_node=8, schedule="zb_h1")
+    assert [p.message.split(":")[0] for p in err.value.problems] == [
+        "Megatron-LM's pipeline runtime (schedules.py) has no zb_h1 schedule"]
