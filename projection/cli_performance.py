@@ -170,7 +170,8 @@ def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
         try:
             at_target = _load(args, env, target)
         except ProjectionError as at_err:  # the target fails too: its problems, not the start's world size
-            raise at_err from None
+            raise type(at_err)([replace(q, fix=q.fix.replace("change --nodes/", f"change {flag}/")) if q.fix else q
+                                for q in at_err.problems]) from None
         smallest = _smallest_start(args, env, at_target) if args.nodes is None else None
         if smallest is not None:  # the file gives no cluster size: start where the plan first fits, as Primus does
             scenario, start_note = smallest, (f"{flag} scaled from {smallest.cluster.nodes} nodes, the smallest count "

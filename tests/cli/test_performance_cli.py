@@ -398,6 +398,11 @@ def test_target_nodes_reports_the_targets_problems_not_the_default_starts(capsys
     for flags in (("--target-nodes", "6"), ("--scaling", "1,6")):
         code, _, err = perf(capsys, "--config", str(bad), *flags)
         assert code == 2 and "cannot be split evenly" in err and "world size" not in err, (flags, err)
+    # a target the grid does not divide: the fix names the flag that set it
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(text[:text.index("cluster:")].replace("tp: 2", "tp: 8"), encoding="utf-8")
+    code, _, err = perf(capsys, "--config", str(grid), "--target-nodes", "3")
+    assert code == 2 and "world size 24" in err and "change --target-nodes/--gpus-per-node" in err, err
 
 
 def test_engine_flag_says_when_a_framework_runtime_is_walked_instead(capsys: pytest.CaptureFixture[str]) -> None:
