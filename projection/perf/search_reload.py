@@ -93,7 +93,10 @@ def layout_overrides(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, e
         if zero in (1, 2):
             return [Problem(f"ZeRO stage {zero}: TorchTitan shards with FSDP2 (stage 3) or replicates (DDP, stage 0)",
                             key="--zero", file=COMMAND_LINE, fix="search --zero 0,3 on a TorchTitan job")]
-        titan = _torchtitan(sc, tp, pp, vpp, cp, ep, mbs, recompute, gbs, own)
+        # a shard degree the file fixes stays (and the loader refuses a layout it no longer fills): TorchTitan's
+        # batch rule is then checked against that data-parallel size, so size the local batch by it too
+        fixed = zero is None and "data_parallel_shard_degree" in sc.origins.get("plan.dp", "")
+        titan = _torchtitan(sc, tp, pp, vpp, cp, ep, mbs, recompute, gbs, own, base.dp_() if fixed else None)
         if isinstance(titan, dict) and zero is not None:
             dp = sc.world_size // (tp * pp * cp)
             p = "parallelism"
@@ -184,7 +187,8 @@ def derived_vpp_problem(sc: Scenario, asked: int, derived: int) -> Problem | Non
 
 
 def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: int, mbs: int | None,
-                recompute: RecomputeSpec, gbs: int, own: _Own) -> dict[str, Any] | list[Problem]:
+                recompute: RecomputeSpec, gbs: int, own: _Own, fixed_dp: int | None = None
+                ) -> dict[str, Any] | list[Problem]:
     base, p = sc.plan, "parallelism"
     if ep != base.ep and not sc.model.moe:
         return [Problem(f"ep {ep} on a dense model: it has no experts", key="--ep", file=COMMAND_LINE,
@@ -198,6 +202,7 @@ def _torchtitan(sc: Scenario, tp: int, pp: int, vpp: int | None, cp: int, ep: in
         out[f"{p}.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"] = mbs
     # dp 0 where tp pp cp do not divide the world: the loader then refuses the layout with every reason
     dp = sc.world_size // (tp * pp * cp) if sc.world_size % (tp * pp * cp) == 0 else 0
+    dp = fixed_dp if fixed_dp is not None and dp > 0 else dp  # the file's shard degree holds (layout_overrides)
     local = sc.training.local_batch_size or sc.training.micro_batch_size
     if pp == 1 and mbs is None and dp > 0 and gbs % (local * dp):
         # without a pipeline the local batch is the micro batch: the search keeps the file's, so say which to search

@@ -49,3 +49,17 @@ def test_a_refused_interleaved_layout_gives_its_own_reasons_only() -> None:
     messages = [p.message for c in found for p in c.problems]
     assert any("cannot be split evenly" in m for m in messages) and any("not divisible" in m for m in messages)
     assert not any("vpp must be 1" in m for m in messages), messages
+
+
+def test_a_layout_the_fixed_shard_degree_does_not_fill_is_refused_for_that_alone() -> None:
+    """The local batch of a refused pipeline layout is sized by the data-parallel size the file fixes, so the refusal
+    is the shard degree's alone, not also TorchTitan's batch rule checked against a local batch sized for another
+    dp."""
+    sc = api.load(TOML, hardware="h100-sxm")
+    found = search_layouts(sc, tp=[1, 2], pp=[1, 2],
+                           reload=lambda over: api.load(TOML, hardware="h100-sxm", nodes=sc.cluster.nodes,
+                                                        overrides=over))
+    refused = [c for c in found if c.projection is None and c.memory is None]
+    assert len(refused) == 3
+    for c in refused:
+        assert [p.message.split(",")[0] for p in c.problems] == ["dp = 8"], (c.tp, c.pp, c.problems)
