@@ -344,11 +344,13 @@ def _megatron_rules(raw: RawScenario, model: ModelSpec, plan: ParallelPlan,
         if plan.pp > 1:
             bad("plan.offload.activation_layers", "layer-level CPU offloading with pipeline parallelism "
                 "(Megatron-Core: 'no support for Pipeline parallelism with CPU offloading')",
-                "use pp 1, or fine-grained activation offloading (--fine-grained-activation-offloading)")
+                "use pp 1, or fine-grained activation offloading (--fine-grained-activation-offloading; "
+                "plan.offload.activation_modules)")
         if plan.offload.activation_modules:
             bad("plan.offload.activation_layers", "layer-level CPU offloading together with fine-grained activation "
                 "offloading (Megatron-Core: 'fine_grained_activation_offloading cannot be enabled with "
-                "cpu_offloading')", "keep one of --cpu-offloading and --fine-grained-activation-offloading")
+                "cpu_offloading')", "keep one of --cpu-offloading and --fine-grained-activation-offloading "
+                "(plan.offload.activation_layers, activation_modules)")
         if plan.recompute.granularity != "none":
             bad("plan.offload.activation_layers", "layer-level CPU offloading with activation recomputation "
                 "(Megatron-Core: 'CPU offloading does not work when activation recomputation is enabled')",
