@@ -94,7 +94,14 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw = _primus_schedule(read, ov, schedule, int(raw.get("plan.pp") or 1))  # through Primus's patches
     for key, value in cluster.items():
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
-    for key, (value, where) in job_environment(merged(raw.job_env, command_line), problems).items():
+    unread = _unread_env(hardware if hardware is not None else raw.get("cluster.hardware"), hardware_dir)
+    for name in sorted(unread & set(command_line)):
+        problems.append(Problem(f"--set env.{name}: the job's PyTorch build for this device does not read {name} "
+                                "(ROCm builds only)", key=f"--set env.{name}", file=COMMAND_LINE,
+                                fix="set PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF for an NVIDIA device"))
+    file_env = {k: v for k, v in raw.job_env.items() if k not in unread}  # what its PyTorch does not read
+    command_line = {k: v for k, v in command_line.items() if k not in unread}
+    for key, (value, where) in job_environment(merged(file_env, command_line), problems).items():
         held = raw.origins.get(key)
         if held is None or held.file not in ("--set", COMMAND_LINE):  # an explicit --set of the key itself wins
             raw.set(key, value, where)
@@ -227,6 +234,17 @@ def _primus_schedule(read: Callable[[Mapping[str, Any]], RawScenario], ov: Mappi
         if where.key in keys and where.file == "--set":
             raw.origins[field] = Origin(COMMAND_LINE, None, "--schedule")
     return raw
+
+
+def _unread_env(hardware: Any, hardware_dir: Path) -> set[str]:
+    """Job environment variables the device's PyTorch build does not read: PYTORCH_HIP_ALLOC_CONF on an NVIDIA device
+    (c10's CUDA allocator config reads it under USE_ROCM only). Empty where the device is not known yet (its own
+    error comes later)."""
+    try:
+        device = load_device(str(hardware or DEFAULT_HARDWARE), hardware_dir)
+    except ProjectionError:
+        return set()
+    return {"PYTORCH_HIP_ALLOC_CONF"} if device.vendor == "nvidia" else set()
 
 
 def _with(problems: list[Problem], err: ProjectionError) -> ProjectionError:
