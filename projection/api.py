@@ -94,17 +94,6 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         raw = _primus_schedule(read, ov, schedule, int(raw.get("plan.pp") or 1))  # through Primus's patches
     for key, value in cluster.items():
         raw.set(key, value, Origin(COMMAND_LINE, None, f"--set {key}"))
-    unread = _unread_env(hardware if hardware is not None else raw.get("cluster.hardware"), hardware_dir)
-    for name in sorted(unread & set(command_line)):
-        problems.append(Problem(f"--set env.{name}: the job's PyTorch build for this device does not read {name} "
-                                "(ROCm builds only)", key=f"--set env.{name}", file=COMMAND_LINE,
-                                fix="set PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF for an NVIDIA device"))
-    file_env = {k: v for k, v in raw.job_env.items() if k not in unread}  # what its PyTorch does not read
-    command_line = {k: v for k, v in command_line.items() if k not in unread}
-    for key, (value, where) in job_environment(merged(file_env, command_line), problems).items():
-        held = raw.origins.get(key)
-        if held is None or held.file not in ("--set", COMMAND_LINE):  # an explicit --set of the key itself wins
-            raw.set(key, value, where)
     if schedule is not None:
         raw.set("plan.schedule", schedule, Origin(COMMAND_LINE, None, "--schedule"))
     if pytorch is not None:
@@ -136,6 +125,19 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
         else:
             device = load_device(str(raw.get("cluster.hardware")), hardware_dir,
                                  key=origin.key or "cluster.hardware", file=origin.file, line=origin.line)
+        # the job's environment, as the device's PyTorch build reads it: PYTORCH_HIP_ALLOC_CONF only on ROCm (c10's
+        # CUDA allocator config reads it under USE_ROCM); a file's is then ignored, a --set of it refused
+        unread = {"PYTORCH_HIP_ALLOC_CONF"} if device.vendor == "nvidia" else set()
+        for name in sorted(unread & set(command_line)):
+            problems.append(Problem(f"--set env.{name}: the job's PyTorch build for this device does not read {name} "
+                                    "(ROCm builds only)", key=f"--set env.{name}", file=COMMAND_LINE,
+                                    fix="set PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF for an NVIDIA device"))
+        file_env = {k: v for k, v in raw.job_env.items() if k not in unread}
+        command_line = {k: v for k, v in command_line.items() if k not in unread}
+        for key, (value, where) in job_environment(merged(file_env, command_line), problems).items():
+            held = raw.origins.get(key)
+            if held is None or held.file not in ("--set", COMMAND_LINE):  # an explicit --set of the key itself wins
+                raw.set(key, value, where)
         if raw.get("cluster.nodes") is None and raw.framework == "megatron":  # --nodes, --set cluster.nodes win
             _nodes_from_dump(raw, Path(config), ov, env, device, problems)
         if raw.get("cluster.nodes") is None and "torchtitan" in raw.framework:
@@ -234,17 +236,6 @@ def _primus_schedule(read: Callable[[Mapping[str, Any]], RawScenario], ov: Mappi
         if where.key in keys and where.file == "--set":
             raw.origins[field] = Origin(COMMAND_LINE, None, "--schedule")
     return raw
-
-
-def _unread_env(hardware: Any, hardware_dir: Path) -> set[str]:
-    """Job environment variables the device's PyTorch build does not read: PYTORCH_HIP_ALLOC_CONF on an NVIDIA device
-    (c10's CUDA allocator config reads it under USE_ROCM only). Empty where the device is not known yet (its own
-    error comes later)."""
-    try:
-        device = load_device(str(hardware or DEFAULT_HARDWARE), hardware_dir)
-    except ProjectionError:
-        return set()
-    return {"PYTORCH_HIP_ALLOC_CONF"} if device.vendor == "nvidia" else set()
 
 
 def _with(problems: list[Problem], err: ProjectionError) -> ProjectionError:

@@ -112,10 +112,6 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     return _project(args, scenario, counts, start_note, runs)
 
 
-# the schedules a Primus Megatron experiment can run: Megatron-LM's own, and its zero-bubble runtime's
-_PRIMUS_SCHEDULES = ("1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "v_half", "v_min")
-
-
 def _framework_schedules(args: argparse.Namespace, env: Mapping[str, str] | None,
                          scenario: Scenario) -> list[Scenario] | None:
     """With --schedule all on a pipeline whose framework picks its schedule by its own keys: the job under each
@@ -146,7 +142,9 @@ def _own_schedule_names(scenario: Scenario) -> Sequence[str] | None:
 
         return tuple(TORCHTITAN_SCHEDULE_NAMES)
     if scenario.framework == "primus-megatron":
-        return [n for n in _PRIMUS_SCHEDULES if n != "interleaved_1f1b" or scenario.plan.vpp_ > 1]
+        from projection.formats.primus_set import PRIMUS_SCHEDULES
+
+        return [n for n in PRIMUS_SCHEDULES if n != "interleaved_1f1b" or scenario.plan.vpp_ > 1]
     return None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from projection.errors import COMMAND_LINE, ConfigError, Problem
 from projection.formats.megatron_args import DESTS, canonical_dest
 from projection.formats.primus_keys import PRIMUS_MEGATRON_KEYS, PRIMUS_MODEL_BASE_KEYS
+from projection.specs.plan import MEGATRON_SCHEDULES
 from projection.specs.scenario import Origin
 
 CANONICAL_SECTIONS = ("model", "training", "plan", "cluster")
@@ -113,12 +114,14 @@ _NO_PATCH = {"patch_zero_bubble": False, "patch_primus_pipeline": False}
 _ZERO_BUBBLE = {"patch_zero_bubble": True, "enable_zero_bubble": True, "patch_primus_pipeline": False,
                 "enable_1f1b_v": False}
 _V_SETUPS = {"zbv": "zb", "v_half": "half", "v_min": "min"}
+# what a Primus Megatron experiment can run: Megatron-LM's own schedules and its zero-bubble runtime's
+PRIMUS_SCHEDULES = (*MEGATRON_SCHEDULES, "zb_h1", "zb_h2", *_V_SETUPS)
 
 
 def schedule_overrides(schedule: str, pp: int) -> dict[str, Any] | None:
     """The Primus keys that run `schedule` on a pipeline of `pp` stages; None for a schedule Primus has no way to
     run (gpipe, DualPipe), which Megatron-LM's runtime then refuses (specs/validate_schedule.py)."""
-    if schedule in ("1f1b", "interleaved_1f1b"):
+    if schedule in MEGATRON_SCHEDULES:
         return dict(_NO_PATCH)
     if schedule in ("zb_h1", "zb_h2"):
         return {**_ZERO_BUBBLE, "zero_bubble_v_schedule": False,

@@ -40,7 +40,7 @@ from projection.sim.p2p_walk import megatron_walk, torch_1f1b_walk
 from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.accumulation import one_round, rounds, schedule_microbatches
 from projection.specs.device_names import device_match
-from projection.specs.plan import ScheduleName
+from projection.specs.plan import MEGATRON_SCHEDULES, ScheduleName
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
@@ -147,7 +147,7 @@ def applicable_schedules(scenario: Scenario) -> list[str]:
             continue
         if p.schedule_style == "torch" and name not in TORCH_SCHEDULES:
             continue  # torch.distributed.pipelining has no such schedule
-        if p.pipeline_runtime == "megatron" and name not in ("1f1b", "interleaved_1f1b"):
+        if p.pipeline_runtime == "megatron" and name not in MEGATRON_SCHEDULES:
             continue  # Megatron-LM's schedules.py has no such schedule (specs/validate_schedule.py)
         try:
             build_schedule(name, p.pp, m, p.vpp_, microbatch_group_size=p.microbatch_group_size,

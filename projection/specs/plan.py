@@ -22,6 +22,8 @@ RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_
 
 
 PipelineRuntime = Literal["actions", "lockstep", "megatron"]
+# the schedules Megatron-LM's schedules.py runs (get_forward_backward_func): 1F1B, interleaved with a virtual pipeline
+MEGATRON_SCHEDULES = ("1f1b", "interleaved_1f1b")
 
 
 def torch_release(version: str) -> tuple[int, int] | None:
@@ -222,7 +224,13 @@ class ParallelPlan(Spec):
         """Megatron-LM's schedules.py runs the pipeline (pipeline_runtime "megatron"): 1F1B, or interleaved 1F1B with
         its p2p overlapped or not (`megatron_p2p_overlap`)."""
         return self.pipeline_runtime == "megatron" and self.schedule_style == "megatron" and self.pp > 1 and \
-            self.schedule in ("1f1b", "interleaved_1f1b")
+            self.schedule in MEGATRON_SCHEDULES
+
+    @property
+    def megatron_lacks_schedule(self) -> bool:
+        """Megatron-LM's runtime would run a pipeline schedule its schedules.py does not have (refused at load,
+        specs/validate_schedule.py)."""
+        return self.pipeline_runtime == "megatron" and self.pp > 1 and self.schedule not in MEGATRON_SCHEDULES
 
     @property
     def megatron_p2p_overlap(self) -> bool:

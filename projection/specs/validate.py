@@ -242,8 +242,8 @@ def layout_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
         from projection.schedule.registry import stages_per_rank_problem
 
         stages = stages_per_rank_problem(plan.schedule, plan.vpp_)
-        megatron_lacks_it = plan.pipeline_runtime == "megatron" and plan.schedule not in ("1f1b", "interleaved_1f1b")
-        if stages is not None and not megatron_lacks_it:  # else refused for that (validate_schedule.py), not twice
+        # a schedule Megatron's runtime lacks is refused for that alone (validate_schedule.py), not twice
+        if stages is not None and not plan.megatron_lacks_schedule:
             bad("plan.schedule", stages, "pick a schedule for this vpp (interleaved_1f1b or gpipe for vpp > 1, a V "
                 "schedule for vpp 2), or change vpp")
     _megatron_rules(raw, model, plan, bad)

@@ -27,7 +27,7 @@ def schedule_problems(plan: ParallelPlan, m: int, bad: Bad) -> None:
             bad("plan.schedule", f"{e} ({m} microbatches per data-parallel rank)",
                 "a larger global batch or a smaller microbatch, or a schedule that accepts this many microbatches")
             return
-    if plan.pipeline_runtime == "megatron" and plan.pp > 1 and plan.schedule not in ("1f1b", "interleaved_1f1b"):
+    if plan.megatron_lacks_schedule:
         # Megatron-Core's get_forward_backward_func: forward_backward_pipelining_without_interleaving, or with
         # interleaving under a virtual pipeline; Primus's zero-bubble schedules are its own runtime (its patches)
         bad("plan.schedule", f"Megatron-LM's pipeline runtime (schedules.py) has no {plan.schedule} schedule: it runs "
