@@ -44,24 +44,25 @@ def attention_backend(a: MegatronArgs) -> tuple[str, Origin]:
 def unmodelled_options(a: MegatronArgs, raw: RawScenario) -> None:
     """Options the job sets that projection reads but prices as their defaults (training.kernels.unmodelled, said
     in the performance notes): Megatron's fused kernels turned off (each then runs as several kernels; priced
-    fused), and MoE overlaps that are not priced."""
-    out: list[str] = []
+    fused), and MoE overlaps that are not priced. Unfused RoPE is priced as Megatron-Core runs it
+    (training.kernels.rope_fusion)."""
+    out: list[tuple[str, str]] = []  # (dest, what it is priced as)
     rope = a.get("position_embedding_type") == "rope" or a.get("use_rotary_position_embeddings")
-    if rope and a.get("apply_rope_fusion") is False:
-        out.append(f"{a.key('apply_rope_fusion')} (RoPE priced as one fused kernel a direction)")
+    if rope and a.get("apply_rope_fusion") is False:  # priced: Megatron-Core's unfused chain (ops_eager)
+        raw.set("training.kernels.rope_fusion", False, a.origin("apply_rope_fusion"))
     act = "bias_swiglu_fusion" if a.get("swiglu") else "bias_gelu_fusion"
     off = next((d for d in (act, "bias_activation_fusion") if a.given(d) and a.get(d) is False), None)
     if off is not None:
-        out.append(f"{a.key(off)} (the MLP's bias and activation priced as one fused kernel)")
+        out.append((off, "the MLP's bias and activation priced as one fused kernel"))
     if a.get("bias_dropout_fusion") is False:
-        out.append(f"{a.key('bias_dropout_fusion')} (bias, dropout and residual add priced as one fused kernel)")
+        out.append(("bias_dropout_fusion", "bias, dropout and residual add priced as one fused kernel"))
     if a.get("masked_softmax_fusion") is False and a.get("transformer_impl") == "local":
-        out.append(f"{a.key('masked_softmax_fusion')} (the unfused attention's scale, mask and softmax priced as "
-                   "one fused kernel)")
+        out.append(("masked_softmax_fusion", "the unfused attention's scale, mask and softmax priced as one fused "
+                    "kernel"))
     if a.get("moe_shared_expert_overlap") and a.get("num_experts"):
-        out.append(f"{a.key('moe_shared_expert_overlap')} (the shared experts priced in sequence with the token "
-                   "dispatch, not overlapped with it)")
+        out.append(("moe_shared_expert_overlap", "the shared experts priced in sequence with the token dispatch, not "
+                    "overlapped with it"))
     if a.get("delay_wgrad_compute"):
-        out.append(f"{a.key('delay_wgrad_compute')} (weight gradients priced where they run without it)")
+        out.append(("delay_wgrad_compute", "weight gradients priced where they run without it"))
     if out:
-        raw.set("training.kernels.unmodelled", tuple(out), a.origin(off or "apply_rope_fusion"))
+        raw.set("training.kernels.unmodelled", tuple(f"{a.key(d)} ({text})" for d, text in out), a.origin(out[0][0]))

@@ -189,6 +189,10 @@ class KernelSpec(Spec):
     cuda_graph_scope: tuple[str, ...] = Field(
         (), description="what the graphs capture (--cuda-graph-scope: attn, mlp, moe, moe_router, moe_preprocess, "
         "mamba, full_iteration; empty or 'full' = whole layers)")
+    rope_fusion: bool = Field(
+        True, description="Megatron's fused RoPE kernel (--no-rope-fusion, Bridge / Primus apply_rope_fusion false: "
+        "Megatron-Core's unfused chain, each aten call a kernel: projection/workload/ops_eager.megatron_rope). "
+        "TorchTitan's blocks follow `compiled` instead")
     unmodelled: tuple[str, ...] = Field(
         (), description="options the job sets that projection reads but prices as their defaults (Megatron's "
         "fusions turned off, MoE overlaps), each with what it is priced as; the performance notes list them")

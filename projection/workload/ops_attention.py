@@ -36,7 +36,7 @@ from projection.workload.ops_base import (
     row_linear,
     tp_enter,
 )
-from projection.workload.ops_eager import input_grad_adds, norm, rope
+from projection.workload.ops_eager import input_grad_adds, megatron_mla_joins, norm, rope
 
 
 def core_attention(d: Dims, heads: int, kv_heads: int, d_qk: int, d_v: int, name: str = "attn.core",
@@ -246,8 +246,10 @@ def mla_attention(model: ModelSpec, d: Dims) -> list[Piece]:
                    linear("attn.kv_up", d, t, kv_up_out, mla.kv_lora_rank, tag="mla_up_proj")]
     # rope on the query heads' and the one shared key's rotary parts (TorchTitan's DeepSeek-V3 apply_rotary_emb is the
     # same complex chain as Llama's: ops_eager.rope)
-    pieces += [rope("attn.rope", d, t * heads * rd, t * rd, rd, "mla_up_proj"),
-               core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
+    pieces.append(rope("attn.rope", d, t * heads * rd, t * rd, rd, "mla_up_proj", mla=True))
+    if d.rope_unfused:  # Megatron-Core's unfused branch joins the rotary parts itself (ops_eager.megatron_mla_joins)
+        pieces.append(megatron_mla_joins("attn.mla_join", d, t, heads, mla.qk_head_dim, rd, dv, "mla_up_proj"))
+    pieces += [core_attention(d, heads, heads, dq, dv), row_linear("attn.proj", d, t, h, heads * dv, tag="attn")]
     return pieces
 
 

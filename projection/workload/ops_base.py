@@ -160,6 +160,7 @@ class Dims:
     torchtitan: bool = False
     eager: bool = False
     rms_composite: bool = False
+    rope_unfused: bool = False  # Megatron-Core's RoPE without its fused kernel (--no-rope-fusion; ops_eager)
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -195,7 +196,8 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 cp_a2a=cp_a2a_size(plan),
                 repeat_kv=titan and not training.kernels.gqa_native_attention,
                 torchtitan=titan, eager=eager,
-                rms_composite=training.kernels.eager_rms_norm and not training.kernels.compiled)
+                rms_composite=training.kernels.eager_rms_norm and not training.kernels.compiled,
+                rope_unfused=not titan and not training.kernels.rope_fusion)
 
 
 def cp_a2a_size(plan: ParallelPlan, layer_index: int = 0) -> int:

@@ -17,6 +17,15 @@ TorchDispatchMode and checks every chain's kernels and bytes against the aten ca
 - SwiGLU (`FeedForward`: w2(F.silu(w1(x)) * w3(x)), and the experts' grouped w1 / w3): silu, then the product;
   backward: the two products' gradients, then silu_backward.
 - Separate linears on one input (wq, wk, wv; w1, w3): autograd sums their input gradients, one add per extra linear.
+- Megatron-Core's RoPE with `--no-rope-fusion` (`KernelSpec.rope_fusion` False): `_apply_rotary_pos_emb_bshd`
+  (megatron/core/models/common/embeddings/rope_utils.py, 0.16.1): the fp32 table's cos and sin, each scaled by
+  mscale and cast to the activations' dtype; `t * cos + rotate_half(t) * sin` (rotate_half: the upper half negated,
+  joined before the lower one); the result joined with the empty non-rotary rest. Backward: the two products'
+  gradients, rotate_half's negation and join, their sum, the empty rest's slice_backward (a zero fill) and its sum.
+  Multi-latent attention first joins the even and odd channels (one cat; in backward two strided slice_backwards,
+  each a fill and a copy, and their sum), and its unfused branch (multi_latent_attention.py) joins the rotary parts
+  to the query and key heads and copies V contiguous; backward sums the broadcast key part over the heads and joins
+  the split gradients of q and kv. tests/oracle/test_eager_kernels.py runs Megatron-Core's own function.
 - The loss, `cross_entropy(pred.float(), labels)`: logits upcast, log_softmax, nll_loss; backward nll_loss_backward
   (the fp32 gradient zero-filled and scattered: it reads the targets, not the log-probabilities), log_softmax's
   backward and the cast back to the logits' dtype.
@@ -85,6 +94,47 @@ def eager_rope(name: str, d: Dims, elems: tuple[int, ...], seq: int, head_dim: i
     return Piece(tag, _ops(name, "F", d, tag, fwd), _ops(name + ".bwd", "I", d, tag, bwd))
 
 
+def megatron_rope(name: str, d: Dims, elems: tuple[int, ...], seq: int, rot_dim: int, tag: str,
+                  mla: bool = False) -> Piece:
+    """Megatron-Core's unfused RoPE (module docstring) on each tensor of `elems` elements (q, then k); the table is
+    seq x rot_dim fp32 angles, broadcast over batch and heads."""
+    ab, t4 = d.act_bytes, float(seq) * rot_dim * F32
+    tab = float(seq) * rot_dim * ab  # the cast table, as the products read it
+    fwd: list[tuple[str, float, float]] = []
+    bwd: list[tuple[str, float, float]] = []
+    for i, n in enumerate(elems):
+        e = float(n) * ab
+        table = [(f"{fn}{i}", t4, t4) for fn in ("cos", "cos_scale")] + \
+            ([(f"cos_cast{i}", t4, tab)] if _casts(d) else []) + \
+            [(f"{fn}{i}", t4, t4) for fn in ("sin", "sin_scale")] + ([(f"sin_cast{i}", t4, tab)] if _casts(d) else [])
+        fwd += [*([(f"mla_join{i}", e, e)] if mla else []), *table,
+                (f"mul_cos{i}", e + tab, e), (f"neg{i}", e / 2, e / 2), (f"rotate_join{i}", e, e),
+                (f"mul_sin{i}", e + tab, e), (f"add{i}", 2 * e, e), (f"pass_join{i}", e, e)]
+    for i, n in reversed(list(enumerate(elems))):
+        e = float(n) * ab
+        # mla: each strided half's slice_backward is a zero fill and a copy of the half, then their sum
+        halves = [(f"mla_half{i}{j}{k}", r, w) for j in (0, 1) for k, r, w in (("_fill", 0.0, e), ("_copy", e / 2,
+                                                                                                      e / 2))]
+        bwd += [(f"mul_sin{i}", e + tab, e), (f"neg{i}", e / 2, e / 2), (f"rotate_join{i}", e, e),
+                (f"mul_cos{i}", e + tab, e), (f"add{i}", 2 * e, e),
+                *([*halves, (f"mla_add{i}", 2 * e, e)] if mla else []),
+                (f"pass_fill{i}", 0.0, e), (f"pass_add{i}", 2 * e, e)]
+    return Piece(tag, _ops(name, "F", d, tag, fwd), _ops(name + ".bwd", "I", d, tag, bwd))
+
+
+def megatron_mla_joins(name: str, d: Dims, rows: int, heads: int, qk: int, rd: int, dv: int, tag: str) -> Piece:
+    """The unfused MLA branch's joins (module docstring): query = [q_nope, q_rope], key = [k_nope, k_rope broadcast
+    over the heads], V copied contiguous; backward: the key part summed over the heads, the kv and q gradients
+    joined."""
+    ab, r = d.act_bytes, float(rows)
+    q, k_rope = r * heads * (qk + rd) * ab, r * rd * ab
+    fwd = [("query_join", q, q), ("key_join", r * heads * qk * ab + k_rope, q),
+           ("value_copy", r * heads * dv * ab, r * heads * dv * ab)]
+    kv = r * heads * (qk + dv) * ab
+    bwd = [("key_rope_sum", r * heads * rd * ab, k_rope), ("kv_grad_join", kv, kv), ("q_grad_join", q, q)]
+    return Piece(tag, _ops(name, "F", d, tag, fwd), _ops(name + ".bwd", "I", d, tag, bwd))
+
+
 def eager_swiglu(name: str, d: Dims, out_elems: float, tag: str) -> Piece:
     """silu(a) * b over `out_elems` elements a direction (a and b the two halves of the gated input)."""
     ab, f = d.act_bytes, float(out_elems)
@@ -119,10 +169,13 @@ def norm(name: str, d: Dims, rows: int, width: int, tag: str) -> Piece:
     return pointwise(name, d, rows * width, rows * width, tag, fn=d.norm, width=width)
 
 
-def rope(name: str, d: Dims, q_elems: int, k_elems: int, head_dim: int, tag: str) -> Piece:
-    """Rotary embedding of q and k: TorchTitan's eager chain, else one kernel a direction."""
+def rope(name: str, d: Dims, q_elems: int, k_elems: int, head_dim: int, tag: str, mla: bool = False) -> Piece:
+    """Rotary embedding of q and k: TorchTitan's eager chain, Megatron-Core's unfused one, else one kernel a
+    direction."""
     if d.eager:
         return eager_rope(name, d, (q_elems, k_elems), d.s // d.cp, head_dim, tag)
+    if d.rope_unfused:
+        return megatron_rope(name, d, (q_elems, k_elems), d.s // d.cp, head_dim, tag, mla)
     return pointwise(name, d, q_elems + k_elems, q_elems + k_elems, tag)
 
 

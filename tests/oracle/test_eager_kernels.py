@@ -229,3 +229,126 @@ def test_mla_rope_is_the_same_complex_chain(tmp_path: Path) -> None:
     cat = B * S * (HEADS + 1) * rope_dim * 2  # the test's own join
     got = {"F": (got["F"][0] - 1, got["F"][1] - cat, got["F"][2] - cat), "I": got["I"]}
     assert _projected(_chain(ops, "attn.rope")) == got
+
+
+# ---- Megatron-Core's unfused RoPE (--no-rope-fusion: KernelSpec.rope_fusion False, ops_eager.megatron_rope), run
+# through Megatron-Core's own apply_rotary_pos_emb on the CPU. slice_backward is one aten call but two GPU kernels
+# (aten/src/ATen/native/TensorShape.cpp slice_backward: at::zeros, a fill, then copy_ of the gradient into the slice,
+# no kernel when the gradient is empty): the recorder splits it so.
+
+MCORE = """\
+model: {{name: tiny, num_layers: 1, hidden_size: {h}, num_attention_heads: {heads}, num_kv_heads: {kv},
+        ffn_hidden_size: {ffn}, vocab_size: {vocab}, norm: rmsnorm, gated_mlp: true, activation: silu,
+        position_embedding: rope, tie_embeddings: false{mla}}}
+training: {{seq_length: {s}, micro_batch_size: {b}, global_batch_size: {b}, params_dtype: {dtype},
+           kernels: {{rope_fusion: false}}}}
+plan: {{tp: 1}}
+cluster: {{hardware: h100-sxm, nodes: 1, gpus_per_node: 1}}
+"""
+QK, RD, DV, KV_LORA = 8, 4, 6, 16  # the MLA case's head dims
+
+
+class GpuKernels(Kernels):
+    """Kernels, with slice_backward split into the fill and the copy a GPU runs."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.__name__.split(".")[0] != "slice_backward":
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        out = func(*args, **(kwargs or {}))
+        self.calls.append(("fill", 0, out.nbytes))
+        if args[0].numel():
+            self.calls.append(("copy", args[0].nbytes, args[0].nbytes))
+        return out
+
+
+def _mcore_rope() -> Any:
+    pytest.importorskip("megatron.core")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+    return apply_rotary_pos_emb
+
+
+def _mcore_job(tmp_path: Path, dt: str, mla: bool) -> list[Op]:
+    extra = (f", mla: {{kv_lora_rank: {KV_LORA}, qk_head_dim: {QK}, qk_rope_head_dim: {RD}, v_head_dim: {DV}}}"
+             if mla else "")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(MCORE.format(h=H, heads=HEADS, kv=HEADS if mla else KV, ffn=FFN, vocab=VOCAB, s=S, b=B, dtype=dt,
+                                 mla=extra), encoding="utf-8")
+    sc = api.load(path)
+    assert sc.training.kernels.transformer_impl == "transformer_engine" and not sc.training.kernels.rope_fusion
+    return list(layer_ops(sc.model, sc.training, sc.plan, 0))
+
+
+def _gpu_recorded(leaves: list[Any], forward: Callable[..., Any]) -> dict[str, tuple[int, float, float]]:
+    with GpuKernels() as fwd:
+        out = forward(*leaves)
+    seed = torch.ones_like(out)
+    with GpuKernels() as bwd:
+        out.backward(seed)
+    return {phase: (len(k.calls), float(sum(c[1] for c in k.calls)), float(sum(c[2] for c in k.calls)))
+            for phase, k in (("F", fwd), ("I", bwd))}
+
+
+def _less_join(got: dict[str, tuple[int, float, float]], joined: int) -> dict[str, tuple[int, float, float]]:
+    """Without the test's own final join of `joined` bytes (a forward cat, views in backward)."""
+    return {"F": (got["F"][0] - 1, got["F"][1] - joined, got["F"][2] - joined), "I": got["I"]}
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp32"])
+def test_megatron_unfused_rope_is_megatron_cores_chain(tmp_path: Path, dt: str) -> None:
+    import types
+
+    apply = _mcore_rope()
+    ops = _mcore_job(tmp_path, dt, mla=False)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dt]
+    config = types.SimpleNamespace(apply_rope_fusion=False, rotary_interleaved=False, multi_latent_attention=False)
+    freqs = torch.rand(S, 1, 1, HD)  # Megatron's RotaryEmbedding output: [s, 1, 1, rot_dim] fp32 angles
+
+    def forward(q: Any, k: Any) -> Any:
+        rot = [apply(x, freqs, config=config, cu_seqlens=None, mscale=1.0, cp_group=object()) for x in (q, k)]
+        return torch.cat([rot[0].flatten(), rot[1].flatten()])
+
+    got = _gpu_recorded([_leaf(S, B, HEADS, HD, dtype=dtype), _leaf(S, B, KV, HD, dtype=dtype)], forward)
+    got = _less_join(got, S * B * (HEADS + KV) * HD * dtype.itemsize)
+    chain = _chain(ops, "attn.rope")
+    assert _projected(chain) == got
+    assert got["F"][0] == (24 if dt == "bf16" else 20) and got["I"][0] == 14  # 12 (10) + 7 kernels a tensor
+
+
+def test_megatron_unfused_mla_rope_and_joins(tmp_path: Path) -> None:
+    """MLA's unfused branch (multi_latent_attention.py get_query_key_value_tensors, apply_rope_fusion off): split q
+    and kv, RoPE on the query heads' and the shared key's rotary parts, join them back, copy V contiguous."""
+    import types
+
+    apply = _mcore_rope()
+    ops = _mcore_job(tmp_path, "bf16", mla=True)
+    config = types.SimpleNamespace(apply_rope_fusion=False, rotary_interleaved=False, multi_latent_attention=True)
+    freqs = torch.rand(S, 1, 1, RD)
+
+    def forward(q: Any, kv: Any, k_pos: Any) -> Any:
+        q_nope, q_pos = torch.split(q, [QK, RD], dim=-1)
+        k_nope, value = torch.split(kv, [QK, DV], dim=-1)
+        q_pos = apply(q_pos, freqs, config=config, cu_seqlens=None, mscale=1.0, cp_group=object())
+        k_pos = apply(k_pos, freqs, config=config, cu_seqlens=None, mscale=1.0, cp_group=object())
+        query = torch.cat([q_nope, q_pos], dim=-1)
+        key = torch.cat([k_nope, k_pos.expand(-1, -1, HEADS, -1)], dim=-1)
+        return torch.cat([query.contiguous().flatten(), key.contiguous().flatten(), value.contiguous().flatten()])
+
+    bf = torch.bfloat16
+    got = _gpu_recorded([_leaf(S, B, HEADS, QK + RD, dtype=bf), _leaf(S, B, HEADS, QK + DV, dtype=bf),
+                         _leaf(S, B, 1, RD, dtype=bf)], forward)
+    got = _less_join(got, S * B * HEADS * (2 * (QK + RD) + DV) * bf.itemsize)
+    assert _projected(_chain(ops, "attn.rope") + _chain(ops, "attn.mla_join")) == got
+
+
+def test_fused_rope_stays_one_kernel_a_direction(tmp_path: Path) -> None:
+    ops = _mcore_job(tmp_path, "bf16", mla=False)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(path.read_text(encoding="utf-8").replace("rope_fusion: false", "rope_fusion: true"),
+                    encoding="utf-8")
+    sc = api.load(path)
+    fused = [o for o in layer_ops(sc.model, sc.training, sc.plan, 0) if o.name.startswith("attn.rope")]
+    assert [o.phase for o in fused] == ["F", "I"] and len(_chain(ops, "attn.rope")) == 38

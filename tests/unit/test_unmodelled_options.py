@@ -31,8 +31,10 @@ def _flags(options: tuple[str, ...]) -> list[str]:
 def test_the_functional_tests_flags() -> None:
     case = MEGATRON / "gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4" / "model_config.yaml"
     assert _flags(_unmodelled(case)) == ["--no-bias-gelu-fusion"]
+    # --no-rope-fusion is priced (Megatron-Core's unfused chain, KernelSpec.rope_fusion), so not noted
     rope = MEGATRON / "gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading" / "model_config.yaml"
-    assert _flags(_unmodelled(rope)) == ["--no-rope-fusion"]
+    assert _unmodelled(rope) == ()
+    assert api.load(rope, hardware="h100-sxm", gpus_per_node=8).training.kernels.rope_fusion is False
     dense = MEGATRON / "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer" / "model_config.yaml"
     assert _unmodelled(dense) == ()
     # the note the projection prints
@@ -52,10 +54,16 @@ def test_each_option_where_it_applies() -> None:
     # the masked softmax runs only in the unfused attention of Megatron's local layers
     assert _flags(_unmodelled(local, ("masked_softmax_fusion=false",))) == ["masked_softmax_fusion"]
     assert _unmodelled(dense, ("masked_softmax_fusion=false",)) == ()
-    # RoPE fusion only matters with rotary positions
-    assert _unmodelled(dense, ("apply_rope_fusion=false",)) == ()
-    assert _flags(_unmodelled(dense, ("apply_rope_fusion=false", "position_embedding_type=rope"))) == [
-        "apply_rope_fusion"]
+    # RoPE fusion only matters with rotary positions; where it does, it is priced, not noted
+    def rope_fusion(*over: str) -> bool:
+        return api.load(dense, hardware="h100-sxm", gpus_per_node=8, overrides=list(over)).training.kernels.rope_fusion
+
+    assert rope_fusion("apply_rope_fusion=false") and rope_fusion("position_embedding_type=rope")
+    assert not rope_fusion("apply_rope_fusion=false", "position_embedding_type=rope")
+    assert _unmodelled(dense, ("apply_rope_fusion=false", "position_embedding_type=rope")) == ()
+    # the first option listed gives the note its origin (it was always the RoPE flag's)
+    sc = api.load(dense, hardware="h100-sxm", gpus_per_node=8, overrides=["bias_dropout_fusion=false"])
+    assert "bias_dropout_fusion" in str(sc.origins["training.kernels.unmodelled"])
 
 
 def test_bridge_fields() -> None:
