@@ -52,8 +52,8 @@ def unmodelled_options(a: MegatronArgs, raw: RawScenario) -> None:
         raw.set("training.kernels.rope_fusion", False, a.origin("apply_rope_fusion"))
     act = "bias_swiglu_fusion" if a.get("swiglu") else "bias_gelu_fusion"
     off = next((d for d in (act, "bias_activation_fusion") if a.given(d) and a.get(d) is False), None)
-    if off is not None:
-        out.append((off, "the MLP's bias and activation priced as one fused kernel"))
+    if off is not None:  # priced: Megatron-Core's unfused chain (ops_eager.megatron_activation)
+        raw.set("training.kernels.bias_activation_fusion", False, a.origin(off))
     if a.get("bias_dropout_fusion") is False:
         out.append(("bias_dropout_fusion", "bias, dropout and residual add priced as one fused kernel"))
     if a.get("masked_softmax_fusion") is False and a.get("transformer_impl") == "local":

@@ -193,6 +193,10 @@ class KernelSpec(Spec):
         True, description="Megatron's fused RoPE kernel (--no-rope-fusion, Bridge / Primus apply_rope_fusion false: "
         "Megatron-Core's unfused chain, each aten call a kernel: projection/workload/ops_eager.megatron_rope). "
         "TorchTitan's blocks follow `compiled` instead")
+    bias_activation_fusion: bool = Field(
+        True, description="Megatron's fused bias-activation kernel (--no-bias-gelu-fusion / --no-bias-swiglu-fusion, "
+        "Bridge's bias_activation_fusion false: Megatron-Core's unfused chain, each aten call a kernel: "
+        "projection/workload/ops_eager.megatron_activation; GeLU experts always run it)")
     unmodelled: tuple[str, ...] = Field(
         (), description="options the job sets that projection reads but prices as their defaults (Megatron's "
         "fusions turned off, MoE overlaps), each with what it is priced as; the performance notes list them")

@@ -161,6 +161,8 @@ class Dims:
     eager: bool = False
     rms_composite: bool = False
     rope_unfused: bool = False  # Megatron-Core's RoPE without its fused kernel (--no-rope-fusion; ops_eager)
+    act_unfused: bool = False  # Megatron-Core's MLP activation without its fused bias-activation kernel (ops_eager)
+    linear_bias: bool = False  # the linears carry biases (Megatron's add_bias_linear)
 
 
 def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
@@ -197,7 +199,9 @@ def dims(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> Dims:
                 repeat_kv=titan and not training.kernels.gqa_native_attention,
                 torchtitan=titan, eager=eager,
                 rms_composite=training.kernels.eager_rms_norm and not training.kernels.compiled,
-                rope_unfused=not titan and not training.kernels.rope_fusion)
+                rope_unfused=not titan and not training.kernels.rope_fusion,
+                act_unfused=not titan and not training.kernels.bias_activation_fusion,
+                linear_bias=model.add_bias_linear)
 
 
 def cp_a2a_size(plan: ParallelPlan, layer_index: int = 0) -> int:

@@ -26,6 +26,14 @@ TorchDispatchMode and checks every chain's kernels and bytes against the aten ca
   each a fill and a copy, and their sum), and its unfused branch (multi_latent_attention.py) joins the rotary parts
   to the query and key heads and copies V contiguous; backward sums the broadcast key part over the heads and joins
   the split gradients of q and kv. tests/oracle/test_eager_kernels.py runs Megatron-Core's own function.
+- Megatron-Core's MLP activation without its fused bias-activation kernel (`KernelSpec.bias_activation_fusion`
+  False; always for GeLU experts, which Megatron-Core cannot fuse): transformer/mlp.py MLP.forward and
+  transformer/moe/experts.py bias_act_func, 0.16.1: the fc1 bias added (dense layers with biases), then GeLU, or
+  for a gated unit silu of one half times (the other half + glu_linear_offset, an add even at 0); experts then
+  scale by their routing probabilities (in the activations' dtype, the router's default). Backward: the product's
+  two gradients and the probabilities' row sum, the activation's backward (for the gated unit the two products'
+  gradients, silu_backward and the join of the halves' gradients), the bias gradient's row sum.
+  tests/oracle/test_eager_kernels.py runs Megatron-Core's MLP.forward.
 - The loss, `cross_entropy(pred.float(), labels)`: logits upcast, log_softmax, nll_loss; backward nll_loss_backward
   (the fp32 gradient zero-filled and scattered: it reads the targets, not the log-probabilities), log_softmax's
   backward and the cast back to the logits' dtype.
@@ -143,6 +151,30 @@ def eager_swiglu(name: str, d: Dims, out_elems: float, tag: str) -> Piece:
     return Piece(tag, _ops(name, "F", d, tag, fwd), _ops(name + ".bwd", "I", d, tag, bwd))
 
 
+def megatron_activation(name: str, d: Dims, rows: int, width: int, tag: str, *, bias: bool, probs: bool) -> Piece:
+    """Megatron-Core's unfused bias + activation (+ routing-probability scale) over rows x width outputs (module
+    docstring); a gated unit reads 2 x width a row."""
+    ab, f, r = d.act_bytes, float(rows) * width * d.act_bytes, float(rows) * d.act_bytes
+    gated = d.act_fn.endswith("_glu")
+    fin, bias_w = (2 * f if gated else f), (2 if gated else 1) * width * ab
+    fwd = [("bias", fin + bias_w, fin)] if bias else []
+    bwd: list[tuple[str, float, float]] = []
+    if gated:
+        fwd += [("silu", f, f), ("offset", f, f), ("mul", 2 * f, f)]
+    else:
+        fwd += [(d.act_fn, f, f)]
+    if probs:
+        fwd += [("probs", f + r, f)]
+        bwd += [("probs_grad", 2 * f, f), ("probs_dgrad", f + r, f), ("probs_sum", f, r)]
+    if gated:
+        bwd += [("mul_grad_a", 2 * f, f), ("mul_grad_b", 2 * f, f), ("silu_bwd", 2 * f, f), ("join", 2 * f, 2 * f)]
+    else:
+        bwd += [(f"{d.act_fn}_bwd", 2 * f, f)]
+    if bias:
+        bwd += [("bias_sum", fin, bias_w)]
+    return Piece(tag, _ops(name, "F", d, tag, fwd), _ops(name + ".bwd", "I", d, tag, bwd))
+
+
 def grad_adds(name: str, d: Dims, elems: float, extra_linears: int, tag: str) -> Piece:
     """Autograd's sum of the input gradients of `extra_linears` + 1 linears that read one input (backward only)."""
     e, ab = float(elems), d.act_bytes
@@ -179,10 +211,13 @@ def rope(name: str, d: Dims, q_elems: int, k_elems: int, head_dim: int, tag: str
     return pointwise(name, d, q_elems + k_elems, q_elems + k_elems, tag)
 
 
-def activation(name: str, d: Dims, rows: int, width: int, tag: str) -> Piece:
-    """The MLP activation over rows x width outputs (a gated one reads 2 x width a row)."""
+def activation(name: str, d: Dims, rows: int, width: int, tag: str, experts: bool = False) -> Piece:
+    """The MLP activation over rows x width outputs (a gated one reads 2 x width a row): TorchTitan's eager SwiGLU,
+    Megatron-Core's unfused chain (fusion off; GeLU experts, which it cannot fuse), else one kernel a direction."""
     if d.eager and d.act_fn == "silu_glu":
         return eager_swiglu(name, d, float(rows) * width, tag)
+    if not d.torchtitan and (d.act_unfused or (experts and not d.act_fn.endswith("_glu"))):
+        return megatron_activation(name, d, rows, width, tag, bias=d.linear_bias and not experts, probs=experts)
     branches = 2 if d.act_fn.endswith("_glu") else 1
     return pointwise(name, d, float(rows) * branches * width, float(rows) * width, tag, fn=d.act_fn, width=width)
 

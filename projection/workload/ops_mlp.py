@@ -93,7 +93,7 @@ def moe_pieces(model: ModelSpec, d: Dims) -> list[Piece]:
                     (mem("moe.router.topk.bwd", "I", 2 * tl * e * 4, tl * e * 4, "fp32", "moe"),))]
     experts = [input_grad_adds("moe.fc1", d, rows * h, branches - 1 if d.torchtitan else 0, "moe"),
                grouped_linear("moe.fc1", d, local, rows, branches * fe, h, "moe"),
-               activation("moe.act", d, rows, fe, "moe_act"),
+               activation("moe.act", d, rows, fe, "moe_act", experts=True),
                grouped_linear("moe.fc2", d, local, rows, h, fe, "moe")]
     if d.sequential_experts:
         experts = [_per_expert(p, local) for p in experts]

@@ -352,3 +352,72 @@ def test_fused_rope_stays_one_kernel_a_direction(tmp_path: Path) -> None:
     sc = api.load(path)
     fused = [o for o in layer_ops(sc.model, sc.training, sc.plan, 0) if o.name.startswith("attn.rope")]
     assert [o.phase for o in fused] == ["F", "I"] and len(_chain(ops, "attn.rope")) == 38
+
+
+# ---- Megatron-Core's unfused bias-activation (--no-bias-gelu-fusion / --no-bias-swiglu-fusion:
+# KernelSpec.bias_activation_fusion False, ops_eager.megatron_activation), run through Megatron-Core's own
+# MLP.forward with its linears replaced by the test's tensors (fc1 returns the activation input and bias, fc2 passes
+# its input on). The experts' bias_act_func (transformer/moe/experts.py) runs the same calls as MLP.forward with a
+# per-token scale: the activation, then the product with the routing probabilities.
+
+ACT = """\
+model: {{name: tiny, num_layers: 1, hidden_size: {h}, num_attention_heads: {heads}, num_kv_heads: {heads},
+        ffn_hidden_size: {ffn}, vocab_size: {vocab}, norm: layernorm, gated_mlp: {gated}, activation: {act},
+        position_embedding: rope, tie_embeddings: false, add_bias_linear: {bias}{moe}}}
+training: {{seq_length: {s}, micro_batch_size: {b}, global_batch_size: {b}, params_dtype: bf16,
+           kernels: {{bias_activation_fusion: {fusion}}}}}
+plan: {{tp: 1}}
+cluster: {{hardware: h100-sxm, nodes: 1, gpus_per_node: 1}}
+"""
+EXPERTS, TOPK, EXPERT_FFN = 4, 2, 40
+
+
+def _act_ops(tmp_path: Path, *, gated: bool, bias: bool, moe: bool, fusion: bool) -> list[Op]:
+    extra = f", moe: {{num_experts: {EXPERTS}, top_k: {TOPK}, expert_ffn_hidden_size: {EXPERT_FFN}}}" if moe else ""
+    path = tmp_path / "act.yaml"
+    path.write_text(ACT.format(h=H, heads=HEADS, ffn=FFN, vocab=VOCAB, s=S, b=B, gated=str(gated).lower(),
+                               act="silu" if gated else "gelu", bias=str(bias).lower(), moe=extra,
+                               fusion=str(fusion).lower()), encoding="utf-8")
+    sc = api.load(path)
+    return list(layer_ops(sc.model, sc.training, sc.plan, 0))
+
+
+@pytest.mark.parametrize(("gated", "bias", "moe", "fusion"), [
+    (False, True, False, False),  # GeLU with the fc1 bias (Megatron-LM's default biases), fusion off
+    (False, False, False, False),  # GeLU without biases: one kernel a direction, as fused
+    (True, False, False, False),  # SwiGLU, no biases
+    (True, True, False, False),  # SwiGLU with biases
+    (False, False, True, True),  # GeLU experts: unfused even with the fusion on (Megatron-Core fuses SwiGLU only)
+    (True, False, True, False),  # SwiGLU experts, fusion off
+])
+def test_megatron_unfused_activation_is_megatron_cores_mlp(tmp_path: Path, gated: bool, bias: bool, moe: bool,
+                                                           fusion: bool) -> None:
+    import types
+
+    pytest.importorskip("megatron.core")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.mlp import MLP
+
+    ops = _act_ops(tmp_path, gated=gated, bias=bias, moe=moe, fusion=fusion)
+    fn = F.silu if gated else F.gelu
+    rows, width = (B * S * TOPK, EXPERT_FFN) if moe else (B * S, FFN)
+    branches = 2 if gated else 1
+    config = types.SimpleNamespace(use_te_activation_func=False, bias_activation_fusion=False,
+                                   gated_linear_unit=gated, activation_func=fn, activation_func_clamp_value=None,
+                                   glu_linear_offset=0.0)
+    bf = torch.bfloat16
+
+    def forward(x: Any, *rest: Any) -> Any:
+        b = rest[0] if bias else None
+        probs = rest[-1] if moe else None
+        me = types.SimpleNamespace(config=config, activation_func=fn, linear_fc1=lambda _: (x, b),
+                                   linear_fc2=lambda y: (y, None))
+        return MLP.forward(me, None, per_token_scale=probs)[0]
+
+    leaves = [_leaf(rows, branches * width, dtype=bf), *([_leaf(branches * width, dtype=bf)] if bias else []),
+              *([_leaf(rows, dtype=bf)] if moe else [])]
+    got = _gpu_recorded(leaves, forward)
+    assert _projected(_chain(ops, "moe.act" if moe else "mlp.act")) == got

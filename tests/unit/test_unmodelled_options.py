@@ -29,8 +29,10 @@ def _flags(options: tuple[str, ...]) -> list[str]:
 
 @needs_fixtures
 def test_the_functional_tests_flags() -> None:
+    # --no-bias-gelu-fusion is priced (Megatron-Core's unfused chain, KernelSpec.bias_activation_fusion), so not noted
     case = MEGATRON / "gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4" / "model_config.yaml"
-    assert _flags(_unmodelled(case)) == ["--no-bias-gelu-fusion"]
+    assert _unmodelled(case) == ()
+    assert api.load(case, hardware="h100-sxm", gpus_per_node=8).training.kernels.bias_activation_fusion is False
     # --no-rope-fusion is priced (Megatron-Core's unfused chain, KernelSpec.rope_fusion), so not noted
     rope = MEGATRON / "gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading" / "model_config.yaml"
     assert _unmodelled(rope) == ()
@@ -38,8 +40,8 @@ def test_the_functional_tests_flags() -> None:
     dense = MEGATRON / "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer" / "model_config.yaml"
     assert _unmodelled(dense) == ()
     # the note the projection prints
-    sc = api.load(case, hardware="h100-sxm", gpus_per_node=8)
-    assert any(n.startswith("not modelled, priced as without them: --no-bias-gelu-fusion") for n in project(sc).notes)
+    sc = api.load(dense, hardware="h100-sxm", gpus_per_node=8, overrides=["bias_dropout_fusion=false"])
+    assert any(n.startswith("not modelled, priced as without them: bias_dropout_fusion") for n in project(sc).notes)
 
 
 @needs_fixtures
@@ -69,5 +71,9 @@ def test_each_option_where_it_applies() -> None:
 def test_bridge_fields() -> None:
     kw = {"nodes": 32}
     assert _flags(_unmodelled(BRIDGE, **kw)) == ["comm_overlap.delay_wgrad_compute"]
-    assert _flags(_unmodelled(BRIDGE, ("model.bias_activation_fusion=false",), **kw)) == [
-        "model.bias_activation_fusion", "comm_overlap.delay_wgrad_compute"]
+    unfused = api.load(BRIDGE, hardware="h100-sxm", gpus_per_node=8, overrides=["model.bias_activation_fusion=false"],
+                       **kw)  # type: ignore[arg-type]
+    assert unfused.training.kernels.bias_activation_fusion is False
+    assert _flags(unfused.training.kernels.unmodelled) == ["comm_overlap.delay_wgrad_compute"]
+    assert _flags(_unmodelled(BRIDGE, ("model.bias_dropout_fusion=false",), **kw)) == [
+        "model.bias_dropout_fusion", "comm_overlap.delay_wgrad_compute"]
