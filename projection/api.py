@@ -4,6 +4,8 @@
     sc = api.load("exp.yaml", hardware="mi300x", nodes=4)
     report = api.inspect(sc)
     report.params_total, report.per_rank[0].params
+    again = api.reloader("exp.yaml", hardware="mi300x", nodes=4)  # the same job loaded again, for
+    search_layouts(sc, tp=[2, 4], reload=again); compare_schedules(sc, reload=again.schedule)  # framework files
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,9 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
 
     overrides: `KEY=VALUE` strings or a mapping, in the file's own key space (Megatron/Primus argument names,
     TorchTitan `section.key`, canonical `plan.tp` for native and HF files). `env` resolves `${VAR}` in Primus YAML and
-    `$VAR` in launch scripts (the CLI passes the process environment; the default is an empty environment).
+    `$VAR` in launch scripts (the CLI passes the process environment; the default is an empty environment; values
+    are strings, as a process environment's are: a number is refused, not converted). nodes, gpus_per_node,
+    default_nodes: ints ("4" and 8.0 are refused).
     Cluster: hardware / nodes / gpus_per_node given here win over the file; defaults are mi300x, `default_nodes` (1)
     nodes (a Megatron-LM argument dump's `world_size` over the GPUs per node where it records one) and the device's
     usual GPUs per node. schedule: a pipeline schedule name that replaces the file's before the
@@ -61,7 +66,8 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     """
     if overrides is not None and not isinstance(overrides, Mapping | str | bytes) and isinstance(overrides, Iterable):
         overrides = list(overrides)  # a generator is read once
-    _check_load_args(config, overrides, env, hardware_dir, models_dir, primus_root)
+    _check_load_args(config, overrides, env, hardware_dir, models_dir, primus_root,
+                     {"nodes": nodes, "gpus_per_node": gpus_per_node, "default_nodes": default_nodes}, schedule)
     if primus_root is not None:  # whatever the file's format: a wrong path is a slip
         from projection.formats.primus import check_primus_root
 
@@ -158,6 +164,55 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
     if problems:
         raise ConfigError(problems)
     return scenario
+
+
+_LOAD_ARGUMENTS = ("hardware", "nodes", "gpus_per_node", "overrides", "primus_root", "env", "fmt", "hardware_dir",
+                   "models_dir", "default_nodes", "schedule", "pytorch")
+
+
+@dataclass(frozen=True)
+class Reloader:
+    """A config and the `load` arguments a scenario was loaded with, to load the same job again (`reloader`):
+    `reloader(over)` with the overrides `over` (the file's key space) applied after the arguments' own, as
+    `projection plan` reloads each candidate (search_layouts' `reload`); `reloader.schedule(name)` with another
+    pipeline schedule, as `projection performance --schedule all` loads each (compare_schedules' `reload`)."""
+
+    config: str | Path
+    arguments: Mapping[str, Any]
+
+    def __call__(self, overrides: Mapping[str, Any]) -> Scenario:
+        own = self.arguments.get("overrides")
+        base = dict(own) if isinstance(own, Mapping) else parse_set(list(own or ()))
+        return load(self.config, **{**self.arguments, "overrides": {**base, **overrides}})
+
+    def schedule(self, name: str) -> Scenario:
+        return load(self.config, **{**self.arguments, "schedule": name})
+
+
+def reloader(config: str | Path, **arguments: Any) -> Reloader:
+    """The reload for `search_layouts` and `compare_schedules`: give it the config and the keyword arguments the
+    scenario was loaded with (hardware, nodes, gpus_per_node, overrides, env, ...), so each candidate runs on the
+    searched cluster with the same overrides (a reload that loads another cluster is refused; `projection plan`
+    reloads at the searched scenario's node count, so pass nodes= for a file that sizes its own cluster, such as a
+    TorchTitan TOML with fixed degrees or a Megatron argument dump):
+
+        sc = api.load(path, hardware="h100-sxm", nodes=2, overrides=["seq_length=8192"])
+        again = api.reloader(path, hardware="h100-sxm", nodes=2, overrides=["seq_length=8192"])
+        search_layouts(sc, tp=[1, 2, 4], reload=again); compare_schedules(sc, reload=again.schedule)
+    """
+    unknown = [k for k in arguments if k not in _LOAD_ARGUMENTS]
+    if unknown:
+        raise ConfigError(Problem(f"api.load takes no argument {', '.join(map(repr, unknown))}", key=unknown[0],
+                                  file="<api.reloader>",
+                                  fix="pass api.load's arguments: " + ", ".join(_LOAD_ARGUMENTS)))
+    own = arguments.get("overrides")
+    if own is not None and not isinstance(own, Mapping | str | bytes) and isinstance(own, Iterable):
+        arguments["overrides"] = list(own)  # a generator is read once
+    _check_load_args(config, arguments.get("overrides"), arguments.get("env"), arguments.get("hardware_dir", "."),
+                     arguments.get("models_dir", "."), arguments.get("primus_root"),
+                     {k: arguments.get(k) for k in ("nodes", "gpus_per_node", "default_nodes")},
+                     arguments.get("schedule"))
+    return Reloader(config, dict(arguments))
 
 
 def _nodes_from_dump(raw: RawScenario, config: Path, ov: Mapping[str, Any], env: Mapping[str, str] | None,
@@ -260,11 +315,13 @@ def _job_env_vars(job_env: Mapping[str, Any]) -> tuple[dict[str, tuple[str | Non
 
 
 def _check_load_args(config: Any, overrides: Any, env: Any, hardware_dir: Any, models_dir: Any,
-                     primus_root: Any) -> None:
-    """ConfigError (not a TypeError from deep inside) for arguments of `load` of the wrong kind, all at once."""
+                     primus_root: Any, counts: Mapping[str, Any], schedule: Any) -> None:
+    """ConfigError (not a TypeError from deep inside) for arguments of `load` of the wrong kind, all at once. Counts
+    must be ints ("4" and 8.0 are refused, not coerced); env values must be strings, as a process environment's are
+    (a number is refused, not converted: env={"PRIMUS_TP": "2"})."""
     def problem(key: str, got: Any, want: str) -> Problem:
-        return Problem(f"{key} must be {want}, got {type(got).__name__} {got!r}"[:200], key=key, file="<api.load>",
-                       fix=f"pass {want}")
+        return Problem(f"api.load({key}=...) must be {want}, got {type(got).__name__} {got!r}"[:200], key=key,
+                       file="<api.load>", fix=f"pass {want}")
     bad = []
     if not isinstance(config, str | os.PathLike):
         bad.append(problem("config", config, "a path (str or pathlib.Path)"))
@@ -275,6 +332,16 @@ def _check_load_args(config: Any, overrides: Any, env: Any, hardware_dir: Any, m
         bad.append(problem("overrides", overrides, "a mapping or a list of 'KEY=VALUE' strings"))
     if env is not None and not isinstance(env, Mapping):
         bad.append(problem("env", env, "a mapping of environment variables"))
+    elif env is not None:
+        bad += [Problem(f"api.load(env=...): {name!r} must map to a string, as an environment variable holds text, got "
+                        f"{type(value).__name__} {value!r}"[:200], key="env", file="<api.load>",
+                        fix=f"pass env={{{str(name)!r}: {str(value)!r}}}")
+                for name, value in env.items() if not isinstance(name, str) or not isinstance(value, str)]
+    for key, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            bad.append(problem(key, value, "a positive whole number (an int)"))
+    if schedule is not None and not isinstance(schedule, str):
+        bad.append(problem("schedule", schedule, "a pipeline schedule's name (a str)"))
     for key, value in (("hardware_dir", hardware_dir), ("models_dir", models_dir), ("primus_root", primus_root)):
         if not isinstance(value, str | os.PathLike) and not (key == "primus_root" and value is None):
             bad.append(problem(key, value, "a folder path (str or pathlib.Path)"))

@@ -40,7 +40,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="print each term's formula with the numbers substituted, "
                    "and each category's addends at the peak, closed by the table's total")
     p.add_argument("--target-nodes", type=count, metavar="N",
-                   help="per-rank memory after weak scaling to N nodes at the same global batch (as performance)")
+                   help="per-rank memory after scaling to N nodes at the same global batch (strong scaling: dp grows, "
+                   "microbatches per rank shrink; as performance)")
     # The other sub-commands live in their own modules, imported only when named (they pull in scipy / torch);
     # otherwise a stub keeps them listed in `projection --help`.
     wanted = next((a for a in (argv or ()) if not a.startswith("-")), None) if argv is not None else None

@@ -6,8 +6,9 @@ breakdown, the critical path and the memory verdict (projection/perf).
                            [--format table|json] [--trace out.json] [--pp-vis DIR] [--scaling 1,2,4,...]
                            [--png out.png]
 
-`--target-nodes N` weak-scales the job from the config's own node count (or `--nodes`) to N nodes at a fixed global
-batch (data parallelism grows, microbatches per rank shrink; every collective is priced on its new placement).
+`--target-nodes N` scales the job from the config's own node count (or `--nodes`) to N nodes at a fixed global
+batch (strong scaling: data parallelism grows, microbatches per rank shrink; every collective is priced on its new
+placement).
 `--schedule all` compares every applicable pipeline schedule in one table. `--scaling 1,2,4` projects the job at each
 node count (each row the job `--target-nodes` N projects, from the same starting point and global batch) and
 prints one row per count; `--png` adds a plot of tokens/s/GPU and MFU against nodes. `--trace` writes the
@@ -66,8 +67,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=count, help="number of nodes (replaces the config's); with --target-nodes or "
                    "--scaling, the node count the job is scaled from")
     p.add_argument("--target-nodes", type=count, metavar="N",
-                   help="weak-scale from the config's own nodes (or --nodes; a file without a node count: the fewest "
-                   "nodes its plan holds on) to N nodes at a fixed global batch")
+                   help="scale from the config's own nodes (or --nodes; a file without a node count: the fewest "
+                   "nodes its plan holds on) to N nodes at a fixed global batch (strong scaling: dp grows, "
+                   "microbatches per rank shrink)")
     p.add_argument("--gpus-per-node", type=count, help="GPUs per node (default: the device's usual count)")
     p.add_argument("--hardware", help="device name from hardware_specs/ (e.g. mi300x, h100-sxm) or a YAML path")
     p.add_argument("--calibration", metavar="FILE", help="a Calibration JSON (projection calibrate ...); default: "
@@ -108,49 +110,12 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
 def _run(args: argparse.Namespace, env: Mapping[str, str] | None) -> str:
     counts = _check_args(args)
     scenario, start_note = scenario_at(args, env, counts)
-    runs = _framework_schedules(args, env, scenario)
-    return _project(args, scenario, counts, start_note, runs)
-
-
-def _framework_schedules(args: argparse.Namespace, env: Mapping[str, str] | None,
-                         scenario: Scenario) -> list[Scenario] | None:
-    """With --schedule all on a pipeline whose framework picks its schedule by its own keys: the job under each
-    schedule that loads. TorchTitan: each with the stages per rank it gives the schedule (2 for Interleaved1F1B,
-    ZBVZeroBubble and DualPipeV without pipeline_parallel_layers_per_stage), not the file's vpp; a Primus Megatron
-    experiment: through the keys Primus picks it by (its pipeline patches off, or patch_zero_bubble), so what
-    Primus refuses is not compared. None for another job."""
-    names = _own_schedule_names(scenario) if args.schedule == "all" else None
-    if names is None:
-        return None
-    out = []
-    for name in names:
-        try:
-            out.append(scenario_at(argparse.Namespace(**{**vars(args), "schedule": name}), env)[0])
-        except ProjectionError:
-            continue  # a schedule the framework would refuse for this job: not compared
-    return out
-
-
-def _own_schedule_names(scenario: Scenario) -> Sequence[str] | None:
-    """The schedules of a pipeline whose framework picks its schedule by its own keys (TorchTitan's
-    pipeline_parallel_schedule, Primus's pipeline patches), each to be loaded as --schedule NAME loads it; None for
-    another job, or without a pipeline."""
-    if scenario.plan.pp == 1:
-        return None
-    if "torchtitan" in scenario.framework:
-        from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES
-
-        return tuple(TORCHTITAN_SCHEDULE_NAMES)
-    if scenario.framework == "primus-megatron":
-        from projection.formats.primus_set import PRIMUS_SCHEDULES
-
-        return [n for n in PRIMUS_SCHEDULES if n != "interleaved_1f1b" or scenario.plan.vpp_ > 1]
-    return None
+    return _project(args, scenario, counts, start_note, env)
 
 
 def scenario_at(args: argparse.Namespace, env: Mapping[str, str] | None,
                 counts: Sequence[int] = ()) -> tuple[Scenario, str]:
-    """The scenario at --target-nodes (weak scaling at fixed global batch from the config's nodes, or --nodes), else
+    """The scenario at --target-nodes (strong scaling at fixed global batch from the config's nodes, or --nodes), else
     the starting point of the --scaling `counts`, and a note saying where a file without a node count started (the
     fewest nodes its plan fits, as Primus does); `projection memory --target-nodes` takes it too."""
     from projection.perf import extrapolate
@@ -224,7 +189,7 @@ def _raise_at_start(err: PlanError, args: argparse.Namespace) -> None:
 
 
 def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], start_note: str,
-             runs: Sequence[Scenario] | None = None) -> str:
+             env: Mapping[str, str] | None = None) -> str:
     from projection.perf import default_cost_model, extrapolate, project
     from projection.perf.scaling import node_count_problems
 
@@ -258,10 +223,12 @@ def _project(args: argparse.Namespace, scenario: Scenario, counts: list[int], st
     if args.schedule == "all":
         from projection.perf import compare_schedules
 
-        projs = ([_noted(p, start_note, args.engine) for p in compare_schedules(scenario, cost_model, engine=engine)]
-                 if runs is None else sorted((_noted(project(sc, default_cost_model(sc, calibration=calibration),
-                                                             engine=engine), start_note, args.engine) for sc in runs),
-                                              key=lambda p: p.step_time_s))
+        # a TorchTitan or Primus pipeline: the job loaded again under each of its framework's schedules, as
+        # --schedule NAME loads it (perf/search_reload.framework_schedule_runs), the same function as the API's
+        def reload(name: str) -> Scenario:
+            return scenario_at(argparse.Namespace(**{**vars(args), "schedule": name}), env)[0]
+        projs = [_noted(p, start_note, args.engine)
+                 for p in compare_schedules(scenario, cost_model, engine=engine, reload=reload)]
         chosen = chosen_schedule(projs)
         written = write_all([], chosen, args, projs)
         if args.format == "json":
@@ -298,7 +265,9 @@ def _load(args: argparse.Namespace, env: Mapping[str, str] | None, nodes: int | 
             raise
         if name == "all":
             return fallback
-        own = _own_schedule_names(fallback)
+        from projection.perf.search_reload import own_schedule_names
+
+        own = own_schedule_names(fallback)
         if own is None:
             from projection.perf import applicable_schedules
 

@@ -171,15 +171,17 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2
-    fits = [c for c in found if c.status == "fits"]
-    # --top K: the K fastest fitting layouts, whatever the format (README "projection plan"); the out-of-memory and
+    fits = [c for c in found if c.projection is not None]  # status "fits" or "at risk", fastest first
+    # --top K: the K fastest projected layouts, whatever the format (README "projection plan"); the out-of-memory and
     # refused ones are all listed, in the table and in JSON alike
-    shown = fits[:args.top] + [c for c in found if c.status != "fits"]
+    shown = fits[:args.top] + [c for c in found if c.projection is None]
     if args.format == "json":
         print(json.dumps({"world_size": scenario.world_size, "candidates": [_row(c) for c in shown]}, indent=2))
         return 0
     print(f"layouts of {scenario.model.name} on {scenario.world_size} x {scenario.cluster.device.name}, global batch "
-          f"{scenario.training.resolved_global_batch(scenario.plan.dp_())}: {len(fits)} fit, "
+          f"{scenario.training.resolved_global_batch(scenario.plan.dp_())}: {len(fits)} fit"
+          + (f" ({sum(c.status == 'at risk' for c in fits)} at risk)" if any(c.status == "at risk" for c in fits)
+             else "") + ", "
           f"{sum(c.status == 'out of memory' for c in found)} out of memory, "
           f"{sum(c.status == 'refused' for c in found)} refused")
     print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'recompute':<9} {'zero':>4} "

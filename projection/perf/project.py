@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +45,8 @@ from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
+COST_MODEL_METHODS = ("op_seconds", "collective_seconds", "provenance", "collective_provenance")
+
 
 def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
     """The scenario with another pipeline schedule (same pp, vpp, microbatches)."""
@@ -73,12 +75,17 @@ def build_plan_schedule(scenario: Scenario) -> Schedule:
 
 def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule: str | None = None,
             engine: Engine = "des") -> Projection:
-    """Project one training step of `scenario` (its plan's schedule, or `schedule`). cost_model: default
+    """Project one training step of `scenario` (its plan's schedule, or `schedule`: one the plan runs at its pp, vpp
+    and microbatches; a TorchTitan or Primus pipeline, whose framework loads each schedule its own way, is loaded
+    with api.load(..., schedule=NAME) instead, and another name is refused). cost_model: default
     `default_cost_model(scenario)` (shipped calibration over the roofline). engine: "des" (event loop, shared
     links) or "dag" (exact walk, p2p as latency)."""
-    if not isinstance(scenario, Scenario):
-        raise ConfigError(Problem(f"project needs a Scenario, got {type(scenario).__name__}", key="scenario",
-                                  file="<api>", fix="pass a Scenario from projection.api.load"))
+    from projection.perf.search_reload import schedule_problem
+
+    check_arguments("project", scenario, cost_model)
+    problem = schedule_problem(scenario, schedule) if schedule is not None else None
+    if problem is not None:
+        raise ConfigError(problem)
     sc = with_schedule(scenario, schedule) if schedule is not None else scenario
     cm = cost_model if cost_model is not None else default_cost_model(sc)
     n = rounds(sc)
@@ -126,14 +133,33 @@ def _not_finite(sc: Scenario, what: str) -> ConfigError:
             "far outside what hardware does"))
 
 
-def compare_schedules(scenario: Scenario, cost_model: CostModel | None = None, *,
-                      engine: Engine = "des") -> list[Projection]:
+def compare_schedules(scenario: Scenario, cost_model: CostModel | None = None, *, engine: Engine = "des",
+                      reload: Callable[[str], Scenario] | None = None) -> list[Projection]:
     """A projection per schedule applicable to the plan's pp, vpp and microbatches (interleaved_1f1b only with
-    vpp > 1, where it differs from 1f1b), sorted by step time. The stages stay the scenario's: a TorchTitan job
-    derives its stages per rank from its schedule, so compare its schedules as `projection performance --schedule
-    all` does, one `api.load(..., schedule=NAME)` per name (TorchTitan's pipeline_parallel_schedule)."""
-    out = [project(scenario, cost_model, schedule=name, engine=engine) for name in applicable_schedules(scenario)]
+    vpp > 1), fastest first; each carries its memory verdict (`.memory.verdict`). A TorchTitan or Primus pipeline
+    is loaded again for each of its framework's schedules, as `projection performance --schedule all` does:
+    `reload(name)` loads it (`api.reloader(path, <sc's load arguments>).schedule`), those the framework refuses are
+    left out (search_reload.framework_schedule_runs). cost_model: default, each job's `default_cost_model`."""
+    from projection.perf.search_reload import framework_schedule_runs
+
+    check_arguments("compare_schedules", scenario, cost_model)
+    runs = framework_schedule_runs(scenario, reload)
+    if runs is None:
+        out = [project(scenario, cost_model, schedule=name, engine=engine) for name in applicable_schedules(scenario)]
+    else:
+        out = [project(sc, cost_model, engine=engine) for sc in runs]
     return sorted(out, key=lambda p: p.step_time_s)
+
+
+def check_arguments(function: str, scenario: object, cost_model: object = None) -> None:
+    """ConfigError naming the argument when `scenario` is not a Scenario or `cost_model` not a cost model."""
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(Problem(f"{function} needs a Scenario, got {type(scenario).__name__}", key="scenario",
+                                  file="<api>", fix="pass a Scenario from projection.api.load"))
+    if cost_model is not None and not all(callable(getattr(cost_model, m, None)) for m in COST_MODEL_METHODS):
+        raise ConfigError(Problem(f"{function}'s cost_model must be a CostModel, got {type(cost_model).__name__} "
+                                  f"{cost_model!r}"[:200], key="cost_model", file="<api>",
+                                  fix="pass projection.perf.default_cost_model(scenario), or None for it"))
 
 
 def applicable_schedules(scenario: Scenario) -> list[str]:
@@ -274,7 +300,6 @@ def _shipped_tables(path: str) -> tuple[dict[str, int], frozenset[str]]:
 
     cal = load_calibration(Path(path))
     return cal.row_counts(), frozenset(p.device_name for p in cal.provenance if p.device_name)
-
 
 
 def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:

@@ -19,15 +19,17 @@ that layout loaded with its --set overrides at the same global batch (tests/unit
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from projection.cost.model import CostModel
 from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 from projection.memory.report import MemoryReport
 from projection.perf.costmodel import default_cost_model
-from projection.perf.project import Engine, applicable_schedules, project
+from projection.perf.project import Engine, applicable_schedules, check_arguments, project
 from projection.perf.result import Projection
 from projection.perf.search_reload import (
     Reload,
@@ -67,9 +69,13 @@ class Candidate:
 
     @property
     def status(self) -> str:
+        """"fits", "at risk" (projected, but the reserved peak leaves less than the memory verdict's headroom: the
+        memory report's verdict), "out of memory" (not projected) or "refused" (`problems` say why)."""
         if self.problems:
             return "refused"
-        return "fits" if self.projection is not None else "out of memory"
+        if self.projection is None:
+            return "out of memory"
+        return "at risk" if self.memory is not None and self.memory.verdict == "at risk" else "fits"
 
 
 def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: Sequence[int] | None = None,
@@ -77,13 +83,18 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
                    micro_batch_size: Sequence[int] | None = None, recompute: Sequence[str] | None = None,
                    zero: Sequence[int] | None = None, cost_model: CostModel | None = None, engine: Engine = "des",
                    reload: Reload | None = None) -> list[Candidate]:
-    """Every layout of the given values (the scenario's own for each one not given) on the scenario's cluster and
-    global batch: fitting ones fastest first, then out-of-memory ones (smallest peak first), then refused ones.
+    """Every layout of the given values (the scenario's own for each one not given; a bare value is a list of one)
+    on the scenario's cluster and global batch: the projected ones fastest first (status "fits" or "at risk", as
+    `projection plan` ranks them), then out-of-memory ones (smallest peak first), then refused ones.
     recompute: granularities of RECOMPUTE; zero: ZeRO stages of ZERO. cost_model: default, each layout's shipped
     calibration (collectives are priced on its own placements). reload: loads the scenario's config again with
-    overrides in its own key space (`lambda ov: api.load(path, ..., overrides=ov)`); TorchTitan and Primus
-    candidates are built with it (perf/search_reload.py), and without it TorchTitan jobs and Primus pipeline changes
-    are refused."""
+    overrides in its own key space, with the arguments the scenario was loaded with (`api.reloader(path, hardware=...,
+    nodes=..., overrides=...)`, what `projection plan` does); a candidate it loads on another cluster, device or model,
+    or at another sequence length, is refused with ConfigError. TorchTitan and Primus candidates are built with it
+    (perf/search_reload.py), and without it TorchTitan jobs and Primus pipeline changes are refused."""
+    check_arguments("search_layouts", scenario, cost_model)
+    tp, pp, vpp, cp, ep, micro_batch_size, recompute, zero = (
+        _listed(v) for v in (tp, pp, vpp, cp, ep, micro_batch_size, recompute, zero))
     plan, training = scenario.plan, scenario.training
     axes = {"tp": tp or [plan.tp], "pp": pp or [plan.pp], "vpp": vpp or [plan.vpp_], "cp": cp or [plan.cp],
             "ep": ep or [plan.ep], "micro_batch_size": micro_batch_size or [training.micro_batch_size]}
@@ -108,9 +119,17 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
     out = [_candidate(scenario, *combo, recompute=g, zero=z, cost_model=cost_model, engine=engine, reload=reload,
                       given=given)
            for combo in _combos(axes) for g in granularities for z in stages]
-    fits = sorted((c for c in out if c.status == "fits"), key=lambda c: c.projection.step_time_s)  # type: ignore
+    projected = sorted((c for c in out if c.projection is not None),
+                       key=lambda c: c.projection.step_time_s)  # type: ignore[union-attr]
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore
-    return fits + oom + [c for c in out if c.status == "refused"]
+    return projected + oom + [c for c in out if c.status == "refused"]
+
+
+def _listed(values: Any) -> list[Any] | None:
+    """An axis' values as a list: None stays None (the scenario's own), a bare value (4, "full") is a list of one."""
+    if values is None:
+        return None
+    return list(values) if isinstance(values, Iterable) and not isinstance(values, str | bytes) else [values]
 
 
 def _combos(axes: Mapping[str, Sequence[int]]) -> list[tuple[int, ...]]:
@@ -148,11 +167,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
             return refused(err.problems)
         if not divides:  # a loader that took it anyway: the world-size rule (specs/validate.py) still holds
             return refused([_world_problem(world, tp, cp, pp)])
-        if cand.world_size != world:  # a reload that sized its own cluster (e.g. from a TOML's fixed degrees)
-            return refused([Problem(f"this layout runs on {cand.world_size} GPUs, not the {world} searched: the "
-                                    "config fixes a degree the layout no longer fills", key="cluster.nodes",
-                                    file=sc.source, fix="load the candidate on the searched cluster (reload with "
-                                    "nodes=...), or let that degree follow the world size (-1)")])
+        _check_reloaded(sc, cand, tp, pp, cp)  # a reload that loads another job would misprice every layout
         derived = derived_vpp_problem(sc, vpp, cand.plan.vpp_) if given["vpp"] else None
         if derived is not None:
             return refused([derived])
@@ -191,6 +206,28 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
         return refused(problems)
     cand = sc.model_copy(update={"plan": plan, "training": training})
     return _priced(cand, tp, pp, vpp, cp, ep, mbs, recompute, zero, cost_model, engine)
+
+
+def _check_reloaded(sc: Scenario, cand: Scenario, tp: int, pp: int, cp: int) -> None:
+    """ConfigError when the reload loaded the candidate on another cluster or device (a reload without the scenario's
+    hardware / nodes / gpus_per_node, or one that sized its own cluster from a TOML's fixed degrees), or with another
+    model or sequence length (without the scenario's overrides): every difference, and how to reload."""
+    pairs = [(f"cluster.{k}", getattr(sc.cluster, k), getattr(cand.cluster, k))
+             for k in ("nodes", "gpus_per_node", "inter_node_topology", "oversubscription")]
+    pairs.insert(0, ("hardware", sc.cluster.device.name, cand.cluster.device.name))
+    if sc.cluster.device.name == cand.cluster.device.name and sc.cluster.device != cand.cluster.device:
+        pairs.append(("cluster.device", "the searched device's values", "other values (a --set cluster.device.*)"))
+    pairs += [(f"model.{k}", getattr(sc.model, k), getattr(cand.model, k)) for k in type(sc.model).model_fields]
+    pairs.append(("training.seq_length", sc.training.seq_length, cand.training.seq_length))
+    problems = [Problem(f"reload loaded the layout tp {tp} pp {pp} cp {cp} with {key} {got!r}, where the searched "
+                        f"scenario has {want!r}"[:300], key="reload", file="<search_layouts>")
+                for key, want, got in pairs if want != got]
+    if problems:
+        problems[-1] = dataclasses.replace(problems[-1], fix="reload with the arguments the scenario was loaded with: "
+                                           "reload=api.reloader(path, hardware=..., nodes=..., gpus_per_node=..., "
+                                           "overrides=...), or reload=lambda over: api.load(path, hardware=..., "
+                                           "nodes=..., overrides={**your_overrides, **over})")
+        raise ConfigError(problems)
 
 
 def _world_problem(world: int, tp: int, cp: int, pp: int) -> Problem:

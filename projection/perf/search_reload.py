@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from projection.errors import COMMAND_LINE, Problem
+from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 from projection.formats.bridge_fields import bridge_keys
 from projection.specs.plan import ParallelPlan, RecomputeSpec, ShardingSpec
 from projection.specs.scenario import Scenario
@@ -69,6 +69,72 @@ class _Own(NamedTuple):
     vpp: int | None
     dp: int | None
     mbs: int | None
+
+
+def own_schedule_names(sc: Scenario) -> tuple[str, ...] | None:
+    """The schedules of a pipeline whose framework picks its schedule by its own keys, each to be loaded again as
+    `api.load(..., schedule=NAME)` loads it (compare_schedules, `projection performance --schedule all`): TorchTitan
+    derives the stages per rank from its pipeline_parallel_schedule, Primus runs a schedule through its pipeline
+    patches (and refuses some for the layout). None for another job, or without a pipeline."""
+    if sc.plan.pp == 1:
+        return None
+    if "torchtitan" in sc.framework:
+        from projection.formats.torchtitan_schema import TORCHTITAN_SCHEDULE_NAMES
+
+        return tuple(TORCHTITAN_SCHEDULE_NAMES)
+    if sc.framework == "primus-megatron":
+        from projection.formats.primus_set import PRIMUS_SCHEDULES
+
+        return tuple(n for n in PRIMUS_SCHEDULES if n != "interleaved_1f1b" or sc.plan.vpp_ > 1)
+    return None
+
+
+def framework_schedule_runs(sc: Scenario, reload: Callable[[str], Scenario] | None) -> list[Scenario] | None:
+    """compare_schedules' jobs of a framework-scheduled pipeline (own_schedule_names): the job loaded again under
+    each schedule by `reload(name)`, leaving out those the framework refuses for it; None for another job."""
+    names = own_schedule_names(sc)
+    if names is None:
+        return None
+    if not callable(reload):
+        raise ConfigError(Problem(
+            f"a {sc.framework} pipeline loads each schedule with its framework's own rules (stages per rank, pipeline "
+            "patches), which compare_schedules cannot change on a loaded scenario", key="reload",
+            file="<compare_schedules>", fix="pass reload=api.reloader(path, <the arguments the scenario was loaded "
+            "with>).schedule, or reload=lambda name: api.load(path, ..., schedule=name)"))
+    runs = []
+    for name in names:
+        try:
+            runs.append(reload(name))
+        except ProjectionError:
+            continue  # a schedule the framework refuses for this job: not compared (as --schedule all)
+    return runs
+
+
+def schedule_problem(sc: Scenario, schedule: str) -> Problem | None:
+    """Why project(sc, schedule=NAME) would price another schedule than the one named: a framework-scheduled pipeline
+    (own_schedule_names) loaded for another schedule, or a schedule the plan cannot run; None when it can."""
+    from projection.perf.project import applicable_schedules
+    from projection.schedule.registry import SCHEDULE_NAMES
+    from projection.specs.accumulation import schedule_microbatches
+
+    p = sc.plan
+    if schedule not in SCHEDULE_NAMES or p.pp == 1 or p.runs_as(schedule) == p.schedule:
+        return None  # an unknown name: with_schedule says so; without a pipeline there is no schedule to run
+    if own_schedule_names(sc) is not None:
+        titan = "torchtitan" in sc.framework
+        return Problem(f"schedule={schedule!r}: {'TorchTitan' if titan else 'Primus'} loads each pipeline schedule "
+                       "its own way (" + ("the stages per rank follow pipeline_parallel_schedule" if titan else
+                                          "its pipeline patches pick and refuse schedules") + "), so this job, "
+                       f"loaded for {p.schedule}, would be priced with {p.schedule}'s layout under {schedule}'s name",
+                       key="schedule", file="<project>", fix=f"load it with api.load(path, ..., schedule={schedule!r}) "
+                       "and project that, or compare_schedules(scenario, reload=api.reloader(path, ...).schedule)")
+    ok = applicable_schedules(sc)
+    if schedule in ok:
+        return None
+    return Problem(f"schedule={schedule!r} does not run on pp {p.pp}, vpp {p.vpp_} and {schedule_microbatches(sc)} "
+                   "microbatches" + (" (interleaved 1F1B needs vpp > 1)" if schedule == "interleaved_1f1b" else ""),
+                   key="schedule", file="<project>", fix=f"use one of {', '.join(ok)}, or load the job with another "
+                   "layout (api.load(..., overrides=...))")
 
 
 def needs_reload(sc: Scenario) -> bool:

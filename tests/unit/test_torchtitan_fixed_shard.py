@@ -1,13 +1,17 @@
 """A TorchTitan TOML that gives data_parallel_shard_degree (not -1): TorchTitan's ParallelDims asserts that the
-degrees multiply to the world, and derives only a shard degree of -1. So weak scaling grows replicas (HSDP) and keeps
-the shard group the file fixed, also at a replicate degree of 1; and a layout search keeps each candidate on the
-searched cluster, refusing a layout the fixed shard degree no longer fills instead of pricing it on more GPUs."""
+degrees multiply to the world, and derives only a shard degree of -1. So scaling at a fixed global batch grows
+replicas (HSDP) and keeps the shard group the file fixed, also at a replicate degree of 1; and a layout search keeps
+each candidate on the searched cluster, refusing a layout the fixed shard degree no longer fills instead of pricing it
+on more GPUs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from projection import api
+from projection.errors import ConfigError
 from projection.perf import extrapolate
 from projection.perf.search import search_layouts
 
@@ -29,11 +33,11 @@ def test_plan_candidates_stay_on_the_searched_cluster() -> None:
     assert priced and all(c.projection.world_size == 8 for c in priced)
     tp2 = [c for c in found if c.tp == 2]
     assert tp2 and all(c.projection is None and c.problems for c in tp2)
-    # a reload that sizes its own cluster from the degrees is refused by the search itself
-    free = search_layouts(sc, tp=[2], zero=[3], reload=lambda over: api.load(TOML, overrides=over))
-    assert free and all(c.projection is None for c in free)
-    assert [p.message.split(":")[0] for c in free for p in c.problems] == [
-        "this layout runs on 16 GPUs, not the 8 searched"]
+    # a reload that sizes its own cluster from the degrees is refused by the search itself, naming the reload
+    with pytest.raises(ConfigError) as err:
+        search_layouts(sc, tp=[2], zero=[3], reload=lambda over: api.load(TOML, overrides=over))
+    assert [(p.key, p.message.split(",")[0]) for p in err.value.problems] == [
+        ("reload", "reload loaded the layout tp 2 pp 1 cp 1 with cluster.nodes 2")]
 
 
 def test_a_refused_interleaved_layout_gives_its_own_reasons_only() -> None:
