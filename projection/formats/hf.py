@@ -95,7 +95,7 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
 _COUNTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
            "max_position_embeddings", "num_key_value_heads", "head_dim", "num_local_experts", "num_experts",
            "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "n_routed_experts", "moe_layer_freq",
-           "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+           "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "sliding_window")
 _ZERO_OK = ("shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace", "q_lora_rank",
             "num_nextn_predict_layers")
 _FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
@@ -126,6 +126,10 @@ def _type_problems(cfg: dict[str, Any], mt: str, file: str, lines: dict[tuple[st
     for key in _FLAGS:
         if cfg.get(key) is not None and not isinstance(cfg[key], bool):
             bad(key, f"expected true or false, got {shown(cfg[key])}", f"write {key}: true or false (no quotes)")
+    for key in ("torch_dtype", "dtype"):  # transformers' names of a checkpoint's floating-point dtype
+        if cfg.get(key) is not None and cfg[key] not in ("bfloat16", "float16", "float32"):
+            bad(key, f"expected bfloat16, float16 or float32, got {shown(cfg[key])}",
+                f"give the checkpoint's dtype, or leave {key} out (training then defaults to bf16)")
     rope = cfg.get("rope_theta")
     if rope is not None and (isinstance(rope, bool) or not isinstance(rope, int | float) or not rope > 0):
         bad("rope_theta", f"expected a positive number, got {shown(rope)}", "give the rotary base, e.g. 500000")

@@ -82,3 +82,22 @@ def test_windowed_attention_counts_the_band_it_computes() -> None:
     proj = project(sc)
     extra = 2 * s * sum(layer_macs_per_token(model, i, s) for i in range(model.num_layers))
     assert proj.hardware_flops_per_step - proj.model_flops_per_step == pytest.approx(extra, rel=1e-9)
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"model_type": "mistral", "sliding_window": -4096}, "sliding_window"),
+    ({"model_type": "mistral", "sliding_window": "4096"}, "sliding_window"),
+    ({"model_type": "mistral", "sliding_window": 0}, "sliding_window"),
+    ({"model_type": "mistral", "sliding_window": 2.5}, "sliding_window"),
+    ({"torch_dtype": "int8"}, "torch_dtype"),
+    ({"dtype": 16}, "dtype"),
+])
+def test_a_bad_window_or_dtype_is_refused_not_dropped(tmp_path: Path, extra: dict, key: str) -> None:
+    """An invalid sliding_window used to be dropped (full attention, exit 0) and an unknown dtype to become bf16."""
+    from projection.errors import ConfigError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, **extra}))
+    with pytest.raises(ConfigError) as err:
+        api.load(path, hardware="h100-sxm")
+    assert err.value.problems[0].key == key and str(path) in str(err.value)
