@@ -166,7 +166,14 @@ def parse_set(items: list[str] | tuple[str, ...] | None) -> dict[str, Any]:
                                     file=COMMAND_LINE, fix=f"give a value (--set {k.strip() or 'key'}=VALUE), or "
                                     "null to clear a key that may be unset"))
             continue
-        out[k.strip().lstrip("-")] = coerce_scalar(v.strip())
+        key = k.strip().lstrip("-")
+        if key and "" in key.split("."):  # `plan..tp`, `.tp`, `plan.`: an empty part names no key (no key at all:
+            # the loaders' own "give a key before '='")
+            problems.append(Problem(f"--set {item!r}: the key {k.strip()!r} has an empty part", key=k.strip() or item,
+                                    file=COMMAND_LINE, fix="write the key's parts with single dots, e.g. "
+                                    "--set plan.tp=8"))
+            continue
+        out[key] = coerce_scalar(v.strip())
     if problems:
         raise ConfigError(problems)
     return out

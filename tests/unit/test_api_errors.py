@@ -72,3 +72,14 @@ def test_load_takes_any_path_like_and_any_iterable_of_overrides() -> None:
             return str(E8)
 
     assert api.load(Where(), overrides=(x for x in ["plan.tp=2"])).plan.tp == 2
+
+
+@pytest.mark.parametrize("item", ["plan..tp=8", ".tp=8", "plan.=3"])
+def test_set_key_with_an_empty_part_is_the_command_lines(item: str) -> None:
+    """`--set plan..tp=8` was blamed on the config file as `key 'plan': unknown key` (fuzz audit)."""
+    from projection.errors import COMMAND_LINE, ConfigError
+    from projection.formats.common import parse_set
+
+    with pytest.raises(ConfigError) as err:
+        parse_set([item])
+    assert err.value.problems[0].file == COMMAND_LINE and "empty part" in err.value.problems[0].message
