@@ -283,9 +283,14 @@ def to_bool(value: Any) -> bool:
     raise ArgValueError(f"expected true/false, got {shown(value)}")
 
 
+def _bare(value: Any) -> str:
+    """How a bool given where a value is needed reads: True is also a flag written with no value."""
+    return "no value (a bare flag) or true" if value is True else shown(value)
+
+
 def to_int(value: Any) -> int:
     if isinstance(value, bool):
-        raise ArgValueError(f"expected an integer, got {shown(value)}")
+        raise ArgValueError(f"expected an integer, got {_bare(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -300,7 +305,7 @@ def to_int(value: Any) -> int:
 
 def to_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ArgValueError(f"expected a number, got {shown(value)}")
+        raise ArgValueError(f"expected a number, got {_bare(value)}")
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):

@@ -83,3 +83,16 @@ def test_set_key_with_an_empty_part_is_the_command_lines(item: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_set([item])
     assert err.value.problems[0].file == COMMAND_LINE and "empty part" in err.value.problems[0].message
+
+
+def test_a_megatron_flag_without_its_value_says_so(tmp_path: Path) -> None:
+    """`--hidden-size` written with no value was reported as "got True" (fuzz audit)."""
+    from projection.errors import ConfigError
+
+    path = tmp_path / "train.sh"
+    path.write_text("MODEL_ARGS=(\n  --num-layers 4\n  --hidden-size\n  --num-attention-heads 8\n  --seq-length 1024\n"
+                    "  --max-position-embeddings 1024\n  --micro-batch-size 1\n  --global-batch-size 8\n)\n"
+                    "torchrun --nproc_per_node 8 pretrain_gpt.py ${MODEL_ARGS[@]}\n")
+    with pytest.raises(ConfigError) as err:
+        api.load(path, hardware="h100-sxm")
+    assert any(p.key == "--hidden-size" and "no value (a bare flag)" in p.message for p in err.value.problems)
