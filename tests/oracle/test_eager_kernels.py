@@ -66,13 +66,14 @@ class Kernels(TorchDispatchMode):
         return out
 
 
-def _recorded(make: Callable[[], list[Any]], forward: Callable[..., Any]) -> dict[str, tuple[int, float, float]]:
+def _recorded(make: Callable[[], list[Any]], forward: Callable[..., Any],
+              recorder: type[Kernels] = Kernels) -> dict[str, tuple[int, float, float]]:
     """{'F': (kernels, read, written), 'I': ...} of `forward` on the tensors `make` returns, then its backward."""
     leaves = make()
-    with Kernels() as fwd:
+    with recorder() as fwd:
         out = forward(*leaves)
     seed = torch.ones_like(out)
-    with Kernels() as bwd:
+    with recorder() as bwd:
         out.backward(seed)
     return {phase: (len(k.calls), float(sum(c[1] for c in k.calls)), float(sum(c[2] for c in k.calls)))
             for phase, k in (("F", fwd), ("I", bwd))}
@@ -283,13 +284,7 @@ def _mcore_job(tmp_path: Path, dt: str, mla: bool) -> list[Op]:
 
 
 def _gpu_recorded(leaves: list[Any], forward: Callable[..., Any]) -> dict[str, tuple[int, float, float]]:
-    with GpuKernels() as fwd:
-        out = forward(*leaves)
-    seed = torch.ones_like(out)
-    with GpuKernels() as bwd:
-        out.backward(seed)
-    return {phase: (len(k.calls), float(sum(c[1] for c in k.calls)), float(sum(c[2] for c in k.calls)))
-            for phase, k in (("F", fwd), ("I", bwd))}
+    return _recorded(lambda: leaves, forward, GpuKernels)
 
 
 def _less_join(got: dict[str, tuple[int, float, float]], joined: int) -> dict[str, tuple[int, float, float]]:
