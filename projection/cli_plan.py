@@ -178,10 +178,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     if args.format == "json":
         print(json.dumps({"world_size": scenario.world_size, "candidates": [_row(c) for c in shown]}, indent=2))
         return 0
+    at_risk = sum(c.status == "at risk" for c in fits)
     print(f"layouts of {scenario.model.name} on {scenario.world_size} x {scenario.cluster.device.name}, global batch "
           f"{scenario.training.resolved_global_batch(scenario.plan.dp_())}: {len(fits)} fit"
-          + (f" ({sum(c.status == 'at risk' for c in fits)} at risk)" if any(c.status == "at risk" for c in fits)
-             else "") + ", "
+          f"{f' ({at_risk} at risk)' if at_risk else ''}, "
           f"{sum(c.status == 'out of memory' for c in found)} out of memory, "
           f"{sum(c.status == 'refused' for c in found)} refused")
     print(f"{'tp':>3} {'pp':>3} {'vpp':>3} {'cp':>3} {'ep':>3} {'mbs':>3} {'dp':>4} {'recompute':<9} {'zero':>4} "

@@ -121,8 +121,8 @@ def megatron_rope(name: str, d: Dims, elems: tuple[int, ...], seq: int, rot_dim:
     for i, n in reversed(list(enumerate(elems))):
         e = float(n) * ab
         # mla: each strided half's slice_backward is a zero fill and a copy of the half, then their sum
-        halves = [(f"mla_half{i}{j}{k}", r, w) for j in (0, 1) for k, r, w in (("_fill", 0.0, e), ("_copy", e / 2,
-                                                                                                      e / 2))]
+        halves = [kernel for j in (0, 1) for kernel in ((f"mla_half{i}{j}_fill", 0.0, e),
+                                                        (f"mla_half{i}{j}_copy", e / 2, e / 2))]
         bwd += [(f"mul_sin{i}", e + tab, e), (f"neg{i}", e / 2, e / 2), (f"rotate_join{i}", e, e),
                 (f"mul_cos{i}", e + tab, e), (f"add{i}", 2 * e, e),
                 *([*halves, (f"mla_add{i}", 2 * e, e)] if mla else []),
