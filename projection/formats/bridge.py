@@ -63,22 +63,29 @@ def _load(path: Path, overrides: Mapping[str, Any] | None) -> RawScenario:
                                   fix="give the run_config.yaml Megatron-Bridge writes (model:, train:, ...)"))
     by_target = str(data.get("_target_", "")).startswith("megatron.bridge.")
     origins = {k: Origin(file, line, ".".join(k)) for k, line in lines.items()}
-    canonical, problems = apply_overrides(data, origins, overrides or {})
-    problems += structure_problems(data, lines, file, by_target)
+    # keys that name nothing (misspelt --set keys, sections and fields) are dropped and reported with every other
+    # problem, the layout's included (build_scenario), so a misspelt key does not hide them
+    canonical, unknown = apply_overrides(data, origins, overrides or {})
+    dropped, problems = structure_problems(data, lines, file, by_target)
+    unknown += dropped
     if not problems:
         problems += apply_setup(data, origins, file)
     if not problems:
         problems += _bridge_refusals(data, origins, file)
     if problems:
-        raise ConfigError(problems)
-    args, arg_origins = bridge_args(data, origins, file)
-    raw = args_to_raw(args, arg_origins, source=file, framework=FRAMEWORK, null_tokenizer_adds_eod=False)
+        raise ConfigError([*unknown, *problems])
+    try:
+        args, arg_origins = bridge_args(data, origins, file)
+        raw = args_to_raw(args, arg_origins, source=file, framework=FRAMEWORK, null_tokenizer_adds_eod=False)
+    except ConfigError as err:
+        raise ConfigError([*unknown, *err.problems]) from None
     _after(data, origins, raw, file)
     for key, value in canonical.items():
         raw.set(key, coerce_scalar(value) if isinstance(value, str) else value, Origin(SET_ORIGIN, None, key))
     vocab = _vocab_problem(raw)
     if vocab is not None:
-        raise ConfigError(vocab)
+        raise ConfigError([*unknown, vocab])
+    raw.deferred += unknown
     return raw
 
 

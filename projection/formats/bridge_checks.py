@@ -101,8 +101,9 @@ def _unknown_override(key: str, dotted: str) -> Problem:
 
 
 def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], int], file: str,
-                       by_target: bool) -> list[Problem]:
-    """Sections, required fields, near misses and the dataset's sequence length (module docstring). by_target: the
+                       by_target: bool) -> tuple[list[Problem], list[Problem]]:
+    """Sections, required fields, near misses and the dataset's sequence length (module docstring), as (what is
+    dropped: unknown sections and misspelt fields, which leave the rest readable; the other problems). by_target: the
     file names itself a ConfigContainer (`_target_`), rather than being recognised by its sections."""
     def at(*path: str) -> int | None:
         return lines.get(tuple(path))
@@ -110,15 +111,15 @@ def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], 
     known = (*SECTIONS, *IGNORED_SECTIONS)
     unknown = [str(s) for s in data if not str(s).startswith("_") and s not in known]
     if unknown and not by_target and len(unknown) >= len([s for s in data if s in known]):
-        return [Problem(f"read as a Megatron-Bridge ConfigContainer (model: beside train:/ddp:/dataset:/"
+        return [], [Problem(f"read as a Megatron-Bridge ConfigContainer (model: beside train:/ddp:/dataset:/"
                         f"mixed_precision:), but most of its sections are not Bridge's: {', '.join(unknown)}",
                         file=file, fix="projection reads Megatron-Bridge's run_config.yaml, Megatron-LM, Primus, "
                                        "TorchTitan, HF config.json and its own scenario YAML; other tools' configs "
                                        "are not supported")]
-    problems = []
+    dropped, problems = [], []
     for s in unknown:
         close = difflib.get_close_matches(s, known, n=1)
-        problems.append(Problem(f"unknown Megatron-Bridge section {s!r}", file=file, line=at(s), key=s,
+        dropped.append(Problem(f"unknown Megatron-Bridge section {s!r}", file=file, line=at(s), key=s,
                                 fix=f"did you mean {close[0]}?" if close else
                                 f"use ConfigContainer's sections: {', '.join(SECTIONS)}"))
     for s in SECTIONS:
@@ -128,7 +129,7 @@ def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], 
             problems.append(Problem(f"section {s} must be a table of fields, not {value!r}", file=file, line=at(s),
                                     key=s, fix=f"write {s}: with its fields indented below it"))
     model = section(data, "model")
-    problems += _near_misses(data, at, file)
+    dropped += _near_misses(data, at, file)
     if "num_layers" not in model:
         problems.append(Problem(
             "the model's shape is not in this file (no model.num_layers): a Megatron-Bridge recipe builds it in "
@@ -166,7 +167,7 @@ def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], 
                                 "dataset.sequence_length before) nor model.seq_length is given", file=file,
                                 line=at("dataset"), key="dataset.seq_length",
                                 fix="give the tokens per sample as dataset.seq_length (or --set dataset.seq_length=N)"))
-    return problems
+    return dropped, problems
 
 
 def _one_letter(a: str, b: str) -> bool:

@@ -89,6 +89,9 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
         if h.unresolved and h.dest in DESTS and h.dest not in NAME_ONLY_DESTS:
             unresolved[h.dest] = h
     canonical: dict[str, Any] = {}
+    # --set keys that name nothing are dropped and reported with the layout's problems (build_scenario), so a
+    # misspelt key does not hide them; a file's own problems are reported with them
+    unknown: list[Problem] = []
     for key, value in (overrides or {}).items():
         if "." in key:
             section = key.split(".", 1)[0]
@@ -96,7 +99,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                 canonical[key] = value
             else:  # `trainig.seq_length`, `tensor_model_parallel_size.x`: neither a dest nor a canonical key
                 close = difflib.get_close_matches(section, CANONICAL_SECTIONS, n=1)
-                problems.append(Problem(
+                unknown.append(Problem(
                     f"--set {key}: {section!r} is not a section of projection's canonical keys "
                     f"({', '.join(CANONICAL_SECTIONS)})", key=key, file=SET_ORIGIN,
                     fix=f"did you mean {close[0]}.{key.split('.', 1)[1]}?" if close else
@@ -110,7 +113,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
             continue  # a Megatron argument the file itself sets that nothing here reads (--lr): accepted, unused
         if dest not in DESTS:
             close = difflib.get_close_matches(dest, list(DESTS), n=3)
-            problems.append(Problem(f"--set {key}: not a Megatron argument this projection reads", key=key,
+            unknown.append(Problem(f"--set {key}: not a Megatron argument this projection reads", key=key,
                                     file=SET_ORIGIN, fix=f"did you mean {', '.join(close)}?" if close else
                                     "use a Megatron argparse dest name (e.g. tensor_model_parallel_size) or a "
                                     "dotted canonical key (e.g. plan.tp)"))
@@ -126,12 +129,12 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                                 fix="write the number of GPUs the run had, or leave world_size out and give --nodes N"))
     training = ("seq_length", "micro_batch_size", "global_batch_size", "bf16", "fp16")
     if flat and not any(d in args for d in training) and not any(k.startswith("training.") for k in canonical):
-        raise ConfigError(Problem(
+        raise ConfigError([*unknown, *problems, Problem(
             "this file describes a model only (a flat preset of model arguments: no sequence length, batch sizes "
             "or precision), so there is no training step to project", file=file,
             fix=f"name it from a scenario (model: {path.stem}, with training, plan and cluster; see "
                 "examples/llama3_8b_inline.yaml), or add seq_length, micro_batch_size, global_batch_size and bf16: "
-                "true to the file (or --set them)"))
+                "true to the file (or --set them)")])
     for dest, h in unresolved.items():
         commands = sorted(n for n in h.unresolved if n.startswith(("$(", "`", "(")))
         if commands:  # `TP=$(nproc)`: a command's output, which nothing here runs
@@ -150,9 +153,10 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     except ConfigError as e:
         bad = {h.flag for h in unresolved.values()}
         problems += [p for p in e.problems if p.key not in bad]
-        raise ConfigError(problems) from None
+        raise ConfigError([*unknown, *problems]) from None
     if problems:
-        raise ConfigError([*problems, *raw.placeholders.values()])
+        raise ConfigError([*unknown, *problems, *raw.placeholders.values()])
+    raw.deferred += unknown
     for key, (value, origin) in cluster.items():
         raw.set(key, value, origin)
     raw.job_env.update(job_vars)

@@ -35,11 +35,11 @@ def list_presets(models_dir: Path = MODELS_DIR) -> list[str]:
 def load_native(path: Path, overrides: dict[str, Any] | None = None, models_dir: Path = MODELS_DIR) -> RawScenario:
     data, lines = load_yaml(path)
     file = str(path)
-    unknown = [k for k in data if k not in SECTIONS]
-    if unknown:
-        raise ConfigError([Problem("unknown top-level key", key=k, file=file, line=lines.get((k,)),
-                                   fix=f"use only {', '.join(SECTIONS)}") for k in unknown])
     raw = RawScenario(source=file, framework="native")
+    # an unknown top-level key is dropped and reported with the layout's own problems (build_scenario), so a misspelt
+    # section does not hide them
+    raw.deferred += [Problem("unknown top-level key", key=str(k), file=file, line=lines.get((k,)),
+                             fix=f"use only {', '.join(SECTIONS)}") for k in data if k not in SECTIONS]
     model = data.get("model")
     if isinstance(model, str):
         _load_model_ref(raw, model, path, lines.get(("model",)), models_dir)

@@ -32,7 +32,7 @@ from projection.formats.primus_defaults import (
     Layer,
 )
 from projection.formats.primus_env import substitute_env
-from projection.formats.primus_set import split_set, unknown_override_keys, unknown_set_keys
+from projection.formats.primus_set import set_dest, split_set, unknown_override_keys, unknown_set_keys
 from projection.formats.torchtitan import job_config_to_raw
 from projection.paths import MODELS_DIR
 from projection.specs.scenario import Origin, RawScenario
@@ -299,13 +299,17 @@ def load_primus(path: Path, overrides: Mapping[str, Any] | None = None, *, primu
     exp = resolve_experiment(path, primus_keys if canonical else overrides, primus_root=primus_root,
                              models_dir=models_dir, env=env)
     if exp.framework == "megatron":
-        unknown_set_keys(primus_keys, exp.module, lambda: resolve_experiment(
+        # `--set` keys that name nothing are dropped and reported with the layout's problems, like the experiment's
+        # own unknown keys, so a misspelt key does not hide them
+        unknown_set = unknown_set_keys(primus_keys, exp.module, lambda: resolve_experiment(
             path, {}, primus_root=primus_root, models_dir=models_dir, env=env).params, primus_root is not None)
+        dropped = {set_dest(str(p.key), exp.module) for p in unknown_set}
+        params = {k: v for k, v in exp.params.items() if k not in dropped}
         try:
-            raw = args_to_raw(exp.params, exp.origins, source=exp.source, framework="primus-megatron")
+            raw = args_to_raw(params, exp.origins, source=exp.source, framework="primus-megatron")
         except ConfigError as err:
-            raise ConfigError([*exp.deferred, *err.problems]) from None
-        raw.deferred += exp.deferred
+            raise ConfigError([*exp.deferred, *unknown_set, *err.problems]) from None
+        raw.deferred += [*exp.deferred, *unknown_set]
         for key, value in canonical.items():
             raw.set(key, value, Origin("--set", None, key))
         return raw

@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from projection.errors import COMMAND_LINE, ConfigError, Problem
+from projection.errors import COMMAND_LINE, Problem
 from projection.formats.megatron_args import DESTS, canonical_dest
 from projection.formats.primus_keys import PRIMUS_MEGATRON_KEYS, PRIMUS_MODEL_BASE_KEYS
 from projection.specs.plan import MEGATRON_SCHEDULES
@@ -29,20 +29,24 @@ def split_set(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return {k: v for k, v in overrides.items() if k not in canonical}, canonical
 
 
+def set_dest(dotted: str, trainer: str) -> str:
+    """The trainer's argument a `--set` key names, without Primus's optional `modules.<trainer>.[overrides.]`."""
+    for prefix in (f"modules.{trainer}.overrides.", f"modules.{trainer}."):
+        if dotted.startswith(prefix):
+            return dotted[len(prefix):]
+    return dotted
+
+
 def unknown_set_keys(overrides: Mapping[str, Any], trainer: str, file_keys: Callable[[], Mapping[str, Any]],
-                     primus_root_given: bool = False) -> None:
-    """ConfigError listing every `--set` key (after Primus's optional `modules.<trainer>.[overrides.]` prefix) that is
+                     primus_root_given: bool = False) -> list[Problem]:
+    """The problem of every `--set` key (after Primus's optional `modules.<trainer>.[overrides.]` prefix) that is
     not a Megatron argument projection reads, not a key of Primus's Megatron module configs (primus_keys) and not a
     key of the experiment (`file_keys`: resolved without --set, nested keys by their dotted path; called only when
     some key needs it). `model` is refused too: the preset is chosen by `modules.<trainer>.model` before any override,
     so setting it would rename the model without changing it."""
     candidates, problems = [], []
     for dotted in overrides:
-        key = dotted
-        for prefix in (f"modules.{trainer}.overrides.", f"modules.{trainer}."):
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-                break
+        key = set_dest(dotted, trainer)
         if key == "model":
             problems.append(Problem(f"--set {dotted}: the model preset is chosen by modules.{trainer}.model before "
                                     "any override, so this would rename the model without changing its architecture",
@@ -64,8 +68,7 @@ def unknown_set_keys(overrides: Mapping[str, Any], trainer: str, file_keys: Call
             f"Primus's Megatron module configs{hint}", key=dotted, file=COMMAND_LINE,
             fix=f"did you mean {', '.join(close)}?" if close else "use a Megatron argument name (e.g. "
             "tensor_model_parallel_size) or a canonical key (e.g. training.global_batch_size)"))
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 def _holds(params: Mapping[str, Any], dotted: str) -> bool:

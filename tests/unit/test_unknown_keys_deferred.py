@@ -1,0 +1,79 @@
+"""A key that names nothing (a misspelt section, field or `--set` key) does not hide the layout's own problems: every
+loader drops it, keeps going, and the error lists it together with every layout violation (build_scenario). Before,
+each of these stopped at the unknown key, and the layout was checked only once it was fixed (fuzz audit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection.api import load
+from projection.errors import ConfigError
+from tests.cli.test_bad_input import FIXTURES, GOOD
+
+REPO = Path(__file__).resolve().parents[2]
+BRIDGE = REPO / "benchmarks/bridge_runs/llama32_1b_bf16_8xh100.yaml"  # TP 1 in the file, 8 GPUs
+PRIMUS = FIXTURES / "primus/examples/megatron/configs/MI300X/llama3_8B-BF16-pretrain.yaml"
+MEGATRON = ("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+            "--max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 32000 "
+            "--tensor-model-parallel-size 3\n")
+TP3 = "tp = 3 does not divide num_attention_heads"  # the layout's own problem, in every case below
+
+
+def messages(path: Path, overrides: dict[str, str] | None = None, **kwargs: object) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        load(path, overrides=overrides, **kwargs)  # type: ignore[arg-type]
+    return [f"{p.key}: {p.message}" for p in err.value.problems]
+
+
+def assert_both(found: list[str], unknown: str) -> None:
+    assert any(unknown in m for m in found), found
+    assert any(TP3 in m for m in found), found
+    assert len([m for m in found if unknown in m]) == 1, found  # named once, not again as an "unknown argument"
+
+
+def test_native_top_level_key(tmp_path: Path) -> None:
+    p = tmp_path / "exp.yaml"
+    p.write_text(GOOD.replace("  tp: 2", "  tp: 3") + "clusterr: {nodes: 2}\n")
+    assert_both(messages(p), "clusterr: unknown top-level key")
+
+
+@pytest.mark.parametrize("key", ["tensr_model_parallel_size", "trainig.seq_length"])
+def test_megatron_set_key(tmp_path: Path, key: str) -> None:
+    p = tmp_path / "train.sh"
+    p.write_text(MEGATRON)
+    assert_both(messages(p, {key: "2"}, gpus_per_node=8), f"{key}: --set {key}")
+
+
+def test_megatron_flat_preset_names_the_misspelt_training_key(tmp_path: Path) -> None:
+    """A model-only file with `--set trainig.seq_length`: the misspelling is named beside "describes a model only"."""
+    p = tmp_path / "model.yaml"
+    p.write_text("num_layers: 2\nhidden_size: 1024\nnum_attention_heads: 16\n")
+    found = messages(p, {"trainig.seq_length": "1024"}, fmt="megatron")
+    assert any("'trainig' is not a section" in m for m in found), found
+    assert any("describes a model only" in m for m in found), found
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared fixtures absent (user clone)")
+@pytest.mark.parametrize("key", ["tensor_model_paralel_size", "modules.pre_trainer.tensor_model_paralel_size"])
+def test_primus_set_key(key: str) -> None:
+    found = messages(PRIMUS, {key: "2", "tensor_model_parallel_size": "3"}, gpus_per_node=8)
+    assert_both(found, f"{key}: --set {key}: not a Megatron argument")
+
+
+def test_bridge_set_key() -> None:
+    found = messages(BRIDGE, {"model.tensor_model_paralel_size": "2", "model.tensor_model_parallel_size": "3"})
+    assert_both(found, "model.tensor_model_paralel_size: --set model.tensor_model_paralel_size")
+
+
+def test_bridge_misspelt_field_and_section(tmp_path: Path) -> None:
+    text = BRIDGE.read_text()
+    assert "\n  tensor_model_parallel_size: 1\n" in text and "\ntrain:\n" in text
+    text = text.replace("\n  tensor_model_parallel_size: 1\n",
+                        "\n  tensor_model_parallel_size: 3\n  tensor_model_paralel_size: 2\n")
+    p = tmp_path / "run_config.yaml"
+    p.write_text(text.replace("\ntrain:\n", "\ntrian: {}\ntrain:\n"))
+    found = messages(p)
+    assert_both(found, "model.tensor_model_paralel_size: unknown field")
+    assert any("trian: unknown Megatron-Bridge section" in m for m in found), found
