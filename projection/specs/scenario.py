@@ -266,8 +266,11 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
             problems += _pydantic_problems(raw, name, err)
             loose = _without_unknown_keys(data, err)
             if loose is not None:
+                # a model whose only problems are its own cross-field checks (heads and hidden size disagree): the
+                # layout is still checked against it, so those do not hide the layout's problems either
+                context = {"skip_cross_checks": name == "model"}
                 with contextlib.suppress(ValidationError):  # other problems too: the layout is not checked
-                    specs[name] = cls.model_validate(loose)
+                    specs[name] = cls.model_validate(loose, context=context)
     cluster_data = dict(raw.data.get("cluster", {}))
     cluster_data.pop("hardware", None)
     unedited = None
@@ -298,11 +301,15 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
 
 
 def _without_unknown_keys(data: Any, err: ValidationError) -> dict[str, Any] | None:
-    """`data` with the keys pydantic called unknown removed, or None when it found anything else wrong."""
-    if not isinstance(data, dict) or any(e["type"] != "extra_forbidden" for e in err.errors()):
+    """`data` with the keys pydantic called unknown removed, or None when it found anything else wrong (a section's
+    own cross-field check, a value_error at no key, is not something wrong with a key)."""
+    if not isinstance(data, dict) or any(e["type"] != "extra_forbidden" and (e["type"], e["loc"]) != ("value_error", ())
+                                         for e in err.errors()):
         return None
     out = copy.deepcopy(data)
     for e in err.errors():
+        if e["type"] != "extra_forbidden":
+            continue
         *path, last = e["loc"]
         node: Any = out
         for p in path:

@@ -1,6 +1,8 @@
-"""A key that names nothing (a misspelt section, field or `--set` key) does not hide the layout's own problems: every
-loader drops it, keeps going, and the error lists it together with every layout violation (build_scenario). Before,
-each of these stopped at the unknown key, and the layout was checked only once it was fixed (fuzz audit)."""
+"""One problem does not hide the layout's own: a key that names nothing (a misspelt section, field or `--set` key) is
+dropped by every loader, which keeps going, and a model whose own cross-field checks fail (heads and hidden size
+disagree) is still checked against the layout; the error lists all of them together with every layout violation
+(build_scenario). Before, each of these stopped at the first, and the layout was checked only once it was fixed
+(fuzz audit)."""
 
 from __future__ import annotations
 
@@ -77,3 +79,17 @@ def test_bridge_misspelt_field_and_section(tmp_path: Path) -> None:
     found = messages(p)
     assert_both(found, "model.tensor_model_paralel_size: unknown field")
     assert any("trian: unknown Megatron-Bridge section" in m for m in found), found
+
+
+def test_model_cross_checks_with_the_layout(tmp_path: Path) -> None:
+    """Heads that divide neither the hidden size nor by the kv heads, a misspelt plan key and tp = 3 on 8 GPUs:
+    all reported at once."""
+    p = tmp_path / "exp.yaml"
+    p.write_text(GOOD.replace("  tp: 2", "  tp: 3\n  tpp: 1").replace("num_attention_heads: 32",
+                                                                       "num_attention_heads: 30"))
+    found = messages(p)
+    for needle in ("model.hidden_size: hidden_size 4096 is not divisible by num_attention_heads 30",
+                   "model.num_attention_heads: num_attention_heads 30 is not a multiple of num_kv_heads 8",
+                   "plan.tpp: unknown key", "plan.tp: world size 8 is not divisible by tp * cp * pp = 3 * 1 * 2",
+                   "plan.tp: num_query_groups = 8 is neither a multiple nor a divisor of tp = 3"):
+        assert sum(needle in m for m in found) == 1, (needle, found)
