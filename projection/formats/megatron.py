@@ -224,6 +224,12 @@ def _plan(a: MegatronArgs, raw: RawScenario) -> None:
                       ("tp_comm_overlap", "tp_comm"), ("overlap_moe_expert_parallel_comm", "ep_comm"),
                       ("align_grad_reduce", "align_grad_reduce")):
         raw.set(f"{ov}.{key}", a.get(dest), a.origin(dest))
+    if a.get("use_megatron_fsdp") and not a.get("use_torch_fsdp2") and a.get("overlap_param_gather") and \
+            a.get("data_parallel_sharding_strategy") == "no_shard":
+        # validate_args accepts --overlap-param-gather with Megatron-FSDP whatever its strategy ("only supported with
+        # distributed optimizer or megatron fsdp"); under no_shard every rank holds whole parameters, so there is no
+        # parameter all-gather for it to overlap
+        raw.set(f"{ov}.param_gather", False, a.origin("data_parallel_sharding_strategy"))
     # Megatron validate_args turns overlap_p2p_comm off without a virtual pipeline (§1.3): kept as given, it applies
     # where the plan interleaves (ParallelPlan.megatron_p2p_overlap), also in a layout search that adds one
     raw.set(f"{ov}.p2p_comm", a.get("overlap_p2p_comm"), a.origin("overlap_p2p_comm"))

@@ -219,3 +219,14 @@ def test_a_one_letter_slip_is_refused_but_not_digits(tmp_path: Path) -> None:
     # fp4_param: a real field, fp8_param's twin
     fp4 = SMALL.replace("  num_layers: 32\n", "  num_layers: 32\n  fp4_param: false\n")
     assert api.load(write(tmp_path, fp4, "fp4.yaml"), **CLUSTER).model.num_layers == 32
+
+
+def test_megatron_fsdp_no_shard_with_overlap_param_gather(tmp_path: Path) -> None:
+    """Megatron-FSDP on a run_config whose ddp has overlap_param_gather and the no_shard strategy: Megatron accepts it
+    (the all-gather overlap needs the distributed optimizer *or* Megatron-FSDP); it was refused as needing the
+    distributed optimizer, which the file had on."""
+    text = SMALL.replace("ddp:\n", "ddp:\n  use_megatron_fsdp: true\n  data_parallel_sharding_strategy: no_shard\n"
+                         "  overlap_grad_reduce: true\n  overlap_param_gather: true\n")
+    assert text != SMALL
+    sc = api.load(write(tmp_path, text), **CLUSTER)
+    assert (sc.plan.sharding.zero_stage, sc.plan.overlap.param_gather) == (0, False)

@@ -235,6 +235,15 @@ def test_sharding_flags() -> None:
     assert plan(use_megatron_fsdp=True).sharding.fsdp == "megatron_fsdp"
 
 
+@pytest.mark.parametrize(("strategy", "gathered"), [("no_shard", False), ("optim", True), ("optim_grads", True)])
+def test_megatron_fsdp_overlap_param_gather(strategy: str, gathered: bool) -> None:
+    """validate_args accepts --overlap-param-gather with Megatron-FSDP under any strategy; no_shard gathers no
+    parameters, so the overlap is off there (it was refused as 'needs the distributed optimizer', which was on)."""
+    p = plan(use_megatron_fsdp=True, use_distributed_optimizer=True, data_parallel_sharding_strategy=strategy,
+             overlap_grad_reduce=True, overlap_param_gather=True)
+    assert p.overlap.param_gather is gathered
+
+
 def test_recompute_flags() -> None:
     sel = plan(recompute_activations=True).recompute
     assert (sel.granularity, sel.modules) == ("selective", ("core_attn",))
