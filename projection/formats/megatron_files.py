@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                 from None
         hits = shell.flags
         cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
-        cluster.update(_cluster_from_launcher(hits, file))
+        cluster.update(_cluster_from_launcher(hits, file, problems))
         exported = exported_names(text)
         job_vars = {k: (v.text(), Origin(file, shell.assigned_at.get(k), k)) for k, v in shell.variables.items()
                     if k in READ and k in shell.assigned_at and k in exported}
@@ -225,18 +226,34 @@ def _cluster_from_vars(variables: Mapping[str, Var], lines: Mapping[str, int], f
     return out
 
 
-def _cluster_from_launcher(hits: list[FlagHit], file: str) -> dict[str, tuple[int, Origin]]:
+def _cluster_from_launcher(hits: list[FlagHit], file: str, problems: list[Problem]) -> dict[str, tuple[int, Origin]]:
     """torchrun's `--nproc_per_node N` / `--nproc-per-node N` and `--nnodes N` (a whole number; an elastic range
-    `1:4` or an unset variable is left to the script's variables or --nodes) -> the cluster; the launcher's flags
-    are what the job runs with, so they win over GPUS_PER_NODE / NNODES assignments."""
+    `1:4`, torchrun's `auto`/`gpu` GPU count or an unset variable is left to the script's variables, the device's
+    node or --nodes) -> the cluster; the launcher's flags are what the job runs with, so they win over
+    GPUS_PER_NODE / NNODES assignments. A value torchrun refuses (`2.5`, `0`) is a problem."""
     out: dict[str, tuple[int, Origin]] = {}
     for h in hits:
         key = {"nproc_per_node": "cluster.gpus_per_node", "nnodes": "cluster.nodes"}.get(h.dest)
         # the words after the flag up to the next flag: its value, then the script torchrun runs
         value = h.value[0] if isinstance(h.value, list) and h.value else h.value
-        if key and not h.unresolved and isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
-            out[key] = (int(value), Origin(file, h.line, h.flag))
+        if not key or h.unresolved or not isinstance(value, str):
+            continue
+        text = value.strip()
+        if text.isdigit() and int(text) > 0:
+            out[key] = (int(text), Origin(file, h.line, h.flag))
+        elif not (text in _TORCHRUN_COUNTS if h.dest == "nproc_per_node" else _ELASTIC.fullmatch(text)):
+            # torchrun: --nproc-per-node is "auto", "cpu", "gpu", "xpu" or an int; --nnodes is N or MIN:MAX
+            problems.append(Problem(
+                f"{h.flag} {text}: torchrun takes a whole number of "
+                + ("processes per node (or auto / gpu)" if h.dest == "nproc_per_node" else "nodes (or MIN:MAX)"),
+                key=h.flag, file=file, line=h.line,
+                fix=f"give {h.flag} the run's {'GPUs per node' if h.dest == 'nproc_per_node' else 'nodes'}, "
+                    "a whole number >= 1"))
     return out
+
+
+_TORCHRUN_COUNTS = ("auto", "cpu", "gpu", "xpu")  # torch.distributed.run: --nproc-per-node's named counts
+_ELASTIC = re.compile(r"[1-9][0-9]*:[1-9][0-9]*")  # --nnodes MIN:MAX (an elastic range: left to --nodes)
 
 
 # Megatron-LM's parse_args takes the run's size from the launcher (megatron/training/arguments.py, "Args from

@@ -555,6 +555,24 @@ def test_torchrun_flags_give_the_cluster(tmp_path: Path) -> None:
     elastic = write(tmp_path, "torchrun --nproc-per-node $GPUS --nnodes 1:4 " + flags, "elastic.sh")
     sc = api.load(elastic, hardware="h100-sxm")
     assert (sc.cluster.nodes, sc.cluster.gpus_per_node) == (1, 8)
+    named = write(tmp_path, "torchrun --nproc-per-node gpu --nnodes 2 "  # torchrun's own GPU count: the device's
+                  + flags.replace("batch-size 8", "batch-size 16"), "named.sh")
+    sc = api.load(named, hardware="h100-sxm")
+    assert (sc.cluster.nodes, sc.cluster.gpus_per_node) == (2, 8)
+
+
+@pytest.mark.parametrize(("launch", "flag"), [("--nproc_per_node 2.5", "--nproc_per_node"),
+                                              ("--nproc-per-node 0", "--nproc-per-node"),
+                                              ("--nproc_per_node 4 --nnodes two", "--nnodes")])
+def test_torchrun_counts_torchrun_refuses(tmp_path: Path, launch: str, flag: str) -> None:
+    """A count torchrun would refuse is refused at its flag; `--nproc_per_node 2.5` was ignored (the device's 8)."""
+    script = write(tmp_path, f"torchrun {launch} pretrain_gpt.py --num-layers 2 --hidden-size 1024 "
+                             "--num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 --global-batch-size 8 "
+                             "--vocab-size 32000\n")
+    with pytest.raises(ConfigError) as err:
+        load_megatron(script)
+    (problem,) = err.value.problems
+    assert (problem.key, problem.line) == (flag, 1) and "torchrun takes a whole number" in problem.message
 
 
 def test_torch_fsdp2_refusals_of_megatron_lm(tmp_path: Path) -> None:
