@@ -18,12 +18,25 @@ from projection.cost.calibrated import CalibratedCostModel
 from projection.cost.collectives import Fabric
 from projection.cost.model import CostModel
 from projection.cost.roofline import RooflineCostModel
+from projection.errors import ConfigError, Problem
 from projection.paths import REPO_ROOT
 from projection.perf.placement import op_placements
 from projection.specs.hardware import DeviceSpec
 from projection.specs.scenario import Scenario, runs_megatron
 
 CALIBRATIONS_DIR = REPO_ROOT / "calibrations"
+COST_MODEL_METHODS = ("op_seconds", "collective_seconds", "provenance", "collective_provenance")
+
+
+def check_arguments(function: str, scenario: object, cost_model: object = None) -> None:
+    """ConfigError naming the argument when `scenario` is not a Scenario or `cost_model` not a cost model."""
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(Problem(f"{function} needs a Scenario, got {type(scenario).__name__}", key="scenario",
+                                  file="<api>", fix="pass a Scenario from projection.api.load"))
+    if cost_model is not None and not all(callable(getattr(cost_model, m, None)) for m in COST_MODEL_METHODS):
+        raise ConfigError(Problem(f"{function}'s cost_model must be a CostModel, got {type(cost_model).__name__} "
+                                  f"{cost_model!r}"[:200], key="cost_model", file="<api>",
+                                  fix="pass projection.perf.default_cost_model(scenario), or None for it"))
 
 
 def shipped_calibration(device_name: str, search_dir: Path = CALIBRATIONS_DIR) -> Path | None:
@@ -35,6 +48,11 @@ def shipped_calibration(device_name: str, search_dir: Path = CALIBRATIONS_DIR) -
 def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> CostModel:
     """Calibrated model (the given file, else the device's shipped calibration) falling back to the roofline of the
     device's spec; the bare roofline when neither exists. Raises CalibrationError for an unreadable file."""
+    check_arguments("default_cost_model", scenario)
+    if calibration is not None and not isinstance(calibration, str | Path):
+        raise ConfigError(Problem(f"default_cost_model's calibration must be a path, got "
+                                  f"{type(calibration).__name__} {calibration!r}"[:200], key="calibration",
+                                  file="<api>", fix="pass the path of a calibration JSON, or None for the shipped one"))
     device, cluster = scenario.cluster.device, scenario.cluster
     roofline = RooflineCostModel(device, fabric=Fabric.from_specs(device, cluster, nic_gpus=nic_gpus(scenario)))
     roofline.groups = op_placements(cluster, scenario.plan)

@@ -18,7 +18,7 @@ from projection.cost.model import CostModel
 from projection.cost.roofline import peak_dtype
 from projection.errors import ConfigError, PlanError, Problem
 from projection.memory.report import MemoryReport
-from projection.perf.costmodel import default_cost_model, nic_gpus
+from projection.perf.costmodel import check_arguments, default_cost_model, nic_gpus
 from projection.perf.dp import DPComm, dp_comm_tasks, param_gather_exposed_s
 from projection.perf.optimizer import optimizer_step_seconds
 from projection.perf.pricing import PricedStages, price_stages
@@ -45,7 +45,6 @@ from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
-COST_MODEL_METHODS = ("op_seconds", "collective_seconds", "provenance", "collective_provenance")
 
 
 def with_schedule(scenario: Scenario, schedule: str) -> Scenario:
@@ -149,17 +148,6 @@ def compare_schedules(scenario: Scenario, cost_model: CostModel | None = None, *
     else:
         out = [project(sc, cost_model, engine=engine) for sc in runs]
     return sorted(out, key=lambda p: p.step_time_s)
-
-
-def check_arguments(function: str, scenario: object, cost_model: object = None) -> None:
-    """ConfigError naming the argument when `scenario` is not a Scenario or `cost_model` not a cost model."""
-    if not isinstance(scenario, Scenario):
-        raise ConfigError(Problem(f"{function} needs a Scenario, got {type(scenario).__name__}", key="scenario",
-                                  file="<api>", fix="pass a Scenario from projection.api.load"))
-    if cost_model is not None and not all(callable(getattr(cost_model, m, None)) for m in COST_MODEL_METHODS):
-        raise ConfigError(Problem(f"{function}'s cost_model must be a CostModel, got {type(cost_model).__name__} "
-                                  f"{cost_model!r}"[:200], key="cost_model", file="<api>",
-                                  fix="pass projection.perf.default_cost_model(scenario), or None for it"))
 
 
 def applicable_schedules(scenario: Scenario) -> list[str]:

@@ -1,4 +1,4 @@
-"""Weak scaling at fixed global batch: the same job on more (or fewer) nodes.
+"""Scaling at fixed global batch (strong scaling: the same job, its batch split over more or fewer nodes).
 
 `extrapolate(scenario, nodes)` keeps the model, the batch and tp / cp / pp / ep / etp, and gives the data-parallel
 axis the rest of the world: dp = nodes x GPUs per node / (tp x cp x pp), so each DP rank runs fewer microbatches
@@ -16,6 +16,7 @@ from typing import Any
 
 from projection.cost.model import CostModel
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, count_of
+from projection.perf.costmodel import check_arguments
 from projection.perf.project import Engine, project
 from projection.perf.result import Projection
 from projection.specs.plan import ParallelPlan
@@ -184,6 +185,7 @@ def extrapolate(scenario: Scenario, nodes: int, *, flag: str = "nodes") -> Scena
     tp x cp x pp, or the global batch is not a multiple of micro batch x the new dp (or any other layout rule of
     projection.specs.validate breaks); the error is located at the scenario's file with key `flag` (the CLI passes
     '--target-nodes' or '--scaling') and suggests the nearest node counts that work."""
+    check_arguments("extrapolate", scenario)
     _check_counts([nodes], flag)
     problems = node_count_problems(scenario, nodes, flag=flag)
     if problems:
@@ -199,6 +201,7 @@ def scaling_table(scenario: Scenario, node_counts: Iterable[int], cost_model: Co
     compute ops and collectives (its fabric must suit the cluster's nodes: same GPUs per node); default: the shipped
     calibration of each extrapolated scenario. PlanError listing every count that does not fit (key `flag`) before
     anything is projected."""
+    check_arguments("scaling_table", scenario, cost_model)
     if not isinstance(node_counts, Iterable) or isinstance(node_counts, str | bytes):
         raise ConfigError(Problem(f"node counts must be a list of whole numbers, got {node_counts!r}", key=flag,
                                   file="<api>", fix="pass e.g. [1, 2, 4, 8]"))

@@ -17,6 +17,7 @@ from projection import api
 from projection.cli import main
 from projection.errors import ConfigError, ProjectionError
 from projection.perf import compare_schedules, default_cost_model, project
+from projection.perf.scaling import extrapolate, scaling_table
 from projection.perf.search import search_layouts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,6 +217,11 @@ def test_load_refuses_counts_that_are_not_whole_numbers(kwargs: dict[str, Any]) 
     lambda sc: search_layouts(sc, cost_model="x"),
     lambda sc: search_layouts(sc, tp="4"),
     lambda sc: search_layouts(sc, recompute=["fulll"]),
+    lambda sc: extrapolate(None, 2),  # these four raised AttributeError
+    lambda sc: scaling_table(None, [2]),
+    lambda sc: scaling_table(sc, [4], "x"),
+    lambda sc: default_cost_model(None),
+    lambda sc: default_cost_model(sc, 5),  # a TypeError from Path(5)
 ])
 def test_wrong_arguments_are_config_errors(call: Any) -> None:
     sc = api.load(L70)
