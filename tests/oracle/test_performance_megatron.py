@@ -12,6 +12,7 @@ nothing is fitted to these values.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
 
@@ -46,6 +47,29 @@ def test_cases_table_found() -> None:
     "Not the oracle's own spread: against the fastest stored Megatron-LM version of each golden file the median is "
     "still 38.3 % (benchmarks/functional_drift.py)"))
 def test_step_time_matches_dgx_h100() -> None:
+    rows = _rows()
+    print(f"\n{'case':<86} {'layout':<30} {'measured s':>10} {'projected s':>11} {'error':>7}")
+    for name, layout, meas, projected, err in rows:
+        print(f"{name:<86} {layout:<30} {meas:>10.4f} {projected:>11.4f} {err:>+7.1%}")
+    errors = [abs(r[4]) for r in rows]
+    med, worst = statistics.median(errors), max(errors)
+    print(f"median |error| {med:.1%} (limit {MEDIAN_LIMIT:.0%}), max |error| {worst:.1%} over {len(rows)} cases")
+    assert med <= MEDIAN_LIMIT
+
+
+def test_misses_no_worse() -> None:
+    """The strict xfail above stays green however far the cases move; the median and the largest |error| are held to
+    those it records, plus tests/oracle/test_known_misses.py's DRIFT (a regression guard, not an accuracy claim)."""
+    from tests.oracle.test_known_misses import DRIFT
+
+    errors = [abs(r[4]) for r in _rows()]
+    assert statistics.median(errors) <= 0.440 + DRIFT
+    assert max(errors) <= 0.676 + DRIFT
+
+
+@functools.cache
+def _rows() -> list[tuple[str, str, float, float, float]]:
+    """(case, layout, measured s, projected s, error) of every case."""
     from projection.perf import default_cost_model, project
 
     rows = []
@@ -59,13 +83,7 @@ def test_step_time_matches_dgx_h100() -> None:
         layout = (f"tp{plan.tp} pp{plan.pp} cp{plan.cp} ep{plan.ep} dp{plan.dp_()} "
                   f"mb{sc.training.num_microbatches(plan.dp_())}")
         rows.append((c.name, layout, c.iteration_s, proj.step_time_s, err))
-    print(f"\n{'case':<86} {'layout':<30} {'measured s':>10} {'projected s':>11} {'error':>7}")
-    for name, layout, meas, projected, err in rows:
-        print(f"{name:<86} {layout:<30} {meas:>10.4f} {projected:>11.4f} {err:>+7.1%}")
-    errors = [abs(r[4]) for r in rows]
-    med, worst = statistics.median(errors), max(errors)
-    print(f"median |error| {med:.1%} (limit {MEDIAN_LIMIT:.0%}), max |error| {worst:.1%} over {len(rows)} cases")
-    assert med <= MEDIAN_LIMIT
+    return rows
 
 
 def test_gpu_bound_case_within_the_limit() -> None:
