@@ -87,13 +87,17 @@ FIXSTARS_7B_FP8 = (
     "transposes the estimate caches for the whole step (weights.fp8_copies): this legacy-model Transformer Engine "
     "run seems not to keep them; not investigated further (no GPU here to measure Transformer Engine)"))
 def test_allocated_peak_of_a_published_fp8_megatron_log(tmp_path: Path) -> None:
+    assert _fixstars_allocated_error(tmp_path) == pytest.approx(0.0, abs=LIMIT)
+
+
+def _fixstars_allocated_error(tmp_path: Path) -> float:
     script = tmp_path / "fixstars_7b_fp8.sh"
     script.write_text(FIXSTARS_7B_FP8, encoding="utf-8")
     sc = api.load(script, hardware="h100-sxm", nodes=1)
     (rank,) = api.estimate_memory(sc).ranks
     err = rank.peak_bytes / (75078.43 * MiB) - 1
     print(f"\n7B FP8 max allocated: measured 75078 MiB, projected {rank.peak_bytes / MiB:.0f} ({err:+.1%})")
-    assert err == pytest.approx(0.0, abs=LIMIT)
+    return float(err)
 
 
 def test_reserved_gap_of_a_published_log_with_expandable_segments(tmp_path: Path) -> None:
@@ -179,12 +183,16 @@ def test_first_iteration_peak_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
     "weight copies (63.8 GiB, in pieces of up to 448 MiB) between the activations of its forward, and FSDP2 gathers "
     "and frees each layer's weights in between: the segments they leave are not modelled"))
 def test_reserved_of_an_fsdp2_run_on_mi325x(tmp_path: Path) -> None:
+    assert _mi325x_reserved_error(tmp_path) == pytest.approx(0.0, abs=LIMIT)
+
+
+def _mi325x_reserved_error(tmp_path: Path) -> float:
     sc, rank = _mi325x(tmp_path)
     reserved = reserved_bytes(_first_iteration_peak(sc, rank), rank.bytes["activations"])
     err = reserved / MI325X_MAX_RESERVED - 1
     print(f"\nMI325X 70B FP8 FSDP2, iteration 1 max reserved: measured {MI325X_MAX_RESERVED / MiB:.0f} MiB, "
           f"projected {reserved / MiB:.0f} ({err:+.1%})")
-    assert err == pytest.approx(0.0, abs=LIMIT)
+    return float(err)
 
 
 # AMD Primus runs on MI325X (benchmarks/amd_runs/: each log's argument dump as a flat YAML, its memory line in the
@@ -219,3 +227,13 @@ def test_first_iteration_peak_of_primus_runs_on_mi325x(key: str) -> None:
     "further"))
 def test_first_iteration_peak_of_a_primus_fsdp2_run_on_mi325x() -> None:
     assert abs(_primus_first_iteration_error("70b_fsdp2")) <= LIMIT
+
+
+def test_misses_no_worse(tmp_path: Path) -> None:
+    """The three strict xfails above stay green however far they move; each is held to the error it records, plus
+    tests/oracle/test_known_misses.py's DRIFT (a regression guard, not an accuracy claim)."""
+    from tests.oracle.test_known_misses import DRIFT
+
+    for err, recorded in ((_fixstars_allocated_error(tmp_path), 0.164), (_mi325x_reserved_error(tmp_path), -0.150),
+                          (_primus_first_iteration_error("70b_fsdp2"), -0.112)):
+        assert abs(err) <= abs(recorded) + DRIFT, (err, recorded)
