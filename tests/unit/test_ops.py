@@ -270,6 +270,36 @@ def test_model_flops_reduce_to_f72_for_gpt() -> None:
     assert model_flops_per_step(gpt, training, ParallelPlan(dp=8), causal=True) == pytest.approx(causal, rel=1e-12)
 
 
+def _megatron_2024_flops(b: int, s: int, layers: int, h: int, heads: int, groups: int, kv_channels: int, ffn: int,
+                         routed: int, gated: bool, padded_vocab: int) -> float:
+    """Megatron-LM's num_floating_point_operations (megatron/training/training.py, 2024: GQA, SwiGLU, MoE routed
+    experts, full-matrix attention), typed in from its source."""
+    ratio = kv_channels * heads / h
+    glu = 3 / 2 if gated else 1
+    return 12 * b * s * layers * h * h * ((1 + groups / heads + s / h) * ratio + ffn / h * routed * glu
+                                          + padded_vocab / (2 * layers * h))
+
+
+MEGATRON_PADDING: dict[str, object] = {"vocab_divisible_by": 128, "vocab_pad_with_tp": True}  # Megatron's default
+
+
+def test_model_flops_equal_megatrons_formula_with_gqa_swiglu_and_moe() -> None:
+    """Llama-3.1-70B (HF config: 80 x 8192, 64 heads over 8 KV groups, SwiGLU 28672, vocab 128256, padded at tp 8 to
+    a multiple of 128 x 8 = 129024) and Mixtral-8x7B (32 x 4096, 32 / 8 heads, 8 experts of 14336, top 2, vocab 32000,
+    a multiple of 128 x 2 already) against Megatron's own count."""
+    training = TrainingSpec(seq_length=8192, micro_batch_size=1, global_batch_size=128)
+    llama = ModelSpec(num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+                      ffn_hidden_size=28672, vocab_size=128256, **MEGATRON_PADDING)
+    expected = _megatron_2024_flops(128, 8192, 80, 8192, 64, 8, 128, 28672, 1, True, 129024)
+    assert model_flops_per_step(llama, training, ParallelPlan(tp=8, dp=4)) == pytest.approx(expected, rel=1e-12)
+    mixtral = ModelSpec(num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                        ffn_hidden_size=14336, vocab_size=32000, **MEGATRON_PADDING,
+                        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+    training = TrainingSpec(seq_length=4096, micro_batch_size=1, global_batch_size=64)
+    expected = _megatron_2024_flops(64, 4096, 32, 4096, 32, 8, 128, 14336, 2, True, 32000)
+    assert model_flops_per_step(mixtral, training, ParallelPlan(tp=2, dp=4)) == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("m", [LLAMA, MOE, ModelSpec(num_layers=1, hidden_size=64, num_attention_heads=4,
                                                      ffn_hidden_size=96, vocab_size=101, qk_norm=True,
                                                      mla=MLASpec(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8,
