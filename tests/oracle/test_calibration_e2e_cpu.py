@@ -5,7 +5,8 @@
    the sum of `CalibratedCostModel.op_seconds` over every op of the job's op list (embedding, decoder layers, output
    layer and loss; phases F, I and W), against the measured forward + backward of the same model written in plain
    PyTorch (fp32, GQA, RoPE, RMSNorm, SwiGLU, untied output layer, cross-entropy), for several (model, batch)
-   configurations: within 15 %.
+   configurations: within 15 %; and the forward's share of that step (F-phase ops against the real forward / (forward
+   + backward), what pipeline schedules are built from): within 10 %.
 2. `projection calibrate collective` (gloo, 2 processes) over a range of sizes, the calibrated model's all-reduce
    pricing (curves fitted by projection/calibrate/fit.py) at a size not in that range's measured set, against a gloo
    all-reduce of that size timed by 2 processes the test spawns: within 25 %.
@@ -55,6 +56,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timing]  # times this machine: run a
 
 STEP_TOLERANCE = 0.15  # issue 5: projected forward + backward compute time of a CPU training step
 COLLECTIVE_TOLERANCE = 0.25  # issue 5: gloo all-reduce of a size outside the calibrated set
+SHARE_TOLERANCE = 0.10  # the forward's share of the same step: a ratio of two parts timed together
 
 
 # ------------------------------------------------------------------------------------------------ training step
@@ -167,7 +169,8 @@ def _steady_heap() -> None:
 
 
 class StepTimer:
-    """Forward + backward (loss.backward(), no optimizer) of the real model; gradients dropped untimed before."""
+    """Forward + backward (loss.backward(), no optimizer) of the real model; gradients dropped untimed before. Each
+    sample also records the forward's share of its step."""
 
     def __init__(self, m: ModelSpec, seq: int, batch: int) -> None:
         torch.manual_seed(0)
@@ -175,18 +178,25 @@ class StepTimer:
         self.tokens = torch.randint(0, m.vocab_size, (batch, seq))
         self.targets = torch.randint(0, m.vocab_size, (batch, seq))
         self.samples: list[float] = []
+        self.forward_shares: list[float] = []
 
-    def step(self) -> float:
+    def step(self) -> tuple[float, float]:
         self.model.zero_grad(set_to_none=True)
         gc.collect()
         t0 = time.perf_counter()
-        self.model(self.tokens, self.targets).backward()
-        return time.perf_counter() - t0
+        loss = self.model(self.tokens, self.targets)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        return t2 - t0, (t1 - t0) / (t2 - t0)
 
     def measure(self, warmup: int, repeat: int) -> None:
         for _ in range(warmup):
             self.step()
-        self.samples += [self.step() for _ in range(repeat)]
+        for _ in range(repeat):
+            total, share = self.step()
+            self.samples.append(total)
+            self.forward_shares.append(share)
 
 
 STEP_ROUNDS = 3  # calibrations of the GEMM and attention shapes; the step is timed before, between and after them
@@ -208,8 +218,9 @@ def project_and_measure(name: str, workdir: str) -> dict[str, Any]:
     sizes = [o.bytes_read + o.bytes_written for o in ops if o.kind == "memory_bound"]
     lo, hi = min(sizes), 1.05 * max(sizes)
     files = [tmp / "memory.json"]
-    _calibrate("memory", "--sizes", ",".join(str(int(lo * (hi / lo) ** (i / 5))) for i in range(6)), "--dtype",
-               "fp32", "--warmup", "3", "--repeat", "10", "--out", str(files[0]))
+    _calibrate("memory", "--config", str(config), "--sizes", ",".join(str(int(lo * (hi / lo) ** (i / 5)))
+                                                                    for i in range(6)),
+               "--dtype", "fp32", "--warmup", "3", "--repeat", "10", "--out", str(files[0]))
     for i in range(STEP_ROUNDS):  # the step's samples bracket every calibration round
         timer.measure(warmup=0, repeat=STEP_REPEAT)
         for kind in ("gemm", "attention"):
@@ -221,9 +232,12 @@ def project_and_measure(name: str, workdir: str) -> dict[str, Any]:
     cal = merge_calibrations(load_calibration(f) for f in files)  # equal shapes of the rounds: geometric mean
     cost = CalibratedCostModel(cal, name=f"{name}.json")  # a CPU has no DeviceSpec: no roofline fallback
     by_kind: dict[str, float] = {}
+    forward = 0.0
     for op in ops:
         by_kind[op.kind] = by_kind.get(op.kind, 0.0) + cost.op_seconds(op)
+        forward += cost.op_seconds(op) if op.phase == "F" else 0.0
     return {"by_kind": by_kind, "samples": timer.samples, "gemm_rows": len(cal.gemm),
+            "forward_share": forward / sum(by_kind.values()), "forward_shares": timer.forward_shares,
             "provenance": sorted({cost.provenance(o) for o in ops}),
             "collectives": sum(o.kind == "collective" for o in ops), "recompute": sum(o.recompute for o in ops)}
 
@@ -238,9 +252,13 @@ def test_calibrated_gemm_predicts_cpu_training_step(name: str, tmp_path: Path) -
     step. The model is written with the kernels the op list names where PyTorch has them (fused RMSNorm forward,
     rotary as one complex multiply, SDPA, cross-entropy). What eager PyTorch runs besides is the same work done in
     more passes, not missing work: the unfused RMSNorm backward, SiLU and the gate product as separate kernels,
-    layout copies (attention output, the assembled QKV and gate/up gradients), and on the CPU exp-bound SiLU and
-    log-softmax that the op list prices by bytes (`calibrate memory`, an add with warm caches). That is why the
-    projection comes out 2 to 9 % below the measured step here; it is left visible, not fitted away. One item is
+    layout copies (attention output, the assembled QKV and gate/up gradients). The job's named memory-bound kernels
+    (RMSNorm, the gated SiLU, cross-entropy, forward and backward) are calibrated at its shapes (`calibrate memory
+    --config`): on a CPU an exp per element costs several times the bytes it moves, so pricing them as the add
+    kernel would miss 5 to 10 % of the step (2026-12-02, an Intel Xeon VM: -12 .. -22 % with the add alone, -5 ..
+    -16 % with the kernels, the spread being this VM's, whose step samples vary by 20 % within a run); what is left
+    below the measurement is left visible, not fitted away. The forward's share of the step is held to 10 % too.
+    One item is
     missing from the op list for real: PyTorch (and Megatron) materialise the embedding gradient as a dense
     vocabulary x hidden table (zero-filled), where `embedding.wgrad` writes the token rows only; with a
     4096-token vocabulary that is well under 1 % of this step. GEMMs and attention run at exactly calibrated
@@ -265,6 +283,13 @@ def test_calibrated_gemm_predicts_cpu_training_step(name: str, tmp_path: Path) -
     print(f"\n{name}: projected {projected * 1e3:.1f} ms ({parts}) vs measured {measured * 1e3:.1f} ms "
           f"(median of {len(samples)}: {', '.join(f'{t * 1e3:.0f}' for t in samples)}): {error:+.1%}")
     assert abs(error) <= STEP_TOLERANCE, (name, projected, measured)
+    # the forward's share of the step (what the pipeline schedules and the bubble are built from: F against I + W),
+    # projected from the F-phase ops against the real step's forward / (forward + backward), sample by sample (a
+    # share is robust to the machine's load, which weighs on both parts of one sample alike)
+    share, shares = out["forward_share"], out["forward_shares"]
+    print(f"{name}: forward share projected {share:.3f}, measured {statistics.median(shares):.3f} "
+          f"(median of {len(shares)})")
+    assert abs(share / statistics.median(shares) - 1) <= SHARE_TOLERANCE, (name, share, shares)
 
 
 # ------------------------------------------------------------------------------------------------ gloo all-reduce
