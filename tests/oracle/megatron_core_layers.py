@@ -1,6 +1,8 @@
 """Worker for tests/oracle/test_memory_megatron_core_layers.py: builds one real Megatron-Core decoder layer (local
 spec, no Transformer Engine) on the CPU, runs its forward once in fp32 under a dispatch mode that keeps a weak
 reference to the storage of every tensor an op creates, and prints, as JSON, the storages still alive afterwards.
+MODEL_CASES do the same for a whole one-layer GPTModel run with labels (embeddings, final norm, output layer and
+Megatron's vocab_parallel_cross_entropy besides the layer).
 
 Run in a fresh interpreter (`python3 -m tests.oracle.megatron_core_layers CASE...`): it initializes a one-rank gloo
 group and Megatron's parallel state and patches process-wide CUDA-only calls, none of which may leak into the pytest
@@ -128,8 +130,9 @@ def _layer(torch: Any, case: dict[str, Any]) -> Any:
     return build_module(spec, config=cfg, layer_number=1)
 
 
-def measure(torch: Any, name: str, cases: dict[str, dict[str, Any]] = CASES) -> dict[str, Any]:
-    from megatron.core import parallel_state
+def _alive_mode(torch: Any) -> Any:
+    """A dispatch mode keeping a weak reference to the storage of every tensor an op creates (and the tensor bytes
+    of every c10d collective)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -149,25 +152,37 @@ def measure(torch: Any, name: str, cases: dict[str, dict[str, Any]] = CASES) -> 
                     self.refs.append((weakref.ref(t.untyped_storage()), str(func), list(t.shape), str(t.dtype)))
             return out
 
+    return Alive()
+
+
+def _alive(mode: Any) -> dict[int, dict[str, Any]]:
+    """Storage -> the op that created it (the first op returning it), for the storages still alive."""
+    gc.collect()
+    first: dict[int, dict[str, Any]] = {}
+    for ref, op, shape, dtype in mode.refs:
+        st = ref()
+        if st is not None and st._cdata not in first:
+            first[st._cdata] = {"op": op, "shape": shape, "dtype": dtype, "bytes": st.nbytes()}
+    return first
+
+
+def measure(torch: Any, name: str, cases: dict[str, dict[str, Any]] = CASES) -> dict[str, Any]:
+    from megatron.core import parallel_state
+
     case = cases[name]
     torch.manual_seed(0)
     layer = _layer(torch, case)
     layer.train()
     x = torch.randn(SEQ, MICRO_BATCH, HIDDEN, requires_grad=True)  # [s, b, h]
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
-    mode = Alive()
+    mode = _alive_mode(torch)
     with mode:
         y, _ = layer(x, attention_mask=mask)
     if torch.distributed.get_world_size() > 1:
         # a collective's work object can hold its tensors a moment after the call returns (a full CI run once
         # counted a row-parallel output, 0.5 MiB, alive on one rank): every rank past its collectives, then collected
         torch.distributed.barrier()
-    gc.collect()
-    first: dict[int, dict[str, Any]] = {}  # storage -> the op that created it (the first op returning it)
-    for ref, op, shape, dtype in mode.refs:
-        st = ref()
-        if st is not None and st._cdata not in first:
-            first[st._cdata] = {"op": op, "shape": shape, "dtype": dtype, "bytes": st.nbytes()}
+    first = _alive(mode)
     excluded = [y, x, mask, *layer.parameters(), *layer.buffers()]
     # persistent buffers, not per microbatch: Megatron's global memory buffer (baddbmm's beta=0 input)
     excluded += list(parallel_state.get_global_memory_buffer().buffer.values())
@@ -199,6 +214,52 @@ def _flops(torch: Any, layer: Any, x: Any, mask: Any) -> dict[str, int]:
     with FlopCounterMode(display=False) as bwd:
         y.sum().backward()
     return {"F": fwd.get_total_flops(), "B": bwd.get_total_flops()}
+
+
+# Whole GPTModels of one local-spec layer (learned positions, untied output layer, Megatron's unfused
+# vocab_parallel_cross_entropy), for the first and last stage's own tensors: the embedding's and the loss's
+MODEL_VOCAB = 1280  # a multiple of 128 (Megatron pads to it), unlike FFN: the logits are told by their shape
+MODEL_CASES: dict[str, dict[str, Any]] = {
+    "gpt": {"moe": False, "dropout": 0.0, "gated": False, "layer": "dense"},  # layer: its layer's own case
+    "gpt-drop0.1": {"moe": False, "dropout": 0.1, "gated": False, "layer": "dense-drop0.1"},
+}
+
+
+def measure_model(torch: Any, name: str) -> dict[str, Any]:
+    """Bytes a one-layer GPTModel keeps for its backward after a training forward with labels (the loss): the
+    storages alive once the caller has dropped its token ids, position ids and labels (made under the mode, so those
+    the embeddings and the loss save are counted), less parameters, buffers, the loss itself, the attention mask and
+    Megatron's global memory buffer."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    case = MODEL_CASES[name]
+    torch.manual_seed(0)
+    cfg = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
+                            use_cpu_initialization=True, hidden_dropout=case["dropout"],
+                            attention_dropout=case["dropout"], params_dtype=torch.float32,
+                            gradient_accumulation_fusion=False, bias_activation_fusion=True)
+    model = GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=MODEL_VOCAB, max_sequence_length=SEQ,
+                     position_embedding_type="learned_absolute", share_embeddings_and_output_weights=False)
+    model.train()
+    mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
+    mode = _alive_mode(torch)
+    with mode:
+        ids = torch.randint(0, MODEL_VOCAB, (MICRO_BATCH, SEQ))
+        labels = torch.randint(0, MODEL_VOCAB, (MICRO_BATCH, SEQ))
+        positions = torch.arange(SEQ).expand(MICRO_BATCH, SEQ).contiguous()
+        loss = model(ids, positions, mask, labels=labels)
+    del ids, labels, positions
+    first = _alive(mode)
+    excluded = [loss, mask, *model.parameters(), *model.buffers(),
+                *parallel_state.get_global_memory_buffer().buffer.values()]
+    for t in excluded:
+        first.pop(t.untyped_storage()._cdata, None)
+    kept = list(first.values())
+    loss.sum().backward()  # the model is a real, differentiable one
+    return {"bytes": sum(d["bytes"] for d in kept), "tensors": kept}
 
 
 def _tp_rank(rank: int, world: int, port: int, name: str, out: str) -> None:
@@ -234,7 +295,7 @@ def main(names: list[str]) -> None:
     import megatron.core
 
     out = {"megatron_core": megatron.core.__version__, "torch": torch.__version__,
-           "cases": {n: measure(torch, n) for n in names}}
+           "cases": {n: measure_model(torch, n) if n in MODEL_CASES else measure(torch, n) for n in names}}
     print("@@JSON@@" + json.dumps(out))
 
 
