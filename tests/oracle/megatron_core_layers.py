@@ -22,6 +22,7 @@ keeps.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -58,12 +59,15 @@ CASES: dict[str, dict[str, Any]] = {
     # GQA (2 query groups): DotProductAttention repeats K and V to the query heads
     "gqa-swiglu": {"moe": False, "dropout": 0.0, "gated": True, "groups": 2},
 }
-# Tensor-parallel layers, one gloo process per TP rank (`main_tp`), with fewer query groups than TP ranks: Megatron
-# all-gathers linear_qkv's output over TP (attention.py get_query_key_value_tensors). No sequence parallelism: the
-# local spec's torch LayerNorm refuses it.
+# Tensor-parallel layers, one gloo process per TP rank (`main_tp`), with fewer query groups than TP ranks (Megatron
+# all-gathers linear_qkv's output over TP: attention.py get_query_key_value_tensors), and with sequence parallelism.
 TP_CASES: dict[str, dict[str, Any]] = {
     "gqa-g2-tp4": {"moe": False, "dropout": 0.0, "gated": True, "groups": 2, "tp": 4},
     "mqa-tp2": {"moe": False, "dropout": 0.0, "gated": True, "groups": 1, "tp": 2},
+    # sequence parallelism (`_SPLayerNorm` in place of the local spec's norm, which refuses it only because its
+    # weight gradients would need Megatron's TP all-reduce after the step: nothing in one layer's forward/backward)
+    "gpt-tp2-sp": {"moe": False, "dropout": 0.0, "gated": False, "tp": 2, "sp": True},
+    "gqa-g4-tp2-sp": {"moe": False, "dropout": 0.0, "gated": True, "groups": 4, "tp": 2, "sp": True},
 }
 
 
@@ -125,9 +129,24 @@ def _layer(torch: Any, case: dict[str, Any]) -> Any:
                             use_cpu_initialization=True, hidden_dropout=case["dropout"],
                             attention_dropout=case["dropout"], params_dtype=torch.float32,
                             gradient_accumulation_fusion=False, bias_activation_fusion=fusion,
-                            num_query_groups=case.get("groups"), tensor_model_parallel_size=case.get("tp", 1), **extra)
+                            num_query_groups=case.get("groups"), tensor_model_parallel_size=case.get("tp", 1),
+                            sequence_parallel=case.get("sp", False), **extra)
     spec = get_gpt_layer_local_spec(num_experts=extra.get("num_moe_experts"), moe_grouped_gemm=False)
+    if case.get("sp"):
+        norm = _sp_layer_norm(torch)
+        spec = dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, input_layernorm=norm,
+                                                                        pre_mlp_layernorm=norm))
     return build_module(spec, config=cfg, layer_number=1)
+
+
+def _sp_layer_norm(torch: Any) -> type:
+    """torch's LayerNorm built as a Megatron norm module (config, hidden_size, eps), over a sequence-parallel shard."""
+
+    class SPLayerNorm(torch.nn.LayerNorm):  # type: ignore[misc,name-defined]
+        def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+            super().__init__(hidden_size, eps=eps)
+
+    return SPLayerNorm
 
 
 def _alive_mode(torch: Any) -> Any:
@@ -173,7 +192,8 @@ def measure(torch: Any, name: str, cases: dict[str, dict[str, Any]] = CASES) -> 
     torch.manual_seed(0)
     layer = _layer(torch, case)
     layer.train()
-    x = torch.randn(SEQ, MICRO_BATCH, HIDDEN, requires_grad=True)  # [s, b, h]
+    rows = SEQ // case["tp"] if case.get("sp") else SEQ  # sequence parallelism: this rank's shard of the sequence
+    x = torch.randn(rows, MICRO_BATCH, HIDDEN, requires_grad=True)  # [s, b, h]
     mask = torch.triu(torch.ones(SEQ, SEQ), diagonal=1).bool()[None, None]
     mode = _alive_mode(torch)
     with mode:

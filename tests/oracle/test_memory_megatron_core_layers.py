@@ -34,7 +34,9 @@ activation output: 4-9 % high on these layers, and 7.7 % low on the functional t
 checks the two terms against the alive storages themselves.
 
 GQA: `gqa-swiglu` (2 query groups, tp 1) and, on tp gloo processes (megatron_core_layers.main_tp, `TP_CASES`), fewer
-query groups than TP ranks: 2 groups at tp 4 and MQA at tp 2 (no SP: the local spec's torch LayerNorm refuses it).
+query groups than TP ranks: 2 groups at tp 4 and MQA at tp 2; and sequence parallelism at tp 2 (GPT, and GQA with
+4 groups), the local spec's norm built as torch's LayerNorm over the sequence shard (megatron_core_layers.py
+`_sp_layer_norm`: the local norm refuses SP only for its weight gradients' all-reduce after the step).
 Each rank's saved bytes, parameters, FlopCounterMode FLOPs and collectives are compared with the projection of that
 rank (test_query_groups_below_tp_against_megatron_core). Found by these (mended in memory/activations.py
 `attention_tensors`): Megatron's own DotProductAttention repeats K and V to the local query heads
@@ -125,7 +127,7 @@ def setup_of(name: str) -> tuple[TrainingSpec, ParallelPlan]:
                          moe_token_dispatcher=case.get("dispatcher", "alltoall"))
     training = TrainingSpec(seq_length=SEQ, micro_batch_size=MICRO_BATCH, params_dtype="fp32",
                             dropout=case["dropout"], attention_backend="unfused", kernels=kernels)
-    return training, ParallelPlan(tp=case.get("tp", 1), pp=1, dp=1)
+    return training, ParallelPlan(tp=case.get("tp", 1), sp=case.get("sp", False), pp=1, dp=1)
 
 
 @functools.cache
@@ -195,11 +197,14 @@ _C10D = {"c10d._allgather_base_.default": ("all_gather", 0),
 
 @pytest.mark.parametrize("name", list(TP_CASES))
 def test_query_groups_below_tp_against_megatron_core(name: str) -> None:
-    """Fewer query groups than TP ranks (TP_CASES: 2 groups at tp 4, MQA at tp 2; 8 heads), each TP rank of the real
-    layer against the projection of that rank: the saved bytes (within 1 %: the norms' per-row statistics), the
-    parameters it holds (linear_qkv keeps (heads + 2 groups) * head_dim / tp rows), FlopCounterMode's forward and
-    backward FLOPs (mm, baddbmm, bmm; the op list's GEMM and attention ops, exactly), and the collectives in the order
-    the rank issues them with their sizes: linear_qkv's output all-gathered over TP, its gradient reduce-scattered."""
+    """Fewer query groups than TP ranks (TP_CASES: 2 groups at tp 4, MQA at tp 2; 8 heads), and sequence parallelism
+    (GPT and GQA at tp 2), each TP rank of the real layer against the projection of that rank: the saved bytes (within
+    1 %: the norms' per-row statistics), the parameters it holds (linear_qkv keeps (heads + 2 groups) * head_dim / tp
+    rows), FlopCounterMode's forward and backward FLOPs (mm, baddbmm, bmm; the op list's GEMM and attention ops,
+    exactly), and the collectives in the order the rank issues them with their sizes: below tp groups, linear_qkv's
+    output all-gathered over TP and its gradient reduce-scattered; with SP, each block's input all-gathered and its
+    output reduce-scattered, and in the backward the mirror images with the input re-gathered for the weight
+    gradients."""
     model = model_of(name)
     training, plan = setup_of(name)
     tp, d = plan.tp, model.head_dim_
@@ -218,8 +223,12 @@ def test_query_groups_below_tp_against_megatron_core(name: str) -> None:
             assert flop == m["flop"][phase], (rank, phase, flop, m["flop"][phase])
             got = [(_C10D[op][0], sizes[_C10D[op][1]]) for op, sizes in m["collectives"][phase]]
             assert got == want_colls[phase], (rank, phase, got, want_colls[phase])
-    gathered = MICRO_BATCH * SEQ * (HEADS + 2 * model.kv_heads) * d * 4  # fp32 [s, b, (heads + 2 groups) * d]
-    assert ("all_gather", gathered) in want_colls["F"] and ("reduce_scatter", gathered) in want_colls["B"]
+    if model.kv_heads < tp:
+        gathered = MICRO_BATCH * SEQ * (HEADS + 2 * model.kv_heads) * d * 4  # fp32 [s, b, (heads + 2 groups) * d]
+        assert ("all_gather", gathered) in want_colls["F"] and ("reduce_scatter", gathered) in want_colls["B"]
+    if plan.sp:  # the sequence-parallel gathers and reduce-scatters of the [s, b, h] activations, both blocks
+        full = MICRO_BATCH * SEQ * HIDDEN * 4
+        assert want_colls["F"] == [("all_gather", full), ("reduce_scatter", full)] * 2
 
 
 @pytest.mark.parametrize("name", list(MODEL_CASES))
