@@ -28,8 +28,8 @@ from typing import Any
 from projection.cost.model import CostModel
 from projection.errors import COMMAND_LINE, ConfigError, Problem, ProjectionError
 from projection.memory.report import MemoryReport
-from projection.perf.costmodel import default_cost_model
-from projection.perf.project import Engine, applicable_schedules, check_arguments, project
+from projection.perf.costmodel import check_arguments, default_cost_model
+from projection.perf.project import Engine, applicable_schedules, project
 from projection.perf.result import Projection
 from projection.perf.search_reload import (
     Reload,
