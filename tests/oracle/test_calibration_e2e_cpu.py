@@ -282,11 +282,6 @@ def test_calibrated_gemm_predicts_cpu_training_step(name: str, tmp_path: Path) -
     parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in by_kind.items())
     print(f"\n{name}: projected {projected * 1e3:.1f} ms ({parts}) vs measured {measured * 1e3:.1f} ms "
           f"(median of {len(samples)}: {', '.join(f'{t * 1e3:.0f}' for t in samples)}): {error:+.1%}")
-    q1, _, q3 = statistics.quantiles(samples, n=4)
-    if (q3 - q1) / measured > STEP_TOLERANCE:  # interference the process check cannot see (a busy VM host)
-        pytest.skip(f"{name}: the measured step's own interquartile spread, {(q3 - q1) / measured:.0%} of its median, "
-                    f"exceeds the {STEP_TOLERANCE:.0%} tolerance: this machine cannot judge the projection now")
-    assert abs(error) <= STEP_TOLERANCE, (name, projected, measured)
     # the forward's share of the step (what the pipeline schedules and the bubble are built from: F against I + W),
     # projected from the F-phase ops against the real step's forward / (forward + backward), sample by sample (a
     # share is robust to the machine's load, which weighs on both parts of one sample alike)
@@ -294,6 +289,11 @@ def test_calibrated_gemm_predicts_cpu_training_step(name: str, tmp_path: Path) -
     print(f"{name}: forward share projected {share:.3f}, measured {statistics.median(shares):.3f} "
           f"(median of {len(shares)})")
     assert abs(share / statistics.median(shares) - 1) <= SHARE_TOLERANCE, (name, share, shares)
+    q1, _, q3 = statistics.quantiles(samples, n=4)
+    if (q3 - q1) / measured > STEP_TOLERANCE:  # interference the process check cannot see (a busy VM host)
+        pytest.skip(f"{name}: the measured step's own interquartile spread, {(q3 - q1) / measured:.0%} of its median, "
+                    f"exceeds the {STEP_TOLERANCE:.0%} tolerance: this machine cannot judge the step time now")
+    assert abs(error) <= STEP_TOLERANCE, (name, projected, measured)
 
 
 # ------------------------------------------------------------------------------------------------ gloo all-reduce
