@@ -263,7 +263,7 @@ def test_calibrated_gemm_predicts_cpu_training_step(name: str, tmp_path: Path) -
     vocabulary x hidden table (zero-filled), where `embedding.wgrad` writes the token rows only; with a
     4096-token vocabulary that is well under 1 % of this step. GEMMs and attention run at exactly calibrated
     shapes, so their prices are measured times, not interpolations."""
-    from tests.oracle.test_performance_cpu import Busy, quiet
+    from tests.oracle.test_performance_cpu import Busy, quiet, unresolved
 
     def run() -> dict:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -283,17 +283,21 @@ def test_calibrated_gemm_predicts_cpu_training_step(name: str, tmp_path: Path) -
     print(f"\n{name}: projected {projected * 1e3:.1f} ms ({parts}) vs measured {measured * 1e3:.1f} ms "
           f"(median of {len(samples)}: {', '.join(f'{t * 1e3:.0f}' for t in samples)}): {error:+.1%}")
     # the forward's share of the step (what the pipeline schedules and the bubble are built from: F against I + W),
-    # projected from the F-phase ops against the real step's forward / (forward + backward), sample by sample (a
-    # share is robust to the machine's load, which weighs on both parts of one sample alike)
+    # projected from the F-phase ops against the real step's forward / (forward + backward), sample by sample. A
+    # share is not immune to load: on a busy 2-core CI host (2026-12-02) the shares of one run spread from 0.27 to
+    # 0.43, so it is judged only where its own spread resolves the tolerance, like the step time
     share, shares = out["forward_share"], out["forward_shares"]
     print(f"{name}: forward share projected {share:.3f}, measured {statistics.median(shares):.3f} "
-          f"(median of {len(shares)})")
-    assert abs(share / statistics.median(shares) - 1) <= SHARE_TOLERANCE, (name, share, shares)
-    q1, _, q3 = statistics.quantiles(samples, n=4)
-    if (q3 - q1) / measured > STEP_TOLERANCE:  # interference the process check cannot see (a busy VM host)
-        pytest.skip(f"{name}: the measured step's own interquartile spread, {(q3 - q1) / measured:.0%} of its median, "
-                    f"exceeds the {STEP_TOLERANCE:.0%} tolerance: this machine cannot judge the step time now")
-    assert abs(error) <= STEP_TOLERANCE, (name, projected, measured)
+          f"(median of {len(shares)}: {', '.join(f'{s:.3f}' for s in shares)})")
+    unjudged = []
+    for what, value, values, tolerance in (("forward share", share, shares, SHARE_TOLERANCE),
+                                           ("step time", projected, samples, STEP_TOLERANCE)):
+        if why := unresolved(f"{name} {what}", values, tolerance):
+            unjudged.append(why)
+        else:
+            assert abs(value / statistics.median(values) - 1) <= tolerance, (name, what, value, values)
+    if unjudged:  # what could be judged passed; say what could not
+        pytest.skip("; ".join(unjudged))
 
 
 # ------------------------------------------------------------------------------------------------ gloo all-reduce

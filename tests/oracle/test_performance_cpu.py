@@ -31,7 +31,9 @@ calibrate import` (repeated shapes: their mean), and the measured step is the me
 shared machine steal cores from the workers; the CPU time used by other processes during each round is computed
 from /proc/stat and printed; a round during which they used more than a quarter of a core beyond the cores it
 leaves free is repeated (twice at most), and if the machine stays that busy the test is skipped with the numbers,
-since it would no longer measure this machine's speed.
+since it would no longer measure this machine's speed. Interference that /proc/stat does not show (a VM host's other
+tenants, shared caches) shows in the samples themselves: where the measured steps' own interquartile spread exceeds
+the tolerance, they cannot resolve it, and the test says so and skips (CI, 2026-12-02: a 2-core host).
 """
 
 from __future__ import annotations
@@ -168,6 +170,17 @@ def quiet(fn: Callable[[], T], what: str, need: int) -> tuple[T, float]:
     raise Busy(f"machine busy during {what}: other processes used {', '.join(f'{c:.2f}' for c in loads)} of "
                f"{os.cpu_count()} cores (at most {limit:.2f} leaves the {need} core(s) it needs); last result "
                f"{result}")
+
+
+def unresolved(what: str, samples: list[float], tolerance: float) -> str | None:
+    """Why `samples` cannot judge a projection to `tolerance`, or None: their own interquartile range, relative to
+    their median, exceeds it (interference the process check cannot see: a busy VM host, shared caches)."""
+    q1, med, q3 = statistics.quantiles(samples, n=4)
+    spread = (q3 - q1) / med
+    if spread <= tolerance:
+        return None
+    return (f"{what}: the measured samples' own interquartile spread, {spread:.0%} of their median, exceeds the "
+            f"{tolerance:.0%} tolerance: this machine cannot judge it now")
 
 
 # ------------------------------------------------------------------------------------------------ calibration
@@ -368,6 +381,8 @@ def measured_and_projected(machine: Machine, world: int, tmp: Path) -> tuple[lis
 def test_single_process_step(machine: Machine, tmp_path: Path) -> None:
     measured, proj, _, loads = measured_and_projected(machine, 1, tmp_path)
     err = _report("1 process", measured, proj, loads, SINGLE_LIMIT)
+    if why := unresolved("1-process step", measured, SINGLE_LIMIT):
+        pytest.skip(why)
     assert abs(err) <= SINGLE_LIMIT
 
 
@@ -376,4 +391,6 @@ def test_two_process_data_parallel_step(machine: Machine, tmp_path: Path) -> Non
     print(f"\ndevice YAML {hardware}:\n{hardware.read_text()}")
     assert proj.world_size == 2 and proj.scenario.plan.dp_() == 2 and proj.comm_total_s["dp"] > 0
     err = _report("2 gloo processes (data parallel)", measured, proj, loads, DP_LIMIT)
+    if why := unresolved("2-process step", measured, DP_LIMIT):
+        pytest.skip(why)
     assert abs(err) <= DP_LIMIT
