@@ -282,31 +282,36 @@ def measure_model(torch: Any, name: str) -> dict[str, Any]:
     return {"bytes": sum(d["bytes"] for d in kept), "tensors": kept}
 
 
-def _tp_rank(rank: int, world: int, port: int, name: str, out: str) -> None:
-    """One spawned TP rank of `main_tp`: measure TP case `name`, written as JSON to `out.<rank>`."""
+def _tp_rank(rank: int, world: int, port: int, names: list[str], out: str) -> None:
+    """One spawned TP rank of `main_tp`: measure TP cases `names` (all of tp `world`) in turn, each written as JSON
+    to `out/<name>.<rank>`. The cases share one process group and Megatron's parallel state (set up once: the
+    spawns and imports are most of the time); each builds its own layer."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch = _setup(rank, world)
     try:
-        Path(f"{out}.{rank}").write_text(json.dumps(measure(torch, name, TP_CASES)))
-        torch.distributed.barrier()
+        for name in names:
+            Path(f"{out}/{name}.{rank}").write_text(json.dumps(measure(torch, name, TP_CASES)))
+            torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
 
 def main_tp(names: list[str]) -> None:
-    """Each TP case on `tp` spawned gloo processes; prints every rank's measurement."""
+    """The TP cases, those of one tp together on `tp` spawned gloo processes; prints every rank's measurement."""
     import torch
     import torch.multiprocessing as mp
 
     from projection.calibrate.bench_collective import free_port
 
     out: dict[str, Any] = {"torch": torch.__version__, "cases": {}}
+    by_world: dict[int, list[str]] = {}
+    for n in names:
+        by_world.setdefault(TP_CASES[n]["tp"], []).append(n)
     with tempfile.TemporaryDirectory() as tmp:
+        for world, group in by_world.items():
+            mp.start_processes(_tp_rank, args=(world, free_port(), group, tmp), nprocs=world, start_method="spawn")
         for n in names:
-            world = TP_CASES[n]["tp"]
-            mp.start_processes(_tp_rank, args=(world, free_port(), n, f"{tmp}/{n}"), nprocs=world,
-                               start_method="spawn")
-            out["cases"][n] = [json.loads(Path(f"{tmp}/{n}.{r}").read_text()) for r in range(world)]
+            out["cases"][n] = [json.loads(Path(f"{tmp}/{n}.{r}").read_text()) for r in range(TP_CASES[n]["tp"])]
     print("@@JSON@@" + json.dumps(out))
 
 
