@@ -26,7 +26,7 @@ from projection.paths import HARDWARE_DIR, MODELS_DIR, is_device_path
 from projection.report.inspect import InspectReport, build_inspect_report
 from projection.specs.hardware import DeviceSpec, load_device
 from projection.specs.plan import torch_pipeline_outputs_kept, torch_pipeline_runtime, torch_release
-from projection.specs.scenario import Origin, RawScenario, Scenario, build_scenario
+from projection.specs.scenario import Origin, RawScenario, Scenario, build_scenario, section_specs
 
 DEFAULT_HARDWARE = "mi300x"
 
@@ -126,11 +126,14 @@ def load(config: str | Path, *, hardware: str | None = None, nodes: int | None =
             f"must be a device name or a device YAML's path, got {shown(raw.get('cluster.hardware'))}",
             key=o.key or "cluster.hardware", file=o.file, line=o.line, fix="e.g. hardware: mi300x")))
     try:
-        if origin is None or origin.file.startswith("default"):
-            device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
-        else:
-            device = load_device(str(raw.get("cluster.hardware")), hardware_dir,
-                                 key=origin.key or "cluster.hardware", file=origin.file, line=origin.line)
+        try:
+            if origin is None or origin.file.startswith("default"):
+                device = load_device(str(raw.get("cluster.hardware")), hardware_dir)
+            else:
+                device = load_device(str(raw.get("cluster.hardware")), hardware_dir,
+                                     key=origin.key or "cluster.hardware", file=origin.file, line=origin.line)
+        except ConfigError as err:  # no device: the sections' own problems are still found, with the device's
+            raise ConfigError([*err.problems, *section_specs(raw)[1]]) from None
         # the job's environment, as the device's PyTorch build reads it: PYTORCH_HIP_ALLOC_CONF only on ROCm (c10's
         # CUDA allocator config reads it under USE_ROCM); a file's is then ignored, a --set of it refused
         unread = {"PYTORCH_HIP_ALLOC_CONF"} if device.vendor == "nvidia" else set()

@@ -252,10 +252,10 @@ def _edited_device(raw: RawScenario, device: DeviceSpec, edits: Any) -> tuple[De
         return device, out
 
 
-def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
-    """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
-    problem found at once: where the only schema problems are unknown keys, the layout is still checked without
-    them, so a misspelt key does not hide the layout's own problems."""
+def section_specs(raw: RawScenario) -> tuple[dict[str, Any], list[Problem]]:
+    """The model, training and plan sections validated (those that could be: where the only problems are unknown
+    keys or the model's own cross-field checks, the spec without them, so that the layout can still be checked),
+    and every problem found in them, with the keys deferred from the loaders and the placeholders left unset."""
     problems: list[Problem] = [*raw.deferred, *raw.placeholders.values()]
     specs: dict[str, Any] = {}
     for name, cls in (("model", ModelSpec), ("training", TrainingSpec), ("plan", ParallelPlan)):
@@ -271,6 +271,14 @@ def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
                 context = {"skip_cross_checks": name == "model"}
                 with contextlib.suppress(ValidationError):  # other problems too: the layout is not checked
                     specs[name] = cls.model_validate(loose, context=context)
+    return specs, problems
+
+
+def build_scenario(raw: RawScenario, device: DeviceSpec) -> Scenario:
+    """Validate the raw scenario into a Scenario. Raises ConfigError (schema) or PlanError (layout), listing every
+    problem found at once: where the only schema problems are unknown keys, the layout is still checked without
+    them, so a misspelt key does not hide the layout's own problems."""
+    specs, problems = section_specs(raw)
     cluster_data = dict(raw.data.get("cluster", {}))
     cluster_data.pop("hardware", None)
     unedited = None

@@ -93,3 +93,17 @@ def test_model_cross_checks_with_the_layout(tmp_path: Path) -> None:
                    "plan.tpp: unknown key", "plan.tp: world size 8 is not divisible by tp * cp * pp = 3 * 1 * 2",
                    "plan.tp: num_query_groups = 8 is neither a multiple nor a divisor of tp = 3"):
         assert sum(needle in m for m in found) == 1, (needle, found)
+
+
+@pytest.mark.parametrize("hardware", ["mi300z", "missing/dev.yaml"])
+def test_an_unknown_device_does_not_hide_the_sections_problems(tmp_path: Path, hardware: str) -> None:
+    """No device to check the layout against, but the model, training and plan sections are checked all the same:
+    a wrong value type and a misspelt key are listed with the device's problem (before, only the device was)."""
+    p = tmp_path / "exp.yaml"
+    p.write_text(GOOD.replace("hardware: mi300x", f"hardware: {hardware}").replace("seq_length: 4096", "seq_length: "
+                 "eight").replace("  tp: 2", "  tp: 2\n  tpp: 4"))
+    found = messages(p)
+    assert len(found) == 3, found
+    assert found[0].startswith("cluster.hardware: ") and ("unknown device" in found[0] or "not found" in found[0])
+    assert any(m.startswith("training.seq_length: Input should be a valid integer") for m in found), found
+    assert any(m.startswith("plan.tpp: unknown key") for m in found), found
