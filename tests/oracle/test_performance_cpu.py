@@ -367,6 +367,13 @@ def _report(what: str, measured: list[float], proj: Any, loads: list[float], lim
     return err
 
 
+def _summary(measured: list[float], proj: Any, loads: list[float]) -> str:
+    """The numbers of a failed comparison on one line (a CI log keeps the short summary when it cuts the output)."""
+    parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in proj.breakdown_s.items() if v > 0)
+    return (f"measured ms {[round(t * 1e3, 1) for t in measured]}, projected {proj.step_time_s * 1e3:.1f} ms "
+            f"({parts}), other processes {[round(c, 2) for c in loads]} cores")
+
+
 def measured_and_projected(machine: Machine, world: int, tmp: Path) -> tuple[list[float], Any, Path, list[float]]:
     """The rounds' measured steps, the projection from their calibrations, the device YAML and the loads; skips
     when the machine stays too busy."""
@@ -383,7 +390,7 @@ def test_single_process_step(machine: Machine, tmp_path: Path) -> None:
     err = _report("1 process", measured, proj, loads, SINGLE_LIMIT)
     if why := unresolved("1-process step", measured, SINGLE_LIMIT):
         pytest.skip(why)
-    assert abs(err) <= SINGLE_LIMIT
+    assert abs(err) <= SINGLE_LIMIT, _summary(measured, proj, loads)
 
 
 def test_two_process_data_parallel_step(machine: Machine, tmp_path: Path) -> None:
@@ -393,4 +400,4 @@ def test_two_process_data_parallel_step(machine: Machine, tmp_path: Path) -> Non
     err = _report("2 gloo processes (data parallel)", measured, proj, loads, DP_LIMIT)
     if why := unresolved("2-process step", measured, DP_LIMIT):
         pytest.skip(why)
-    assert abs(err) <= DP_LIMIT
+    assert abs(err) <= DP_LIMIT, _summary(measured, proj, loads)
