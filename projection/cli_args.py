@@ -211,6 +211,16 @@ def write_outputs(jobs: Sequence[tuple[str, str, Callable[[], object]]]) -> list
             except (ValueError, RuntimeError) as e:  # a picture format this matplotlib cannot write (or its tool)
                 raise ConfigError(Problem(f"cannot write output: {e}", key=flag, file=path,
                                           fix="choose another file name (a .png picture always works)")) from e
+        # a file set aside where a writer then made a folder (`--pp-vis rep` writes rep/<schedule>/ beside a file
+        # rep/<schedule>): the file would be lost under the folder, so the run is refused and undone
+        clashes = [o for o, _ in aside if o.is_dir() and not o.is_symlink()]
+        if clashes:
+            for c in clashes:  # all of it new (a file stood there): removed here, as the undo below keeps old names
+                remove_paths(sorted([*c.rglob("*"), c], key=lambda q: len(q.parts), reverse=True))
+            flag = next((f for f, path, _ in jobs if clashes[0].is_relative_to(Path(path).resolve())), jobs[0][0])
+            raise ConfigError(Problem(f"cannot write output: {clashes[0]} is a file, and this output needs a folder "
+                                      "of that name", key=flag, file=str(clashes[0]),
+                                      fix="move or rename that file, or choose another output folder"))
     except BaseException:  # a user error, or anything else: the run wrote nothing
         hidden = {h for _, h in aside}
         for out, old in before.items():

@@ -149,3 +149,18 @@ def test_an_output_that_cannot_be_set_aside_names_its_option() -> None:
     res = run("performance", "--config", CONFIG, "--trace", "/proc/version")
     assert_user_error(res, "/proc/version: key '--trace': cannot keep a copy of /proc/version",
                       "choose an output path in a folder you can write to")
+
+
+def test_a_file_where_an_output_needs_a_folder_is_refused_and_kept(tmp_path: Path) -> None:
+    """`--pp-vis rep` writes rep/<schedule>/: a file of that name was moved aside, replaced by the folder and dropped,
+    exit 0 (fuzz audit). Now the run is refused, naming the file, and the folder is left as it was."""
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "1f1b").write_text(OLD)
+    os.chmod(rep / "1f1b", 0o600)
+    before = snapshot(tmp_path)
+    res = run(*SCHEDULE, "--pp-vis", str(rep))
+    assert_user_error(res, f"{rep / '1f1b'}: key '--pp-vis': cannot write output: {rep / '1f1b'} is a file",
+                      "move or rename that file")
+    assert snapshot(tmp_path) == before
+    assert os.stat(rep / "1f1b").st_mode & 0o777 == 0o600
