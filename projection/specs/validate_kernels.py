@@ -1,7 +1,8 @@
 """What the attention and MoE kernels of a Megatron-family job refuse at start-up (called by
 specs/validate.layout_problems with its `bad`): context-parallel exchanges Transformer Engine does not run, the
 DeepEP dispatcher with experts padded to capacity, and what Megatron-LM refuses beside PyTorch FSDP2. Other jobs
-(TorchTitan's torch attention and dispatch, native and HF scenarios) have only the exchange's name checked."""
+(TorchTitan's torch attention and dispatch, native and HF scenarios) have the exchange's name and its own arithmetic
+checked (the hierarchical levels, Ulysses' whole heads per cp rank)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def kernel_problems(raw: RawScenario, model: ModelSpec, training: TrainingSpec, 
             f"give sizes whose product is {plan.cp}, e.g. [{inner}, {plan.cp // inner}]")
     if plan.cp > 1 and "a2a+p2p" in kinds:
         _hierarchical(model, plan, bad)  # TE's rules, whoever names the exchange
+    if plan.cp > 1 and "a2a" in kinds:
+        _ulysses_heads(model, plan, bad)  # the exchange's own arithmetic, whoever names it
     if training.fp8 is not None and (training.fp8.bf16_first_layers or training.fp8.bf16_last_layers):
         _bf16_layers(model, training.fp8, plan, bad)
     if not runs_megatron(raw.framework):  # Transformer Engine's and Megatron-Core's rules
@@ -85,19 +88,24 @@ def _cp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, kinds: lis
         bad("plan.cp", f"context parallelism (cp = {plan.cp}) needs Transformer Engine's fused or flash attention "
             "(Megatron's own attention and TE's unfused one do not run it)",
             "use --transformer-impl transformer_engine with a fused or flash attention backend, or cp 1")
-    if "a2a" in kinds:
-        # TE AttnFuncWithCPAndQKVOA2A: "The number of attention heads needs to be divisible by CP size!" (the heads
-        # and the KV heads of a TP rank)
-        heads = model.num_attention_heads // plan.tp
-        kv = heads if model.mla is not None else max(1, model.kv_heads // plan.tp)
-        if heads % plan.cp or kv % plan.cp:
-            bad("plan.cp_comm", f"the Ulysses all-to-all (a2a) splits heads over cp = {plan.cp}: a tensor-parallel "
-                f"rank holds {heads} heads and {kv} KV heads (Transformer Engine asserts both divide by cp)",
-                "use p2p or all_gather, or a cp that divides the heads and KV heads of a TP rank")
     if model.sliding_window and ("p2p" in kinds or "a2a+p2p" in kinds):
         # TE attn_forward_func_with_cp: sliding window attention only with cp_comm_type a2a or all_gather
         bad("plan.cp_comm", "a sliding window with the p2p context-parallel ring (Transformer Engine runs sliding "
             "windows under context parallelism with a2a or all_gather only)", "use --cp-comm-type a2a or all_gather")
+
+
+def _ulysses_heads(model: ModelSpec, plan: ParallelPlan, bad: Callable[[str, str, str], None]) -> None:
+    """The Ulysses all-to-all (a2a) gives each cp rank whole heads of its TP rank's, the full sequence of
+    heads / cp of them (Jacobs et al. 2023, DeepSpeed-Ulysses), so cp must divide the heads and the KV heads a TP
+    rank holds; TE AttnFuncWithCPAndQKVOA2A asserts it ("The number of attention heads needs to be divisible by CP
+    size!")."""
+    heads = model.num_attention_heads // plan.tp
+    kv = heads if model.mla is not None else max(1, model.kv_heads // plan.tp)
+    if heads % plan.cp or kv % plan.cp:
+        bad("plan.cp_comm", f"the Ulysses all-to-all (a2a) splits heads over cp = {plan.cp}: a tensor-parallel "
+            f"rank holds {heads} heads and {kv} KV heads, and each cp rank needs whole ones of both (Transformer "
+            "Engine asserts both divide by cp)", "use p2p or all_gather, or a cp that divides the heads and KV "
+            "heads of a TP rank")
 
 
 def _bf16_layers(model: ModelSpec, fp8: Fp8Spec, plan: ParallelPlan, bad: Callable[[str, str, str], None]) -> None:

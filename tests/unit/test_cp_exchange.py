@@ -154,7 +154,7 @@ def refused(tmp_path: Path, extra: str, nodes_gpus: tuple[int, int] = (1, CP)) -
 def test_what_transformer_engine_refuses_under_context_parallelism(tmp_path: Path) -> None:
     """Ulysses needs the heads and KV heads of a TP rank divisible by cp (TE asserts it); an unknown exchange, a
     per-layer list of the wrong length, a sliding window on the ring, and attention TE does not run are refused."""
-    assert "8 KV heads (Transformer Engine asserts both divide by cp)" in refused(
+    assert "8 KV heads, and each cp rank needs whole ones of both (Transformer Engine asserts" in refused(
         tmp_path, "--cp-comm-type a2a --context-parallel-size 16", (2, 8))
     assert "unknown context-parallel exchange ring" in refused(tmp_path, "--cp-comm-type ring")
     assert "2 context-parallel exchange types for 4 layers" in refused(tmp_path, "--cp-comm-type a2a p2p")
@@ -240,6 +240,20 @@ def test_a_native_scenario_naming_a2a_p2p_gets_tes_rules() -> None:
     sc = api.load(native, hardware="h100-sxm", overrides={"plan.cp": 2, "plan.cp_comm": "a2a+p2p",
                                                           "plan.cp_hierarchy": [1, 2]})
     assert project(sc).step_time_s > 0
+
+
+def test_a_native_scenario_naming_ulysses_needs_whole_heads_per_cp_rank() -> None:
+    """The Ulysses all-to-all gives each cp rank whole heads: a native scenario with 8 KV heads at cp 16 was priced
+    (fuzz audit); it is refused like Megatron's, at plan.cp_comm. cp 8 divides both and runs."""
+    from projection.errors import ProjectionError
+
+    native = Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml"
+    over = {"plan.cp_comm": "a2a", "plan.tp": 1, "plan.pp": 1}
+    with pytest.raises(ProjectionError) as e:
+        api.load(native, hardware="h100-sxm", nodes=2, overrides={**over, "plan.cp": 16})
+    (problem,) = e.value.problems
+    assert problem.key == "plan.cp_comm" and "holds 32 heads and 8 KV heads" in problem.message, problem
+    assert project(api.load(native, hardware="h100-sxm", nodes=1, overrides={**over, "plan.cp": 8})).step_time_s > 0
 
 
 def test_plan_keeps_the_all_to_all_group_on_another_cp(tmp_path: Path) -> None:
