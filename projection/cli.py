@@ -189,11 +189,38 @@ def _print_too_deep(argv: Sequence[str] | None) -> None:
 
 
 def _print_too_long_number(argv: Sequence[str] | None) -> None:
+    """Python refuses to read an integer of more than sys.get_int_max_str_digits() digits; say where it is: the
+    --set key or option that gave it, else the file and line (with the key written on that line)."""
+    limit = sys.get_int_max_str_digits()
     given = list(sys.argv[1:] if argv is None else argv)
+    too_long = re.compile(rf"\d{{{limit + 1},}}")
+    where = None
+    for i, arg in enumerate(given):
+        value = arg.partition("=")[2] if arg.startswith("--") else arg
+        if not too_long.search(value) or os.path.isfile(value):
+            continue
+        flag = arg.partition("=")[0] if arg.startswith("--") else given[i - 1] if i else "<command line>"
+        key = value.partition("=")[0] if flag == "--set" else None
+        where = f"{flag}: key {key!r}" if key else f"<command line>: key {flag!r}"
+        break
     files = [a for a in (x.partition("=")[2] if x.startswith("--") else x for x in given) if a and os.path.isfile(a)]
-    where = ", ".join(files) or "<command line>"
-    print(f"error: {where}: a number has more than {sys.get_int_max_str_digits()} digits (a config's numbers have a "
-          "few)\n    fix: correct the number (the file or a --set / command-line value)", file=sys.stderr)
+    for f in files if where is None else ():
+        try:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(1 << 26)
+        except OSError:
+            continue
+        found = too_long.search(text)
+        if found:
+            line_no = text.count("\n", 0, found.start()) + 1
+            # the last key written before the number on its line (YAML `k: v`, TOML `k = v`, JSON `"k": v`)
+            before = text[text.rfind("\n", 0, found.start()) + 1:found.start()]
+            keys = re.findall(r"[\"']?([A-Za-z_][-\w.]*)[\"']?\s*[:=]", before)
+            where = f"{f}:{line_no}" + (f": key {keys[-1]!r}" if keys else "")
+            break
+    print(f"error: {where or ', '.join(files) or '<command line>'}: a number has more than {limit} digits (a "
+          "config's numbers have a few)\n    fix: correct the number (the file or a --set / command-line value)",
+          file=sys.stderr)
 
 
 class StdoutError(OSError):

@@ -69,7 +69,16 @@ def test_numbers_past_pythons_digit_limit(tmp_path: Path, capsys: pytest.Capture
     text = (REPO / "examples" / "llama3_8b_inline.yaml").read_text(encoding="utf-8")
     path = tmp_path / "big.yaml"
     path.write_text(text.replace("hidden_size: 4096", "hidden_size: " + "9" * 5000), encoding="utf-8")
-    assert "a number has more than 4300 digits" in refused(capsys, ["memory", "--config", str(path)])
+    line = 1 + text[:text.index("hidden_size: 4096")].count("\n")
+    err = refused(capsys, ["memory", "--config", str(path)])
+    assert f"{path}:{line}: key 'hidden_size': a number has more than 4300 digits" in err, err
+    # a --set value is named by its key, not blamed on the config file (second fuzz audit)
+    err = refused(capsys, ["memory", "--config", str(REPO / "examples" / "llama3_8b_inline.yaml"),
+                           "--set", "plan.tp=" + "9" * 5000])
+    assert err.startswith("error: --set: key 'plan.tp': a number has more than 4300 digits"), err
+    hf = tmp_path / "config.json"
+    hf.write_text('{"hidden_size": ' + "9" * 5000 + ', "num_attention_heads": 32}\n', encoding="utf-8")
+    assert f"{hf}:1: key 'hidden_size': a number" in refused(capsys, ["memory", "--config", str(hf)])
 
 
 def test_torchtitan_compile_components_must_be_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
