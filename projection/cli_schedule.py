@@ -34,6 +34,8 @@ from projection.sim.api import rank_costs, simulate
 from projection.sim.result import SimResult
 from projection.units import parse_duration
 
+PNG_MAX_ACTIONS = 300_000  # --png: about 10 s of drawing (1F1B at pp 100 x 500 microbatches, 100,000 actions: 3 s)
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `schedule` to the top-level sub-parsers."""
@@ -187,6 +189,13 @@ def run(args: argparse.Namespace) -> int:
         problems = output_problems([("--trace", args.trace), ("--png", args.png)],
                                    [("--pp-vis", args.pp_vis)])
         problems += same_file_problems([("--csv", args.csv)], _output_files(args, sched))
+        n_actions = sum(len(t) for t in sched.actions)
+        if args.png and n_actions > PNG_MAX_ACTIONS:  # matplotlib draws ~30 us a bar: a minute at a million
+            problems.append(Problem(f"a timeline of {n_actions:,} actions is too many to draw (at most "
+                                    f"{PNG_MAX_ACTIONS:,}: a picture of {sched.n_ranks:,} ranks is a few pixels a "
+                                    "bar, drawn in minutes)", key="--png", file=COMMAND_LINE,
+                                    fix="drop --png and write --trace (Perfetto zooms into any size), or draw "
+                                    "fewer ranks or microbatches"))
         if problems:  # before any work, and before anything is written
             raise ConfigError(problems)
         if args.links != "none" and args.engine != "des":

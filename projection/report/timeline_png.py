@@ -12,6 +12,7 @@ from pathlib import Path
 from projection.errors import ConfigError, Problem
 from projection.sim.result import SimResult
 
+MAX_INCHES = 30.0  # the picture's largest side: 3,600 pixels at the default 120 dpi
 COLOURS = {"F": "#4c72b0", "B": "#8172b3", "I": "#dd8452", "W": "#55a868", "p2p": "#999999", "comm": "#c44e52"}
 
 
@@ -28,7 +29,10 @@ def write_timeline_png(result: SimResult, path: str | Path, *, title: str | None
                                   fix="pip install matplotlib, or drop --png")) from err
     n = result.n_ranks
     n_bars = sum(len(t) for t in result.timeline)
-    fig, ax = plt.subplots(figsize=(min(30.0, 10.0 + n_bars / 400), 1.2 + 0.45 * n))
+    # at most MAX_INCHES a side (a pp-1000 timeline was drawn 54,000 pixels tall: 195 M pixels, a minute); rows
+    # thinner than that, their labels thinned, and bars without edges where they are too many to see them
+    fig, ax = plt.subplots(figsize=(min(MAX_INCHES, 10.0 + n_bars / 400), min(MAX_INCHES, 1.2 + 0.45 * n)))
+    edge = 0.3 if n_bars <= 20_000 else 0.0
     step = result.step_time_s or 1.0
     for r, entries in enumerate(result.timeline):
         chunk = {s: k for k, s in enumerate(sorted(result.schedule.stages_of(r)))}
@@ -43,10 +47,11 @@ def write_timeline_png(result: SimResult, path: str | Path, *, title: str | None
                         va="center", fontsize=6, color="white")
         for (name, odd), spans in bars.items():
             y, h = (r - 0.4, 0.8) if name in "FBIW" else ((r + 0.25, 0.15) if name == "p2p" else (r + 0.4, 0.15))
-            ax.broken_barh(spans, (y, h), facecolors=COLOURS[name], edgecolor="white", linewidth=0.3,
+            ax.broken_barh(spans, (y, h), facecolors=COLOURS[name], edgecolor="white", linewidth=edge,
                            alpha=0.6 if odd else 1.0)
     ax.set_ylim(n - 0.4, -0.6)
-    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
+    every = -(-n // 64)  # at most 64 rank labels
+    ax.set_yticks(range(0, n, every), [f"rank {r}" for r in range(0, n, every)])
     ax.set_xlim(0, step)
     ax.set_xlabel("time (s)")
     ax.set_title(title or f"{result.schedule.name}: step {result.step_time_s:.4g} s, "

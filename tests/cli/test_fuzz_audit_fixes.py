@@ -149,3 +149,20 @@ def test_a_device_must_be_named_not_listed(tmp_path: Path, capsys: pytest.Captur
     path = tmp_path / "job.yaml"
     path.write_text(text.replace("hardware: mi300x", "hardware: [mi300x]"), encoding="utf-8")
     assert "key 'cluster.hardware': must be a device name" in refused(capsys, ["memory", "--config", str(path)])
+
+
+def test_a_timeline_too_large_to_draw_is_refused_before_the_simulation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`schedule --png` at pp 1000 x 1000 microbatches (allowed by the million-forward guard) drew for over a minute a
+    picture of 195 M pixels (fuzz audit): refused, naming --png, nothing written; the picture's sides are capped."""
+    from projection.report.timeline_png import MAX_INCHES
+
+    png = tmp_path / "t.png"
+    err = refused(capsys, ["schedule", "--schedule", "1f1b", "--pp", "1000", "--microbatches", "1000",
+                           "--png", str(png)])
+    assert "key '--png': a timeline of 2,000,000 actions is too many to draw" in err and not png.exists()
+    assert main(["schedule", "--schedule", "1f1b", "--pp", "200", "--microbatches", "8", "--png", str(png)]) == 0
+    from matplotlib.image import imread
+
+    height, width = imread(png).shape[:2]
+    assert max(height, width) <= MAX_INCHES * 120 and height > width / 4  # 200 ranks, capped, not a sliver
