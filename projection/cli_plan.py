@@ -15,6 +15,7 @@ import argparse
 import itertools
 import json
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from projection.cli_args import add_scenario_args, count_problems, load_scenario
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 
 NUMERIC = ("tp", "pp", "vpp", "cp", "ep", "mbs")  # positive whole numbers, one --flag each
+PROGRESS_AFTER_S, PROGRESS_EVERY_S = 2.0, 0.5  # a search's progress on a terminal: after 2 s, twice a second
 AXES = (*NUMERIC, "zero")  # zero: ZeRO stages 0-3, its own help
 
 
@@ -143,9 +145,31 @@ def _base_layout_note(args: argparse.Namespace, problems: list[Problem]) -> list
                         "in TorchTitan), or give --nodes for which they divide")]
 
 
+class Progress:
+    """`plan: 120 / 2,592 layouts` on a terminal's stderr while a search runs past PROGRESS_AFTER_S, redrawn at most
+    every PROGRESS_EVERY_S and cleared at the end; nothing where stderr is not a terminal (a log, a pipe, a test)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.t0, self.shown_s = stream, time.monotonic(), 0.0
+        self.on = bool(getattr(stream, "isatty", lambda: False)())
+
+    def update(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.on and now - self.t0 >= PROGRESS_AFTER_S and now - self.shown_s >= PROGRESS_EVERY_S:
+            self.stream.write(f"\rplan: {done:,} / {total:,} layouts")
+            self.stream.flush()
+            self.shown_s = now
+
+    def close(self) -> None:
+        if self.shown_s:
+            self.stream.write("\r\033[K")  # the line erased, so the table or the error starts clean
+            self.stream.flush()
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     from projection.perf.search import search_layouts
 
+    shown_progress = Progress(sys.stderr)
     try:
         values, problems = _values(args)
         problems += count_problems(args, ("nodes", "gpus_per_node"))
@@ -163,7 +187,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
             raise ConfigError([*err.problems, *_base_layout_note(args, err.problems)]) from None
         found = search_layouts(scenario, tp=values["tp"], pp=values["pp"], vpp=values["vpp"], cp=values["cp"],
                                ep=values["ep"], micro_batch_size=values["mbs"], recompute=values["recompute"],
-                               zero=values["zero"],
+                               zero=values["zero"], progress=shown_progress.update,
                                # each candidate on the cluster searched (a TorchTitan TOML that fixes its degrees
                                # would otherwise be loaded on as many GPUs as its degrees multiply to)
                                reload=lambda over: load_scenario(args, env, nodes=scenario.cluster.nodes,
@@ -171,6 +195,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     except ProjectionError as err:
         print(f"error: {err.render()}", file=sys.stderr)
         return 2
+    finally:
+        shown_progress.close()
     fits = [c for c in found if c.projection is not None]  # status "fits" or "at risk", fastest first
     # --top K: the K fastest projected layouts, whatever the format (README "projection plan"); the out-of-memory and
     # refused ones are all listed, in the table and in JSON alike

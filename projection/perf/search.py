@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,8 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
                    vpp: Sequence[int] | None = None, cp: Sequence[int] | None = None, ep: Sequence[int] | None = None,
                    micro_batch_size: Sequence[int] | None = None, recompute: Sequence[str] | None = None,
                    zero: Sequence[int] | None = None, cost_model: CostModel | None = None, engine: Engine = "des",
-                   reload: Reload | None = None) -> list[Candidate]:
+                   reload: Reload | None = None, progress: Callable[[int, int], None] | None = None
+                   ) -> list[Candidate]:
     """Every layout of the given values (the scenario's own for each one not given; a bare value is a list of one)
     on the scenario's cluster and global batch: the projected ones fastest first (status "fits" or "at risk", as
     `projection plan` ranks them), then out-of-memory ones (smallest peak first), then refused ones.
@@ -91,7 +92,8 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
     overrides in its own key space, with the arguments the scenario was loaded with (`api.reloader(path, hardware=...,
     nodes=..., overrides=...)`, what `projection plan` does); a candidate it loads on another cluster, device or model,
     or at another sequence length, is refused with ConfigError. TorchTitan and Primus candidates are built with it
-    (perf/search_reload.py), and without it TorchTitan jobs and Primus pipeline changes are refused."""
+    (perf/search_reload.py), and without it TorchTitan jobs and Primus pipeline changes are refused. progress: called
+    after each layout with (layouts done, layouts in all), as `projection plan` shows a long search on a terminal."""
     check_arguments("search_layouts", scenario, cost_model)
     tp, pp, vpp, cp, ep, micro_batch_size, recompute, zero = (
         _listed(v) for v in (tp, pp, vpp, cp, ep, micro_batch_size, recompute, zero))
@@ -116,9 +118,13 @@ def search_layouts(scenario: Scenario, *, tp: Sequence[int] | None = None, pp: S
         _check_supported(scenario, axes)
         reload = None
     given = {"vpp": vpp is not None, "mbs": micro_batch_size is not None, "zero": zero is not None}
-    out = [_candidate(scenario, *combo, recompute=g, zero=z, cost_model=cost_model, engine=engine, reload=reload,
-                      given=given)
-           for combo in _combos(axes) for g in granularities for z in stages]
+    todo = [(combo, g, z) for combo in _combos(axes) for g in granularities for z in stages]
+    out = []
+    for combo, g, z in todo:
+        out.append(_candidate(scenario, *combo, recompute=g, zero=z, cost_model=cost_model, engine=engine,
+                              reload=reload, given=given))
+        if progress is not None:
+            progress(len(out), len(todo))
     projected = sorted((c for c in out if c.projection is not None),
                        key=lambda c: c.projection.step_time_s)  # type: ignore[union-attr]
     oom = sorted((c for c in out if c.status == "out of memory"), key=lambda c: c.memory.peak_bytes)  # type: ignore

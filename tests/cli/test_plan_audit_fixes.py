@@ -113,3 +113,45 @@ def test_top_limits_the_fitting_layouts_in_json_as_in_the_table(capsys: pytest.C
     listed = [line for line in table[2:] if not line.startswith("refused")]
     assert len(listed) == 2 + sum(r["status"] == "out of memory" for r in rows)
     assert sum(line.startswith("refused") for line in table) == sum(r["status"] == "refused" for r in rows)
+
+
+class _Terminal:
+    """A stand-in for a terminal's stderr: what is written, and isatty() True."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_long_search_shows_its_progress_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A search of thousands of layouts ran for minutes printing nothing (fuzz audit): on a terminal, `plan: done /
+    all layouts` is redrawn while it runs (here from the first layout on) and erased before the table; a pipe or a
+    log gets nothing. The API's callback counts every layout once, in order."""
+    import projection.cli_plan as cli_plan
+    from projection.perf.search import search_layouts
+
+    config = str(REPO / "examples" / "llama3.1_70B-mi300x.yaml")
+    argv = ["plan", "--config", config, "--tp", "4,8", "--pp", "2,4", "--top", "1"]
+    assert main(argv) == 0
+    piped = capsys.readouterr()
+    assert "plan:" not in piped.err and "layouts of" in piped.out
+    monkeypatch.setattr(cli_plan, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(cli_plan, "PROGRESS_EVERY_S", 0.0)
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(argv) == 0
+    assert terminal.text == "".join(f"\rplan: {i} / 4 layouts" for i in range(1, 5)) + "\r\033[K", terminal.text
+    assert capsys.readouterr().out == piped.out
+    calls: list[tuple[int, int]] = []
+    search_layouts(api.load(config), tp=[4, 8], pp=[2, 4], progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(i, 4) for i in range(1, 5)]
