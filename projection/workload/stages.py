@@ -116,9 +116,14 @@ def _uneven_counts(n: int, pp: int, vpp: int, first: int | None, last: int | Non
     given = (first or 0) + (last or 0)
     middle_ranks = pp - (first is not None) - (last is not None)
     rest = n - given
-    if rest < 0 or (middle_ranks == 0 and rest != 0) or (middle_ranks > 0 and rest % middle_ranks):
-        raise LayoutError(f"first/last stage layers ({first}, {last}) leave {rest} layers for {middle_ranks} middle "
-                          "stages: not an even split")
+    if rest < 0:
+        raise LayoutError(f"first/last stage layers ({first}, {last}) add up to {given}, more than the model's {n} "
+                          "layers")
+    if (middle_ranks == 0 and rest != 0) or (middle_ranks > 0 and rest % middle_ranks):
+        others = f"the other {middle_ranks} pipeline rank{'s' if middle_ranks > 1 else ''}"
+        raise LayoutError(f"first/last stage layers ({first}, {last}) leave {rest} of the {n} layers for "
+                          + (f"{others}, which share them evenly: not an even split" if middle_ranks else
+                             "no other pipeline rank (the two stages must hold all of them)"))
     per_rank = [rest // middle_ranks if middle_ranks else 0] * pp
     if first is not None:
         per_rank[0] = first

@@ -58,8 +58,14 @@ def test_account_for_embedding_and_loss() -> None:
 def test_uneven_first_last() -> None:
     assert layer_counts(model(61), ParallelPlan(pp=8, first_stage_layers=5, last_stage_layers=2)) == \
         [5, 9, 9, 9, 9, 9, 9, 2]
-    with pytest.raises(LayoutError):
+    with pytest.raises(LayoutError, match="leave 53 of the 60 layers for the other 6 pipeline ranks"):
         layer_counts(model(60), ParallelPlan(pp=8, first_stage_layers=5, last_stage_layers=2))
+    # pp 2 has no middle stage: the messages say what is wrong (they said "-8 layers for 1 middle stages")
+    with pytest.raises(LayoutError, match="add up to 40, more than the model's 32 layers"):
+        layer_counts(model(32), ParallelPlan(pp=2, first_stage_layers=40))
+    with pytest.raises(LayoutError, match="leave 14 of the 32 layers for no other pipeline rank"):
+        layer_counts(model(32), ParallelPlan(pp=2, first_stage_layers=9, last_stage_layers=9))
+    assert layer_counts(model(32), ParallelPlan(pp=2, first_stage_layers=9)) == [9, 23]
 
 
 def test_uneven_not_divisible() -> None:
