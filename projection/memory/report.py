@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from projection.frozen import frozen_fields
 from projection.memory.allocator import EXPANDABLE_PAGE_BYTES, FRAGMENTATION_OF_ACTIVATIONS
 from projection.specs.scenario import Scenario
 
@@ -30,6 +31,9 @@ class RankMemory:
     layers: int = 0
     # virtual stage -> the activations one microbatch leaves saved on it between its forward and backward
     microbatch_activation_bytes: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:  # a result cannot be changed in place (a notebook's edit would go unnoticed)
+        frozen_fields(self, "bytes", "terms", "inflight", "microbatch_activation_bytes")
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class MemoryReport:
             "peak_rank": self.peak_rank,
             "allocator": "expandable_segments" if sc.training.kernels.expandable_segments else "default",
             "ranks": [{"pp_rank": r.pp_rank, "peak_bytes": r.peak_bytes, "reserved_bytes": r.reserved_bytes,
-                       "cpu_bytes": r.cpu_bytes, "bytes": r.bytes, "terms": r.terms,
+                       "cpu_bytes": r.cpu_bytes, "bytes": dict(r.bytes), "terms": dict(r.terms),
                        "inflight_microbatches": {str(k): v for k, v in r.inflight.items()}, "layers": r.layers}
                       for r in self.ranks],
         }

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from projection.errors import count_of
+from projection.frozen import frozen_fields
 from projection.memory.report import MemoryReport
 from projection.perf.dp import DPComm
 from projection.perf.pricing import PricedStages
@@ -76,6 +77,9 @@ class Projection:
     dp: DPComm = field(repr=False)
     notes: tuple[str, ...] = ()
     rounds: int = 1  # back-to-back runs of `sim` in one step (TorchTitan gradient accumulation under pp: perf/rounds)
+
+    def __post_init__(self) -> None:  # a result cannot be changed in place (a notebook's edit would go unnoticed)
+        frozen_fields(self, "breakdown_s", "comm_total_s", "provenance")
 
     @property
     def model_tflops_per_gpu_causal(self) -> float:
