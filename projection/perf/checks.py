@@ -27,11 +27,15 @@ from projection.workload.ops_mlp import ROUTER_TOPK
 CHECKS = ("isnan", "isinf")
 
 
+def check_ops(name: str) -> list[Op]:
+    """isnan and isinf of one scalar: the kernels."""
+    return [Op(f"{name}.{check}", "memory_bound", "F", dtype="fp32", bytes_read=4, bytes_written=1) for check in CHECKS]
+
+
 def scalar_check_items(name: str, compute_s: Callable[[Op], float]) -> list[Item]:
     """isnan and isinf of one scalar, each read by the host."""
     items: list[Item] = []
-    for check in CHECKS:
-        op = Op(f"{name}.{check}", "memory_bound", "F", dtype="fp32", bytes_read=4, bytes_written=1)
+    for op in check_ops(name):
         items += [run("memory_bound", compute_s(op)), sync()]
     return items
 

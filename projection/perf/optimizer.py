@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import math
 
-from projection.cost.model import CostModel
+from projection.cost.collectives import CollectiveKind, GroupPlacement
+from projection.cost.model import CostModel, priced_collective
 from projection.memory.model_states import shard_groups
 from projection.perf.action_time import Item, blocking, run, run_items, sync
 from projection.perf.checks import grad_check_items
@@ -162,8 +163,35 @@ def shard_tensors(tensors: int, n_buckets: int, d: int) -> float:
     return min(float(tensors), (tensors + n_buckets * (d - 1)) / d)
 
 
-def optimizer_step_seconds(scenario: Scenario, cost_model: CostModel) -> tuple[float, ...]:
-    """Seconds of the optimizer step per pipeline rank (update, gradient norm and its all-reduce, host issue)."""
+def optimizer_step_seconds(scenario: Scenario, cost_model: CostModel, sources: dict[str, float] | None = None
+                           ) -> tuple[float, ...]:
+    """Seconds of the optimizer step per pipeline rank (update, gradient norm and its all-reduce, host issue);
+    `sources` gets every pipeline rank's priced seconds under their cost sources (the host-link copies of an
+    offloaded optimizer are the device YAML's link, no cost model's)."""
     host_s = host_issue(scenario, cost_model)[0]
-    return tuple(run_items(optimizer_items(scenario, cost_model, r), host_s).seconds
+    priced = cost_model if sources is None else _Sourced(cost_model, sources)
+    return tuple(run_items(optimizer_items(scenario, priced, r), host_s).seconds
                  for r in range(scenario.plan.pp))
+
+
+class _Sourced:
+    """A cost model that adds each price it gives to `sources` under its cost source (the optimizer prices every
+    kernel once as its step runs it; the norm all-reduce, which the logging options repeat, once)."""
+
+    def __init__(self, model: CostModel, sources: dict[str, float]) -> None:
+        self.model, self.sources = model, sources
+
+    def op_seconds(self, op: Op) -> float:
+        seconds = self.model.op_seconds(op)
+        label = self.model.provenance(op)
+        self.sources[label] = self.sources.get(label, 0.0) + seconds
+        return seconds
+
+    def collective_seconds(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> float:
+        return priced_collective(self.model, kind, size_bytes, group, self.sources)
+
+    def provenance(self, op: Op) -> str:
+        return self.model.provenance(op)
+
+    def collective_provenance(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> str:
+        return self.model.collective_provenance(kind, size_bytes, group)

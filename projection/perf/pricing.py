@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from projection.cost.collectives import GroupPlacement
-from projection.cost.model import CostModel
+from projection.cost.model import CostModel, priced_collective
 from projection.memory.offload import layer_offload_splits
 from projection.perf.action_time import ActionTime, add_times, run_items
-from projection.perf.checks import scalar_check_items, token_count_syncs
+from projection.perf.checks import check_ops, scalar_check_items, token_count_syncs
 from projection.perf.costmodel import framework_host_factors, host_issue
 from projection.perf.fsdp_sizes import FsdpSizes
 from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
@@ -251,10 +251,15 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
                 mine[label] = mine.get(label, 0.0) + compute_s(e.op)
             mflop += sum(o.total_flop for o in ops if not o.recompute)
             rflop += sum(o.total_flop * _noncausal_factor(o) for o in rec)
-            for o in ops:
+            # every op the actions run: the forward, the recomputed forward, and the backward with the main-gradient
+            # adds of unfused accumulation and of the hooked parameters (an audit found those two left out)
+            for o in [*fwd, *rec, *(e.op for e in bwd)]:
                 label = _label(cost_model, o)
                 mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
         checks = scalar_check_items("loss", compute_s) if slot.loss and training.loss_nan_checks else []
+        for o in check_ops("loss") if checks else ():
+            label = _label(cost_model, o)
+            mine[label] = mine.get(label, 0.0) + compute_s(o)
         # the framework host factor is measured on a layer's compute kernels: collectives and copies keep host_s
         f = run_items(builder.items(fwd_units, False) + checks, host_s * host_f, host_s)
         i = run_items(builder.items(i_units[::-1], True), host_s * host_b, host_s)
@@ -268,7 +273,10 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         priced[key] = (out[-1], mine)
         for k, v in mine.items():
             prov[k] = prov.get(k, 0.0) + v
-    p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out, groups["tp"])
+    p2p_sources: dict[str, float] = {}
+    p2p_bytes, fwd_s, places = _p2p(scenario, cost_model, out, groups["tp"], p2p_sources)
+    for k, v in p2p_sources.items():  # each boundary crossed twice a microbatch: activation forward, gradient back
+        prov[k] = prov.get(k, 0.0) + 2 * v
     return PricedStages(plan.schedule, tuple(out), fwd_s, fwd_s, p2p_bytes, places, plan.schedule in SPLIT_BACKWARD,
                         host_s, prov, host_source, (host_f, host_b))
 
@@ -322,21 +330,27 @@ def _with_grad_accumulation(bwd: list[Op], training: TrainingSpec) -> list[Op]:
     return out
 
 
-def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice], tp_group: GroupPlacement
-         ) -> tuple[int, tuple[float, ...], tuple[GroupPlacement, ...]]:
+def _p2p(scenario: Scenario, cost_model: CostModel, stages: Sequence[StagePrice], tp_group: GroupPlacement,
+         sources: dict[str, float]) -> tuple[int, tuple[float, ...], tuple[GroupPlacement, ...]]:
+    """The boundary tensor's bytes, each boundary's send seconds (one direction) and placement; `sources` gets each
+    boundary's seconds under its cost source."""
     plan, training, model = scenario.plan, scenario.training, scenario.model
     tokens = training.micro_batch_size * training.seq_length // plan.cp // (plan.tp if plan.sp_ else 1)
     size = tokens * model.hidden_size * DTYPE_BYTES[training.params_dtype]
-    sent, gather = size, 0.0
+    sent = size
     if plan.p2p_scattered:  # Narayanan et al. 2021 §4.1: each TP rank sends size / tp over its own link, and the
         # receiver all-gathers the tp chunks over its TP group before the pass (Megatron 2021 gather_split_1d_tensor)
         sent = size // plan.tp
-        gather = cost_model.collective_seconds("all_gather", size, tp_group)
     secs, places = [], []
     for a, b in zip(stages, stages[1:], strict=False):
         place = boundary_placement(scenario.cluster, plan, a.pp_rank, b.pp_rank)
         places.append(place)
-        secs.append(cost_model.collective_seconds("send_recv", sent, place) + gather if place.n_ranks > 1 else 0.0)
+        if place.n_ranks > 1:
+            gather = priced_collective(cost_model, "all_gather", size, tp_group, sources) if plan.p2p_scattered \
+                else 0.0
+            secs.append(priced_collective(cost_model, "send_recv", sent, place, sources) + gather)
+        else:
+            secs.append(0.0)
     return size, tuple(secs), tuple(places)
 
 

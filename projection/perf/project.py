@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -110,7 +110,8 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
         if "must be finite" not in str(e):
             raise
         raise _not_finite(sc, str(e)) from None
-    opt = optimizer_step_seconds(sc, cm)
+    opt_sources: dict[str, float] = {}
+    opt = optimizer_step_seconds(sc, cm, opt_sources)
     pg = param_gather_exposed_s(dp, priced, sched, sim)
     tails = [o + g for o, g in zip(_per_schedule_rank(opt, sched), pg, strict=True)]
     step = sim.step_time_s + max(tails, default=0.0)
@@ -118,7 +119,7 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
         raise _not_finite(sc, f"the step takes {step} s")
     notes = _unmodelled(sc) + _foreign_calibration(sc, cm) + _partial_calibration(sc, cm)
     memory = _memory(sc, notes)
-    return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes)
+    return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes, opt_sources)
 
 
 def _not_finite(sc: Scenario, what: str) -> ConfigError:
@@ -309,7 +310,7 @@ def _peak(sc: Scenario) -> tuple[str, float]:
 
 def _assemble(sc: Scenario, sched: Schedule, engine: str, priced: PricedStages, dp: DPComm, sim: SimResult,
               step: float, tails: list[float], opt: Sequence[float], pg: Sequence[float],
-              memory: MemoryReport | None, notes: list[str]) -> Projection:
+              memory: MemoryReport | None, notes: list[str], opt_sources: Mapping[str, float]) -> Projection:
     plan, training = sc.plan, sc.training
     world = sc.world_size
     m = training.num_microbatches(plan.dp_())
@@ -323,9 +324,10 @@ def _assemble(sc: Scenario, sched: Schedule, engine: str, priced: PricedStages, 
     breakdown["comm.dp"] += pg[busiest]
     breakdown["bubble"] += max(tails, default=0.0) - tails[busiest]
     path = tuple(str(a) for a in sim.critical_path) + (("optimizer",) if max(tails, default=0.0) > 0 else ())
-    # the stages' ops once per microbatch, the data-parallel buckets once per step (both over every pp rank)
+    # the stages' ops and p2p once per microbatch, the data-parallel buckets and the optimizer step once per step
+    # (all over every pp rank); the host's issue time is no cost model's and not among them
     seconds = {k: v * m for k, v in priced.provenance.items()}
-    for k, v in dp.provenance.items():
+    for k, v in (*dp.provenance.items(), *opt_sources.items()):
         seconds[k] = seconds.get(k, 0.0) + v
     total_prov = sum(seconds.values()) or 1.0
     prov = {k: v / total_prov for k, v in seconds.items()}
