@@ -122,6 +122,21 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes, opt_sources)
 
 
+def _critical_path(sim: SimResult, tails: Sequence[float], pg: Sequence[float]) -> tuple[str, ...]:
+    """The simulation's compute actions on its longest path, then what ends the step after them: a communication
+    task that outlasts every compute action (the gradient reduction after the last backward), and the slowest
+    rank's optimizer step and exposed parameter all-gather (an audit found the step's last 0.13 s unnamed)."""
+    path = tuple(str(a) for a in sim.critical_path)
+    comm = sim.run.comm
+    if comm and max(c[3] for c in comm) > max(sim.run.end, default=0.0):
+        rank, name = max(comm, key=lambda c: c[3])[:2]
+        path += (f"{name} on rank {rank}",)
+    t = max(range(len(tails)), key=lambda r: tails[r], default=-1)
+    if t >= 0 and tails[t] > 0:
+        path += (("optimizer",) if tails[t] > pg[t] else ()) + (("param all-gather (exposed)",) if pg[t] > 0 else ())
+    return path
+
+
 def _not_finite(sc: Scenario, what: str) -> ConfigError:
     """Seconds that overflow come from a device or calibration value out of any physical range (a time of 1e300 s,
     a rate of 1e-300 B/s): a user error in those files, not a result."""
@@ -323,7 +338,7 @@ def _assemble(sc: Scenario, sched: Schedule, engine: str, priced: PricedStages, 
     breakdown["optimizer"] = opt[busiest] if busiest < len(opt) else 0.0
     breakdown["comm.dp"] += pg[busiest]
     breakdown["bubble"] += max(tails, default=0.0) - tails[busiest]
-    path = tuple(str(a) for a in sim.critical_path) + (("optimizer",) if max(tails, default=0.0) > 0 else ())
+    path = _critical_path(sim, tails, pg)
     # the stages' ops and p2p once per microbatch, the data-parallel buckets and the optimizer step once per step
     # (all over every pp rank); the host's issue time is no cost model's and not among them
     seconds = {k: v * m for k, v in priced.provenance.items()}

@@ -1,0 +1,35 @@
+"""The critical path names what ends the step: after its last compute action, the gradient reduction that outlasts
+it, then the slowest rank's optimizer step and exposed parameter all-gather. An audit found the 8B example's path
+ending at `0B31` (9.646 s) while the step ran to 9.791 s: 0.089 s of data-parallel reduction and 0.044 s of
+parameter all-gather unnamed. Checked against the simulated timeline, entry by entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.perf import project
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("example", ["llama3_8b_inline.yaml", "llama3.1_70B-mi300x.yaml"])
+def test_the_path_runs_to_the_end_of_the_step(example: str) -> None:
+    p = project(api.load(EXAMPLES / example))
+    entries = [e for rank in p.sim.timeline for e in rank]
+    path = list(p.critical_path)
+    tail = path[path.index("optimizer"):] if "optimizer" in path else []
+    body = path[:len(path) - len(tail)]
+    last_compute = max(e.end_s for e in entries if e.stream == "compute")
+    comm_end = max((e.end_s for e in entries if e.stream == "comm"), default=0.0)
+    if comm_end > last_compute:  # the reduction after the last backward ends the simulated step: it is named
+        name, _, rank = body.pop().rpartition(" on rank ")
+        ends = [e.end_s for e in p.sim.timeline[int(rank)] if e.stream == "comm" and e.label == name]
+        assert max(ends) == pytest.approx(p.sim.step_time_s)
+    assert body and all(" on rank " not in a for a in body)  # the rest are the simulation's compute actions
+    # after the simulation: the slowest rank's optimizer and exposed gather, as step_time_s adds them
+    assert tail == (["optimizer"] if max(p.optimizer_s) > 0 else []) + \
+        (["param all-gather (exposed)"] if max(p.param_gather_exposed_s) > 0 else [])
+    assert p.step_time_s > p.sim.step_time_s
