@@ -562,23 +562,33 @@ def test_hardware_flops_with_full_recompute_are_narayanans_f96(pp: int, tp: int)
     assert p.hardware_flops_per_step == pytest.approx(f96, rel=1e-9)
 
 
-@pytest.mark.parametrize(("pp", "tp"), [(1, 1), (2, 2)])
-def test_hardware_flops_with_selective_recompute_add_one_attention_core_forward(pp: int, tp: int) -> None:
+@pytest.mark.parametrize(("pp", "tp", "vpp", "cp", "gpn"), [(1, 1, None, 1, 8), (2, 2, None, 1, 8),
+                                                            (2, 1, 2, 1, 8), (1, 2, None, 2, 8), (2, 2, 2, 2, 16)])
+def test_hardware_flops_with_selective_recompute_add_one_attention_core_forward(
+        pp: int, tp: int, vpp: int | None, cp: int, gpn: int) -> None:
     """Selective recompute of the attention core (Korthikanti et al. 2022 §5): the hardware FLOPs are the model
     FLOPs plus one more forward of QK^T and of the probabilities times V in every layer, 2 x 2 B s^2 h (over the full
     s x s, the convention of the model FLOPs), and nothing else is recomputed: a first-principles count of the two
-    recomputed GEMMs, not a formula taken from the paper."""
+    recomputed GEMMs, not a formula taken from the paper; under interleaving, context parallelism and data
+    parallelism alike (each splits the same work). HFU and hardware TFLOP/s/GPU are those FLOPs over the step, the
+    GPUs and the device's dense peak."""
     b, s, l, h, v = 32, 1024, 8, 1024, 32768  # noqa: E741
     model = ModelSpec(num_layers=l, hidden_size=h, num_attention_heads=16, ffn_hidden_size=4 * h, gated_mlp=False,
                       activation="gelu", vocab_size=v, vocab_divisible_by=128)
     from projection.specs.plan import RecomputeSpec
 
-    sc = scenario(pp=pp, tp=tp, gbs=b, seq=s)
+    sc = scenario(pp=pp, tp=tp, vpp=vpp, cp=cp, gpn=gpn, gbs=b, seq=s,
+                  schedule="interleaved_1f1b" if vpp else "1f1b")
     plan = sc.plan.model_copy(update={"recompute": RecomputeSpec(granularity="selective", modules=["core_attn"])})
     p = project(sc.model_copy(update={"model": model, "plan": plan}))
     f72 = 72.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    hardware = f72 + 4.0 * b * s * s * h * l
     assert p.model_flops_per_step == pytest.approx(f72, rel=1e-9)
-    assert p.hardware_flops_per_step == pytest.approx(f72 + 4.0 * b * s * s * h * l, rel=1e-9)
+    assert p.hardware_flops_per_step == pytest.approx(hardware, rel=1e-9)
+    peak = QUIET.peak_flop_per_s["bf16"]
+    assert p.world_size == gpn and p.peak_flop_per_s == peak
+    assert p.hardware_tflops_per_gpu == pytest.approx(hardware / p.step_time_s / gpn / 1e12, rel=1e-9)
+    assert p.hfu == pytest.approx(hardware / (p.step_time_s * gpn * peak), rel=1e-9)
 
 
 def test_fp8_mfu_is_quoted_against_the_fp8_peak() -> None:
