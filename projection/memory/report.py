@@ -71,7 +71,7 @@ class MemoryReport:
     def to_table(self) -> str:
         sc = self.scenario
         head = (f"Memory per GPU: {sc.source} on {sc.world_size} x {sc.cluster.device.name} "
-                f"({self.capacity_bytes / GiB:.1f} GiB HBM)")
+                f"({self.capacity_bytes / GiB:.2f} GiB HBM)")
         cols = ["pp_rank", "layers", "inflight", *CATEGORIES, "peak", "reserved"]
         rows = [cols]
         for r in self.ranks:
@@ -79,7 +79,10 @@ class MemoryReport:
                          *[f"{r.bytes[c] / GiB:.2f}" for c in CATEGORIES], f"{r.peak_bytes / GiB:.2f}",
                          f"{r.reserved_bytes / GiB:.2f}"])
         widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-        lines = [head, "(GiB; inflight = microbatches whose activations are live at the rank's peak)", ""]
+        # with model chunks (vpp > 1) a microbatch holds one activation set per chunk it is in: counted per chunk
+        what = ("(microbatch, model chunk) activation sets live at the rank's peak, each one chunk's layers"
+                if sc.plan.vpp_ > 1 else "microbatches whose activations are live at the rank's peak")
+        lines = [head, f"(GiB; inflight = {what})", ""]
         lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
         cpu = max(r.cpu_bytes for r in self.ranks)
         lines += ["", f"Peak allocated {self.peak_bytes / GiB:.2f} GiB on pp_rank {self.peak_rank}; reserved "

@@ -49,3 +49,44 @@ def test_the_optimizer_steps_buffers_are_listed_where_they_are_the_peak() -> Non
         "optimizer": OptimizerSpec(main_grads_dtype="bf16")})})
     report = estimate_memory(sc, runtime=replace(runtime_for(sc), megatron=True))
     assert report.ranks[0].bytes["other"] > 0 and "other" in _closed(report)
+
+
+def _rebuilt(text: str) -> list[tuple[int, int, int]]:
+    """Per rank, from the printed numbers only: (the sum of the stages' in-flight x saved lines, the printed saved
+    total, the sum of the printed activations.* addends); asserts each stage line's product and per-layer split."""
+    import re
+
+    out, stages, total, addends = [], 0, 0, 0
+    for line in text.splitlines() + ["pp_rank end"]:
+        if line.startswith("pp_rank "):
+            if total:
+                out.append((stages, total, addends))
+            stages = total = addends = 0
+        elif m := re.match(r"\s+stage \d+ \((\d+) layers?([^,)]*)(?:, ([\d,]+) a layer)?\): (\d+) x ([\d,]+) = ([\d,]+)$",
+                           line):
+            layers, per_layer = int(m[1]), int((m[3] or "0").replace(",", ""))
+            n, each, product = int(m[4]), int(m[5].replace(",", "")), int(m[6].replace(",", ""))
+            assert n * each == product, line
+            assert not per_layer or per_layer * layers == each, line
+            stages += product
+        elif m := re.match(r"\s+= saved activations \(the activations\.\* terms\)\s+([\d,]+)$", line):
+            total = int(m[1].replace(",", ""))
+        elif m := re.match(r"\s+activations\.\w+\s+([\d,]+)$", line):
+            addends += int(m[1].replace(",", ""))
+        elif m := re.match(r"\s+weights \(params\).*P_dense=(\d+), P_expert=(\d+).* -> ([\d,]+)$", line):
+            assert 2 * (int(m[1]) + int(m[2])) == int(m[3].replace(",", "")), line  # bf16 weights, in full
+    return out
+
+
+def test_the_saved_activations_are_rebuilt_from_the_printed_numbers() -> None:
+    """--explain prints, per virtual stage, the microbatches in flight times one microbatch's saved bytes after
+    recompute, which add up to the activations.* terms; an audit found only the size before recompute printed (17x
+    the real one under full recompute) and parameter counts to 6 digits."""
+    full = ["plan.recompute.granularity=full", "plan.recompute.method=uniform", "plan.recompute.num_layers=1"]
+    for over in (None, full, ["training.fp8.format=hybrid"]):
+        report = estimate_memory(api.load(EXAMPLE, overrides=over))
+        rebuilt = _rebuilt(explain(report))
+        assert len(rebuilt) == len(report.ranks), over
+        for r, (stages, total, addends) in zip(report.ranks, rebuilt, strict=True):
+            assert stages == total == addends, (over, r.pp_rank, stages, total, addends)
+            assert total == sum(v for k, v in r.terms.items() if k.startswith("activations."))
