@@ -51,6 +51,9 @@ def test_the_optimizer_steps_buffers_are_listed_where_they_are_the_peak() -> Non
     assert report.ranks[0].bytes["other"] > 0 and "other" in _closed(report)
 
 
+STAGE_LINE = r"\s+stage \d+ \((\d+) layers?([^,)]*)(?:, ([\d,]+) a layer)?\): (\d+) x ([\d,]+) = ([\d,]+)$"
+
+
 def _rebuilt(text: str) -> list[tuple[int, int, int]]:
     """Per rank, from the printed numbers only: (the sum of the stages' in-flight x saved lines, the printed saved
     total, the sum of the printed activations.* addends); asserts each stage line's product and per-layer split."""
@@ -62,8 +65,7 @@ def _rebuilt(text: str) -> list[tuple[int, int, int]]:
             if total:
                 out.append((stages, total, addends))
             stages = total = addends = 0
-        elif m := re.match(r"\s+stage \d+ \((\d+) layers?([^,)]*)(?:, ([\d,]+) a layer)?\): (\d+) x ([\d,]+) = ([\d,]+)$",
-                           line):
+        elif m := re.match(STAGE_LINE, line):
             layers, per_layer = int(m[1]), int((m[3] or "0").replace(",", ""))
             n, each, product = int(m[4]), int(m[5].replace(",", "")), int(m[6].replace(",", ""))
             assert n * each == product, line
