@@ -169,3 +169,42 @@ def test_hooked_vector_tensors_of_a_gpt_layer() -> None:
     hooked = stage_params(model, plan, slot).hooked
     assert {int(n[5:]): k for n, k, _ in hooked if n.startswith("layer")} == hf == {0: 8, 1: 8}
     assert dict((n, k) for n, k, _ in hooked if not n.startswith("layer")) == {"embedding": 2, "output": 2}
+
+
+def _hf_component(name: str) -> str:
+    """The component of `projection inspect` a transformers parameter belongs to, by its name; norms inside the
+    attention module (Qwen3's q/k norms, MLA's q_a / kv_a layernorms) are attention's, as Megatron-Core holds them
+    in its attention module."""
+    import re
+
+    if "embed_tokens" in name:
+        return "embedding"
+    if name.startswith("lm_head"):
+        return "output"
+    if "shared_expert" in name:
+        return "shared_experts"
+    if ".experts." in name:
+        return "experts"
+    if re.search(r"\.(mlp|block_sparse_moe)\.gate\.", name) or "e_score_correction_bias" in name:
+        return "router"
+    if ".self_attn." in name:
+        return "attention"
+    if "layernorm" in name or name == "model.norm.weight":
+        return "norms"
+    if ".mlp." in name:
+        return "dense_mlp"
+    raise AssertionError(f"no component for {name}")
+
+
+@pytest.mark.skipif(not HF_FILES, reason="shared fixtures absent (user clone)")
+@pytest.mark.parametrize("path", HF_FILES, ids=lambda p: p.stem)
+def test_params_by_component_equal_transformers_by_name(path: Path) -> None:
+    """`projection inspect`'s by-component counts (embedding, attention, dense MLP, router, experts, shared experts,
+    norms, output) equal the transformers model's parameters grouped by name (the totals alone could hide a
+    parameter counted under the wrong component)."""
+    model, hf_cfg = _hf_fixture_model(path)
+    hf: dict[str, int] = {}
+    for name, p in meta_model(hf_cfg).named_parameters():
+        hf[_hf_component(name)] = hf.get(_hf_component(name), 0) + p.numel()
+    ours = {k: v for k, v in model_params(model).items() if v and k != "mtp"}  # transformers builds no MTP
+    assert ours == hf
