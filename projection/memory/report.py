@@ -88,6 +88,9 @@ class MemoryReport:
         lines += ["", f"Peak allocated {self.peak_bytes / GiB:.2f} GiB on pp_rank {self.peak_rank}; reserved "
                       f"{self.reserved_bytes / GiB:.2f} GiB ({self.allocator}); headroom "
                       f"{self.headroom_bytes / GiB:.2f} GiB -> {self.verdict.upper()}"]
+        if self.headroom_bytes < 0 and self.verdict == "at risk":
+            lines.append("(the reserved peak exceeds HBM: the allocated peak fits only if the caching allocator frees "
+                         "its cached blocks and retries, slowly, or with expandable segments)")
         if cpu:
             lines.append(f"CPU (offloaded optimizer state and activations, pinned host memory) per rank: "
                          f"{cpu / GiB:.2f} GiB")
