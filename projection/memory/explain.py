@@ -15,6 +15,7 @@ import sympy as sp
 
 from projection.memory import activations as act
 from projection.memory.model_states import shard_groups
+from projection.memory.offload import layer_offload_splits
 from projection.memory.report import MemoryReport
 from projection.specs.scenario import Scenario
 from projection.specs.training import DTYPE_BYTES
@@ -130,14 +131,19 @@ def _inflight_lines(sc: Scenario, inflight: Mapping[int, int], per_microbatch: M
     after recompute (its layers, and the embedding or loss where the stage has them), summing to the activations.*
     terms above the working set's (an audit found the per-layer size before recompute the only one printed)."""
     slots = {slot.stage: slot for slot in split_stages(sc.model, sc.plan)}
+    memo: dict[tuple[object, ...], tuple[float, float]] = {}
     out = ["  saved at the peak, per virtual stage: in flight x one microbatch's saved bytes after recompute"]
     total = 0
     for stage, n in sorted(inflight.items()):
         slot, each = slots[stage], per_microbatch.get(stage, 0)
         parts = [f"{len(slot.layers)} layer{'s' if len(slot.layers) != 1 else ''}",
                  *(["embedding"] if slot.embedding else []), *(["loss"] if slot.loss else [])]
-        a_layer = f", {each // len(slot.layers):,} a layer" if slot.layers and not (slot.embedding or slot.loss) \
-            else ""
+        # what one layer keeps, where the stage holds layers alone and all keep the same (not a mean over mixed
+        # layers: a block recompute keeps some whole, others their inputs)
+        kept = {int(resident) for _, resident, _ in layer_offload_splits(sc, slot, memo)}
+        one = kept.pop() if len(kept) == 1 else 0
+        a_layer = f", {one:,} a layer" if one and one * len(slot.layers) == each and not (
+            slot.embedding or slot.loss or slot.mtp_layers) else ""
         out.append(f"    stage {stage} ({' + '.join(parts)}{a_layer}): {n} x {each:,} = {n * each:,}")
         total += n * each
     out.append(f"    = {'saved activations (the activations.* terms)':<48} {total:,}")

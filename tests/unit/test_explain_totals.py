@@ -85,10 +85,14 @@ def test_the_saved_activations_are_rebuilt_from_the_printed_numbers() -> None:
     recompute, which add up to the activations.* terms; an audit found only the size before recompute printed (17x
     the real one under full recompute) and parameter counts to 6 digits."""
     full = ["plan.recompute.granularity=full", "plan.recompute.method=uniform", "plan.recompute.num_layers=1"]
-    for over in (None, full, ["training.fp8.format=hybrid"]):
+    block = ["plan.recompute.granularity=full", "plan.recompute.method=block", "plan.recompute.num_layers=2"]
+    for over in (None, full, block, ["training.fp8.format=hybrid"]):
         report = estimate_memory(api.load(EXAMPLE, overrides=over))
         rebuilt = _rebuilt(explain(report))
         assert len(rebuilt) == len(report.ranks), over
         for r, (stages, total, addends) in zip(report.ranks, rebuilt, strict=True):
             assert stages == total == addends, (over, r.pp_rank, stages, total, addends)
             assert total == sum(v for k, v in r.terms.items() if k.startswith("activations."))
+        # a block recompute keeps the first 2 layers of each chunk as inputs, the other 2 whole: no one size a
+        # layer to print (a mean of the two would mislead)
+        assert ("a layer)" in explain(report)) == (over is not block), over
