@@ -123,7 +123,7 @@ def _uneven_counts(n: int, pp: int, vpp: int, first: int | None, last: int | Non
         others = f"the other {middle_ranks} pipeline rank{'s' if middle_ranks > 1 else ''}"
         raise LayoutError(f"first/last stage layers ({first}, {last}) leave {rest} of the {n} layers for "
                           + (f"{others}, which share them evenly: not an even split" if middle_ranks else
-                             "no other pipeline rank (the two stages must hold all of them)"))
+                             "no other pipeline rank (the first and last stages must hold all of them)"))
     per_rank = [rest // middle_ranks if middle_ranks else 0] * pp
     if first is not None:
         per_rank[0] = first
