@@ -61,6 +61,15 @@ def group_placements(cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, Grou
     return out
 
 
+def op_label(model: CostModel, op: Op) -> str:
+    """The cost source of a compute op, or of a collective op the model cannot place (what `projection performance`
+    prints as cost sources)."""
+    try:
+        return model.provenance(op)
+    except (KeyError, ValueError):
+        return "alpha-beta (analytic)"
+
+
 def priced_collective(model: CostModel, kind: CollectiveKind, size_bytes: float, group: GroupPlacement,
                       sources: dict[str, float]) -> float:
     """Seconds of one collective priced outside an op (data-parallel buckets, FSDP units), added to `sources` under

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 
 from projection.cost.collectives import CollectiveKind, GroupPlacement
-from projection.cost.model import CostModel, priced_collective
+from projection.cost.model import CostModel, op_label, priced_collective
 from projection.memory.model_states import shard_groups
 from projection.perf.action_time import Item, blocking, run, run_items, sync
 from projection.perf.checks import grad_check_items
@@ -183,7 +183,7 @@ class _Sourced:
 
     def op_seconds(self, op: Op) -> float:
         seconds = self.model.op_seconds(op)
-        label = self.model.provenance(op)
+        label = op_label(self.model, op)
         self.sources[label] = self.sources.get(label, 0.0) + seconds
         return seconds
 

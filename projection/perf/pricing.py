@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from projection.cost.collectives import GroupPlacement
-from projection.cost.model import CostModel, priced_collective
+from projection.cost.model import CostModel, op_label, priced_collective
 from projection.memory.offload import layer_offload_splits
 from projection.perf.action_time import ActionTime, add_times, run_items
 from projection.perf.checks import check_ops, scalar_check_items, token_count_syncs
@@ -214,6 +214,7 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
         params = stage_params(model, plan, slot)
         hooked = {n: (k, e) for n, k, e in params.hooked} if plan.sharding.zero_stage < 3 else {}
         mine: dict[str, float] = {}
+        sourced: list[Op] = []  # what the stage's actions run, priced under each op's cost source
         gathers, scatters, replicas = fsdp.unit_seconds(params, [name for name, _ in comps])
         mine.update(fsdp.sources(plan, training.num_microbatches(plan.dp_())))  # the units' collectives
         copy_s = _offload_seconds(scenario, slot, offload_memo)
@@ -246,20 +247,16 @@ def price_stages(scenario: Scenario, cost_model: CostModel) -> PricedStages:
             i_units.append(Unit(rec_e + tuple(e for e in bwd if e.op.phase == "I"), gather_s=bag, reload_s=copy))
             w_units.append(Unit(tuple(e for e in bwd if e.op.phase == "W") + cat, scatter_s=frs, replicate_s=far))
             b_units.append(Unit(rec_e + bwd + cat, gather_s=bag, scatter_s=frs, reload_s=copy, replicate_s=far))
-            for e in f_out + b_out + cat:
-                label = _label(cost_model, e.op)
-                mine[label] = mine.get(label, 0.0) + compute_s(e.op)
             mflop += sum(o.total_flop for o in ops if not o.recompute)
             rflop += sum(o.total_flop * _noncausal_factor(o) for o in rec)
-            # every op the actions run: the forward, the recomputed forward, and the backward with the main-gradient
-            # adds of unfused accumulation and of the hooked parameters (an audit found those two left out)
-            for o in [*fwd, *rec, *(e.op for e in bwd)]:
-                label = _label(cost_model, o)
-                mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
+            # every op the actions run: FSDP2's copies, the forward, the recomputed forward, and the backward with the
+            # main-gradient adds of unfused accumulation and of the hooked parameters (an audit found those left out)
+            sourced += [*(e.op for e in f_out + b_out + cat), *fwd, *rec, *(e.op for e in bwd)]
         checks = scalar_check_items("loss", compute_s) if slot.loss and training.loss_nan_checks else []
-        for o in check_ops("loss") if checks else ():
-            label = _label(cost_model, o)
-            mine[label] = mine.get(label, 0.0) + compute_s(o)
+        sourced += check_ops("loss") if checks else []
+        for o in sourced:
+            label = op_label(cost_model, o)
+            mine[label] = mine.get(label, 0.0) + (coll_s(o) * o.count if o.kind == "collective" else compute_s(o))
         # the framework host factor is measured on a layer's compute kernels: collectives and copies keep host_s
         f = run_items(builder.items(fwd_units, False) + checks, host_s * host_f, host_s)
         i = run_items(builder.items(i_units[::-1], True), host_s * host_b, host_s)
@@ -292,13 +289,6 @@ def _offload_seconds(scenario: Scenario, slot: StageSlot,
     if not (off.activation_modules or off.activation_layers) or not bw:
         return {}
     return {f"layer{i}": off / bw for i, _, off in layer_offload_splits(scenario, slot, memo) if off > 0}
-
-
-def _label(cost_model: CostModel, op: Op) -> str:
-    try:
-        return cost_model.provenance(op)
-    except (KeyError, ValueError):
-        return "alpha-beta (analytic)"
 
 
 def _grad_hooks(component: str, tensors: int, elements: int, training: TrainingSpec) -> list[Op]:

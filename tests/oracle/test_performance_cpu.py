@@ -355,23 +355,21 @@ def rounds(machine: Machine, world: int, tmp: Path) -> tuple[list[Path], list[fl
     return files, steps, loads
 
 
-def _report(what: str, measured: list[float], proj: Any, loads: list[float], limit: float) -> float:
+def _judge(what: str, measured: list[float], proj: Any, loads: list[float], limit: float) -> None:
+    """Print the comparison; skip where the measured steps' own spread cannot resolve `limit`; else hold the
+    projected step to it, a failure carrying its numbers on one line (a CI log keeps the short summary when it
+    cuts the captured output)."""
     med = statistics.median(measured)
     err = proj.step_time_s / med - 1.0
     parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in proj.breakdown_s.items() if v > 0)
-    print(f"\n{what}: measured steps {[round(t, 4) for t in measured]} s, median {med:.4f} s (other processes "
-          f"{', '.join(f'{c:.2f}' for c in loads)} cores in the {len(loads)} rounds); projected "
-          f"{proj.step_time_s:.4f} s -> error {err:+.1%} (limit {limit:.0%})\n"
-          f"  projected breakdown (ms): {parts}\n  cost sources: "
+    summary = (f"measured steps {[round(t, 4) for t in measured]} s, median {med:.4f} s (other processes "
+               f"{', '.join(f'{c:.2f}' for c in loads)} cores in the {len(loads)} rounds); projected "
+               f"{proj.step_time_s:.4f} s -> error {err:+.1%} (limit {limit:.0%}); projected breakdown (ms): {parts}")
+    print(f"\n{what}: {summary}\n  cost sources: "
           + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(proj.provenance.items(), key=lambda kv: -kv[1])))
-    return err
-
-
-def _summary(measured: list[float], proj: Any, loads: list[float]) -> str:
-    """The numbers of a failed comparison on one line (a CI log keeps the short summary when it cuts the output)."""
-    parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in proj.breakdown_s.items() if v > 0)
-    return (f"measured ms {[round(t * 1e3, 1) for t in measured]}, projected {proj.step_time_s * 1e3:.1f} ms "
-            f"({parts}), other processes {[round(c, 2) for c in loads]} cores")
+    if why := unresolved(what, measured, limit):
+        pytest.skip(why)
+    assert abs(err) <= limit, summary
 
 
 def measured_and_projected(machine: Machine, world: int, tmp: Path) -> tuple[list[float], Any, Path, list[float]]:
@@ -387,17 +385,11 @@ def measured_and_projected(machine: Machine, world: int, tmp: Path) -> tuple[lis
 
 def test_single_process_step(machine: Machine, tmp_path: Path) -> None:
     measured, proj, _, loads = measured_and_projected(machine, 1, tmp_path)
-    err = _report("1 process", measured, proj, loads, SINGLE_LIMIT)
-    if why := unresolved("1-process step", measured, SINGLE_LIMIT):
-        pytest.skip(why)
-    assert abs(err) <= SINGLE_LIMIT, _summary(measured, proj, loads)
+    _judge("1 process", measured, proj, loads, SINGLE_LIMIT)
 
 
 def test_two_process_data_parallel_step(machine: Machine, tmp_path: Path) -> None:
     measured, proj, hardware, loads = measured_and_projected(machine, 2, tmp_path)
     print(f"\ndevice YAML {hardware}:\n{hardware.read_text()}")
     assert proj.world_size == 2 and proj.scenario.plan.dp_() == 2 and proj.comm_total_s["dp"] > 0
-    err = _report("2 gloo processes (data parallel)", measured, proj, loads, DP_LIMIT)
-    if why := unresolved("2-process step", measured, DP_LIMIT):
-        pytest.skip(why)
-    assert abs(err) <= DP_LIMIT, _summary(measured, proj, loads)
+    _judge("2 gloo processes (data parallel)", measured, proj, loads, DP_LIMIT)
