@@ -41,6 +41,18 @@ def count_problems(args: argparse.Namespace, flags: Sequence[str]) -> list[Probl
     return out
 
 
+def name_items(wrong: Sequence[str]) -> str:
+    """'x', 'y' and the empty items of a comma list, each named once, with the verb that agrees: "'x' is",
+    "'x', 'y' and 2 empty items are"."""
+    shown = [repr(x) for x in dict.fromkeys(x for x in wrong if x)]
+    empty = sum(1 for x in wrong if not x)
+    if empty:
+        shown.append("an empty item" if empty == 1 else f"{empty} empty items")
+    if len(shown) == 1:
+        return f"{shown[0]} {'are' if empty > 1 else 'is'}"
+    return f"{', '.join(shown[:-1])} and {shown[-1]} are"
+
+
 def whole_numbers(text: str, flag: str, what: str = "values", *,
                   allow_zero: bool = False) -> tuple[list[int], list[Problem]]:
     """The sorted distinct positive (with allow_zero: non-negative) whole numbers of 'a,b,c' (ASCII digits), or a
@@ -58,9 +70,8 @@ def whole_numbers(text: str, flag: str, what: str = "values", *,
                                 key=flag, file=COMMAND_LINE, fix=f"give {kind} integers separated by commas, e.g. "
                                 f"{example}")]
         return sorted({int(x) for x in items}), []
-    names = ", ".join(repr(x) if x else "an empty item" for x in wrong)
-    return [], [Problem(f"cannot read {what} {text!r}: {names} {'is' if len(wrong) == 1 else 'are'} not a {kind} "
-                        "whole number", key=flag, file=COMMAND_LINE,
+    return [], [Problem(f"cannot read {what} {text!r}: {name_items(wrong)} not a {kind} whole number", key=flag,
+                        file=COMMAND_LINE,
                         fix=f"give {kind} integers separated by commas, e.g. {example}")]
 
 

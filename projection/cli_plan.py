@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from projection.cli_args import add_scenario_args, count_problems, load_scenario, whole_numbers
+from projection.cli_args import add_scenario_args, count_problems, load_scenario, name_items, whole_numbers
 from projection.errors import COMMAND_LINE, ConfigError, PlanError, Problem, ProjectionError
 
 NUMERIC = ("tp", "pp", "vpp", "cp", "ep", "mbs")  # positive whole numbers, one --flag each
@@ -66,9 +66,8 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, list[Any] | None], list
         items = args.recompute.replace(" ", "").split(",")
         wrong = [x for x in items if x not in RECOMPUTE]
         if wrong:
-            shown = ", ".join(repr(x) if x else "an empty item" for x in wrong)
-            problems.append(Problem(f"cannot read recompute granularities {args.recompute!r}: {shown} "
-                                    f"{'is' if len(wrong) == 1 else 'are'} not one of {', '.join(RECOMPUTE)}",
+            problems.append(Problem(f"cannot read recompute granularities {args.recompute!r}: {name_items(wrong)} "
+                                    f"not one of {', '.join(RECOMPUTE)}",
                                     key="--recompute", file=COMMAND_LINE,
                                     fix=f"give a comma list of {', '.join(RECOMPUTE)}"))
         else:

@@ -206,6 +206,10 @@ def test_scaling_names_the_item_it_cannot_read(capsys: pytest.CaptureFixture[str
     assert "an empty item is not a positive whole number" in err
     err = fails(capsys, "performance", "--config", E8, "--scaling", "1,\u00b2")  # a digit int() does not read
     assert "'\u00b2' is not a positive whole number" in err
+    err = fails(capsys, "performance", "--config", E8, "--scaling", ",")  # each wrong item named once, counted
+    assert "',': 2 empty items are not a positive whole number" in err
+    err = fails(capsys, "performance", "--config", E8, "--scaling", "x,8,x,")
+    assert "'x' and an empty item are not" in err
 
 
 def test_schedule_flags_are_named_as_given(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
