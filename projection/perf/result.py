@@ -159,8 +159,10 @@ class Projection:
                  "the share of the simulated pipeline, optimizer excluded, outside F/B/W actions; in-layer "
                  "communication counts as busy)",
                  f"  idle per pp rank   {min(self.sim.bubble_s, default=0.0):.4f} - "
-                 f"{max(self.sim.bubble_s, default=0.0):.4f} s   (JSON bubble_s_per_rank"
-                 + (f"; both of one of the step's {self.rounds} pipeline rounds)" if self.rounds > 1 else ")"), "",
+                 f"{max(self.sim.bubble_s, default=0.0):.4f} s   (JSON bubble_s_per_rank: the simulated pipeline's, "
+                 "before the optimizer; the breakdown's bubble adds its rank's wait for the slowest optimizer step "
+                 "and parameter all-gather" + (f"; both of one of the step's {self.rounds} pipeline rounds)"
+                                               if self.rounds > 1 else ")"), "",
                  f"breakdown (pp rank {self.breakdown_rank}, seconds per step)"]
         for k in BREAKDOWN_KEYS:
             v = self.breakdown_s[k]

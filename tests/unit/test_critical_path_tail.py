@@ -33,3 +33,23 @@ def test_the_path_runs_to_the_end_of_the_step(example: str) -> None:
     assert tail == (["optimizer"] if max(p.optimizer_s) > 0 else []) + \
         (["param all-gather (exposed)"] if max(p.param_gather_exposed_s) > 0 else [])
     assert p.step_time_s > p.sim.step_time_s
+
+
+SEVEN_B = EXAMPLES.parents[1] / "shared/fixtures/megatron/gpt3_7b_tp1_pp4_memory_speed/model_config.yaml"
+
+
+@pytest.mark.parametrize("example", ["llama3_8b_inline.yaml", "llama3.1_70B-mi300x.yaml", "7b"])
+def test_the_breakdown_bubble_is_the_rank_idle_plus_its_wait_for_the_slowest_tail(example: str) -> None:
+    """An audit read JSON `bubble_s_per_rank[b]` 0.0981 s against the breakdown's bubble 0.1115 s for the same rank
+    b: the first is the simulated pipeline's idle, the second adds the wait, after it, for the rank whose optimizer
+    and exposed parameter gather end last (the rest of that rank's step). Both read off the timeline here."""
+    if example == "7b" and not SEVEN_B.is_file():
+        pytest.skip("shared/fixtures/megatron absent (user clone)")
+    p = project(api.load(SEVEN_B, nodes=1) if example == "7b" else api.load(EXAMPLES / example))
+    b = p.breakdown_rank
+    if example == "7b":  # the last stage waits for the first's longer optimizer step and exposed gather
+        assert p.breakdown_s["bubble"] > p.sim.bubble_s[b] + 1e-3
+    busy = sum(e.end_s - e.start_s for e in p.sim.timeline[b] if e.stream == "compute")
+    after_pipeline = p.step_time_s - p.sim.step_time_s - p.optimizer_s[b] - p.param_gather_exposed_s[b]
+    assert p.breakdown_s["bubble"] == pytest.approx(p.sim.bubble_s[b] + after_pipeline, abs=1e-9)
+    assert p.sim.bubble_s[b] <= p.sim.step_time_s - busy + 1e-9
