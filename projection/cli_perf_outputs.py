@@ -27,13 +27,17 @@ def write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Proje
     if trace and proj is not None:
         from projection.report.trace import write_chrome_trace
 
-        sim = proj.sim
-        tails = [(("optimizer", proj.optimizer_s[r] if r < len(proj.optimizer_s) else 0.0),
-                  ("param all-gather (exposed)",
-                   proj.param_gather_exposed_s[r] if r < len(proj.param_gather_exposed_s) else 0.0))
-                 for r in range(len(sim.timeline))]
+        sim, tails = proj.sim, trace_tails(proj)
         jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds, proj.priced))]
     return write_outputs(protect_jobs(jobs))  # kept until the report is printed (fileio.OutputJournal)
+
+
+def trace_tails(proj: Projection) -> list[tuple[tuple[str, float], ...]]:
+    """Per rank, what the step adds after the simulated pipeline (report/trace.py `tails`)."""
+    return [(("optimizer", proj.optimizer_s[r] if r < len(proj.optimizer_s) else 0.0),
+             ("param all-gather (exposed)",
+              proj.param_gather_exposed_s[r] if r < len(proj.param_gather_exposed_s) else 0.0))
+            for r in range(len(proj.sim.timeline))]
 
 
 def pp_vis_jobs(projs: Sequence[Projection], args: argparse.Namespace,

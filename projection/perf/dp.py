@@ -173,16 +173,16 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                 tasks.append(CommTask(r, _last_backward(acts, s), mine[0].seconds, f"fsdp grad s{s}",
                                       _crosses(places), blocks_compute=True))
                 continue
-            if aligned:
+            if aligned and sum(b.seconds for b in mine) > 0.0:  # nothing to run over a group of one rank
                 # the chunk's buckets launched together, r backward steps after its last backward on rank r
                 tasks.append(CommTask(r, _delayed_backward(acts, _last_backward(acts, s), r),
                                       sum(b.seconds for b in mine), f"dp grad s{s}", _crosses(places)))
-            elif overlap:
+            elif overlap and not aligned:
                 last = _last_backward(acts, s)
                 tail = _tail_s(mine, priced.action_time(schedule.model_stage(s), last.kind).seconds)
                 if tail > 0.0:
                     tasks.append(CommTask(r, last, tail, f"dp grad s{s}", _crosses(places)))
-            else:
+            elif not overlap:
                 end_tasks.append(sum(b.seconds for b in mine))
         emb = _embedding_grad(scenario, cost_model, r)
         if emb is not None:

@@ -1,8 +1,12 @@
 """Chrome trace JSON of a simulated step (opens in Perfetto, ui.perfetto.dev, and chrome://tracing).
 
-One process per rank (pid = rank), one thread per stream (tid 0 compute, 1 p2p receives, 2 comm tasks); every
-interval is a complete event ("ph": "X") with microsecond timestamps, named like "F s2 mb5". Format: the Trace Event
-Format document (Google, "Trace Event Format", JSON Object Format with traceEvents and displayTimeUnit).
+One process per rank (pid = rank), one thread per stream (tid 0 compute, 1 p2p receives, 2 comm tasks, 6 p2p sends:
+the runtime walks of sim/p2p_walk.py hold a sender for its transfer, which may overlap a receive); every interval is a
+complete event ("ph": "X") with microsecond timestamps, named like "F s2 mb5". Events on one thread nest or follow
+each other, as the format's viewers draw them; an interval that would partly overlap an earlier one of its thread
+(two sends in flight at once) goes to the thread's next lane (tid + 100 per lane, named "p2p sends (2)"); a
+zero-length interval (a collective over one rank) is not drawn. Format: the Trace Event Format document (Google,
+"Trace Event Format", JSON Object Format with traceEvents and displayTimeUnit).
 `tails` (from `projection performance`): per rank, what the step adds after the simulated pipeline (the optimizer
 step, the exposed parameter all-gather), drawn on the compute thread after it, so that otherData's `step_time_s` is
 the projection's step time; `pipeline_s` is the simulated pipeline alone. `rounds` > 1 (TorchTitan's gradient
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
     from projection.perf.pricing import PricedStages
 
 STREAM_TID = {"compute": 0, "p2p": 1, "comm": 2}
+SEND_TID = 6  # a p2p entry whose action is a SEND_F / SEND_B (module docstring)
+LANE_TIDS = 100  # tid step between a thread's lanes
 LAUNCH_TID = {"fsdp": 3, "fsdp_expert": 4, "fsdp_replicate": 5}
 """Threads of the in-action collectives drawn (module docstring), by the perf/items.py stream they run on."""
 _SUFFIX = {"fsdp_expert": " (experts)", "fsdp_replicate": " (replicas)"}
@@ -70,8 +76,9 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
                     args.update(stage=e.action.stage, microbatch=e.action.microbatch, kind=e.action.kind)
                 if rounds > 1:
                     args.update(round=k)
+                tid = SEND_TID if e.action is not None and e.action.kind.startswith("SEND") else STREAM_TID[e.stream]
                 events.append({"ph": "X", "name": e.label, "cat": e.action.kind if e.action else "comm", "pid": r,
-                               "tid": STREAM_TID[e.stream], "ts": (t + e.start_s) * 1e6,
+                               "tid": tid, "ts": (t + e.start_s) * 1e6,
                                "dur": (e.end_s - e.start_s) * 1e6, "args": args})
                 if e.stream == "compute" and e.action is not None:
                     at = t + e.start_s
@@ -89,6 +96,7 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
                                "ts": t * 1e6, "dur": seconds * 1e6, "args": {"start_s": t, "end_s": t + seconds}})
                 t += seconds
         after[r] = t - (rounds - 1) * round_s - pipeline
+    events = _in_lanes(events)
     meta = {"schedule": result.schedule.name, "engine": result.engine,
             "step_time_s": (rounds - 1) * round_s + pipeline + max(after, default=0.0), "pipeline_s": pipeline,
             "bubble_ratio": result.bubble_ratio, "rounds": rounds}
@@ -135,3 +143,34 @@ def _unit(units: Sequence[str], from_last: int) -> str:
     """Name of the FSDP unit `from_last` units before the stage's last (StageParams.components: forward order; an
     MTP stage's embedding, which has no unit of its own, comes first and is never counted from the end)."""
     return units[len(units) - 1 - from_last] if 0 <= from_last < len(units) else ""
+
+
+def _in_lanes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`events` with every complete event on a lane of its thread where it nests in or follows the lane's earlier
+    events (module docstring), lanes past the first named after their thread; zero-length events are dropped (a
+    collective over one rank, nothing to draw)."""
+    named = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    done = [e for e in events if e["ph"] != "X"]
+    lanes: dict[tuple[int, int], list[list[float]]] = {}  # per thread, per lane: the ends of its open intervals
+    eps = 1e-6  # us: float rounding between an interval's end and the next one's start
+    for e in sorted((e for e in events if e["ph"] == "X" and e["dur"] > 0), key=lambda e: (e["ts"], -e["dur"])):
+        start, end = e["ts"], e["ts"] + e["dur"]
+        thread = lanes.setdefault((e["pid"], e["tid"]), [])
+        k = 0
+        while True:  # the first lane where it nests in the open intervals or follows them all
+            open_ends = thread[k] if k < len(thread) else []
+            while open_ends and open_ends[-1] <= start + eps:
+                open_ends.pop()
+            if not open_ends or end <= open_ends[-1] + eps:
+                break
+            k += 1
+        if k == len(thread):
+            thread.append(open_ends)
+        open_ends.append(end)
+        done.append({**e, "tid": e["tid"] + LANE_TIDS * k})
+    for (pid, tid), thread in lanes.items():  # a name for each lane, and for the sends' thread
+        base = named.get((pid, tid), "p2p sends")
+        done += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid + LANE_TIDS * k,
+                  "args": {"name": base if k == 0 else f"{base} ({k + 1})"}}
+                 for k in range(len(thread)) if k > 0 or (pid, tid) not in named]
+    return done
