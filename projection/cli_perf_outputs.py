@@ -28,7 +28,8 @@ def write_all(jobs: Sequence[tuple[str, str, Callable[[], object]]], proj: Proje
         from projection.report.trace import write_chrome_trace
 
         sim, tails = proj.sim, trace_tails(proj)
-        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds, proj.priced))]
+        jobs = [*jobs, ("--trace", trace, lambda: write_chrome_trace(sim, trace, tails, proj.rounds, proj.priced,
+                                                                           proj.dp))]
     return write_outputs(protect_jobs(jobs))  # kept until the report is printed (fileio.OutputJournal)
 
 

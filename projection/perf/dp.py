@@ -79,6 +79,9 @@ class DPComm:
     overlap_param_gather: bool
     aligned_param_gather: bool = False  # launched at the step's start on every pp rank (param_gather_exposed_s)
     provenance: Mapping[str, float] = field(default_factory=dict)  # seconds per cost source, one step, all pp ranks
+    # (rank, stage) whose buckets start inside the stage's last backward (overlapped, neither aligned nor FSDP): the
+    # part past that action is the rank's task "dp grad s<stage>"; bucket_spans places each bucket
+    in_backward: tuple[tuple[int, int], ...] = ()
 
 
 def bucket_elements(scenario: Scenario) -> int:
@@ -129,6 +132,7 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
     grads: list[Bucket] = []
     params_ag: list[Bucket] = []
     tasks: list[CommTask] = []
+    in_backward: list[tuple[int, int]] = []
     grad_s = [0.0] * schedule.n_ranks
     pg_s = [0.0] * schedule.n_ranks
 
@@ -170,15 +174,16 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
             if sp.fsdp_scatter_s:  # every unit's post-backward runs right after the stage's last backward, and
                 # the stage's root post-backward callback makes the compute stream wait for it (FSDP2
                 # FSDPParamGroup.finalize_backward: current_stream().wait_event on the post-reduce events)
-                tasks.append(CommTask(r, _last_backward(acts, s), mine[0].seconds, f"fsdp grad s{s}",
+                tasks.append(CommTask(r, last_backward(acts, s), mine[0].seconds, f"fsdp grad s{s}",
                                       _crosses(places), blocks_compute=True))
                 continue
             if aligned and sum(b.seconds for b in mine) > 0.0:  # nothing to run over a group of one rank
                 # the chunk's buckets launched together, r backward steps after its last backward on rank r
-                tasks.append(CommTask(r, _delayed_backward(acts, _last_backward(acts, s), r),
+                tasks.append(CommTask(r, _delayed_backward(acts, last_backward(acts, s), r),
                                       sum(b.seconds for b in mine), f"dp grad s{s}", _crosses(places)))
             elif overlap and not aligned:
-                last = _last_backward(acts, s)
+                last = last_backward(acts, s)
+                in_backward.append((r, s))
                 tail = _tail_s(mine, priced.action_time(schedule.model_stage(s), last.kind).seconds)
                 if tail > 0.0:
                     tasks.append(CommTask(r, last, tail, f"dp grad s{s}", _crosses(places)))
@@ -202,7 +207,8 @@ def dp_comm_tasks(scenario: Scenario, cost_model: CostModel, schedule: Schedule,
                   # Megatron's interleaved schedule (param_sync_func); torch's multi-stage runtime issues every
                   # stage's unshard before any compute
                   (plan.schedule == "interleaved_1f1b" and plan.schedule_style == "megatron"
-                   and plan.sharding.zero_stage in (1, 2)) or (plan.pipelined_fsdp and plan.vpp_ > 1), provenance)
+                   and plan.sharding.zero_stage in (1, 2)) or (plan.pipelined_fsdp and plan.vpp_ > 1), provenance,
+                  tuple(in_backward))
 
 
 def _pipelined_fsdp_gathers(rank: int, stage: int, sp: StagePrice) -> list[Bucket]:
@@ -233,7 +239,7 @@ def _crosses(places: list[GroupPlacement]) -> bool:
     return any(p.n_nodes > 1 for p in places)
 
 
-def _last_backward(acts: tuple[Action, ...], stage: int) -> Action:
+def last_backward(acts: tuple[Action, ...], stage: int) -> Action:
     return next(a for a in reversed(acts) if a.stage == stage and a.kind in ("B", "W"))
 
 
@@ -251,11 +257,16 @@ def _last_compute(acts: tuple[Action, ...]) -> Action:
 
 
 def _tail_s(buckets: list[Bucket], action_s: float) -> float:
-    """Seconds the stage's bucket chain runs past the end of its last backward action. Dense and expert parameters
-    live in buffers of their own (Megatron's DDP: `buffers` and `expert_parallel_buffers`), spread over the same
-    layers: a bucket is ready when the backward has processed its buffer's parameters up to it, in proportion to that
-    buffer's own total (a one-bucket buffer only at the end); the ready buckets run one after another on one
-    communication stream, in the order they become ready."""
+    """Seconds the stage's bucket chain (bucket_spans) runs past the end of its last backward action."""
+    return max(0.0, max((end for _, _, end in bucket_spans(buckets, action_s)), default=0.0) - action_s)
+
+
+def bucket_spans(buckets: list[Bucket], action_s: float) -> list[tuple[Bucket, float, float]]:
+    """(bucket, start, end) of a stage's gradient buckets, in seconds from the start of its last backward action
+    (`action_s` long). Dense and expert parameters live in buffers of their own (Megatron's DDP: `buffers` and
+    `expert_parallel_buffers`), spread over the same layers: a bucket is ready when the backward has processed its
+    buffer's parameters up to it, in proportion to that buffer's own total (a one-bucket buffer only at the end);
+    the ready buckets run one after another on one communication stream, in the order they become ready."""
     totals: dict[str, float] = defaultdict(float)
     for b in buckets:
         totals[b.group] += b.params
@@ -265,9 +276,12 @@ def _tail_s(buckets: list[Bucket], action_s: float) -> float:
         done[b.group] += b.params
         ready.append((action_s * done[b.group] / (totals[b.group] or 1), b.order, b))
     end = 0.0
+    out = []
     for at, _, b in sorted(ready, key=lambda x: (x[0], x[1])):
-        end = max(end, at) + b.seconds
-    return max(0.0, end - action_s)
+        start = max(end, at)
+        end = start + b.seconds
+        out.append((b, start, end))
+    return out
 
 
 def _embedding_grad(scenario: Scenario, cost_model: CostModel, rank: int) -> Bucket | None:

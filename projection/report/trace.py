@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from projection.fileio import atomic_write_text
+from projection.report import trace_dp
 from projection.schedule.action import Action
 from projection.sim.result import SimResult, TimelineEntry
 
 if TYPE_CHECKING:
+    from projection.perf.dp import DPComm
     from projection.perf.pricing import PricedStages
 
 STREAM_TID = {"compute": 0, "p2p": 1, "comm": 2}
@@ -48,10 +50,11 @@ Launched = tuple[str, str, float, float, int]  # (name, stream, start_s, end_s, 
 
 
 def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]] = (),
-                 rounds: int = 1, priced: PricedStages | None = None) -> dict[str, Any]:
+                 rounds: int = 1, priced: PricedStages | None = None, dp: DPComm | None = None) -> dict[str, Any]:
     """The trace as a JSON-ready dict; `tails[rank]`: (label, seconds) intervals after the pipeline; `rounds`: runs
     of the pipeline in one step; `priced`: the stages' prices, whose launched FSDP collectives are drawn (module
-    docstring)."""
+    docstring); `dp` (with `priced`): the step's data-parallel communication, whose gradient buckets launched inside
+    a backward are drawn bucket by bucket (report/trace_dp.py)."""
     events: list[dict[str, Any]] = []
     launched = _Launched(result, priced)
     after = [0.0] * len(result.timeline)
@@ -65,12 +68,19 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
         events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
         for stream, tid in [*STREAM_TID.items(), *((s, LAUNCH_TID[s]) for s in launched.streams(entries))]:
             events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": stream}})
+        drawn_apart = trace_dp.replaced(dp, r)
+        if drawn_apart:
+            events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": trace_dp.BUCKET_TID,
+                           "args": {"name": "dp grad buckets"}})
         mine = [(label, s) for label, s in (tails[r] if r < len(tails) else ()) if s > 0.0]
         each = [(label, s) for label, s in mine if label != "optimizer"]  # every round's; the optimizer once
         t = 0.0
         for k in range(rounds):
             t = k * round_s
+            events += trace_dp.bucket_events(result, priced, dp, r, t, {"round": k} if rounds > 1 else {})
             for e in entries:
+                if e.action is None and e.label in drawn_apart:
+                    continue
                 args: dict[str, Any] = {"start_s": t + e.start_s, "end_s": t + e.end_s}
                 if e.action is not None:
                     args.update(stage=e.action.stage, microbatch=e.action.microbatch, kind=e.action.kind)
@@ -105,9 +115,9 @@ def chrome_trace(result: SimResult, tails: Sequence[Sequence[tuple[str, float]]]
 
 def write_chrome_trace(result: SimResult, path: str | Path,
                        tails: Sequence[Sequence[tuple[str, float]]] = (), rounds: int = 1,
-                       priced: PricedStages | None = None) -> Path:
+                       priced: PricedStages | None = None, dp: DPComm | None = None) -> Path:
     """Write the trace to `path` (JSON), whole or not at all; returns the path."""
-    return atomic_write_text(Path(path), json.dumps(chrome_trace(result, tails, rounds, priced)))
+    return atomic_write_text(Path(path), json.dumps(chrome_trace(result, tails, rounds, priced, dp)))
 
 
 class _Launched:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from projection.perf import default_cost_model
-from projection.perf.dp import Bucket, _last_backward, _tail_s, dp_comm_tasks
+from projection.perf.dp import Bucket, _tail_s, dp_comm_tasks, last_backward
 from projection.perf.pricing import price_stages
 from projection.perf.project import build_plan_schedule
 from tests.unit.test_perf_core import scenario
@@ -59,7 +59,7 @@ def test_interleaved_chunks_reduce_whole_and_r_steps_late_with_align_grad_reduce
             (task,) = [t for t in dp.tasks if t.rank == r and t.label == f"dp grad s{s}"]
             mine = [b for b in dp.grad_buckets if b.pp_rank == r and b.stage == s]
             assert task.duration_s == pytest.approx(sum(b.seconds for b in mine))  # nothing overlapped its backward
-            i = backward.index(_last_backward(acts, s)) + r
+            i = backward.index(last_backward(acts, s)) + r
             if i < len(backward):
                 assert task.after is backward[i]
             else:  # after the loop: the rank's last compute
