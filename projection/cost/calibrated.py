@@ -286,7 +286,7 @@ class CalibratedCostModel:
                 return self._outside(op, None)
             if self.memory.contains(size):
                 return self.memory(size), f"calibrated: {self.name} memory_bound"
-            return self._outside(op, lambda: self.memory(size) if self.memory else 0.0)
+            return self._outside(op, lambda: self.memory(size) if self.memory else 0.0, "memory_bound")
         if op.kind == "attention":
             return self._rate(op, self.attention.get(self._attention_key(op), []),
                               _log2(op.batch * op.heads, op.m, op.n))
@@ -310,15 +310,17 @@ class CalibratedCostModel:
         if not tables:
             return self._outside(op, None)
         nearest = tables[0]
-        return self._outside(op, lambda: op.flop / math.exp(nearest(nearest.clamp(q))))
+        return self._outside(op, lambda: op.flop / math.exp(nearest(nearest.clamp(q))), nearest.label)
 
-    def _outside(self, op: Op, clamped: Callable[[], float] | None) -> tuple[float, str]:
+    def _outside(self, op: Op, clamped: Callable[[], float] | None, table: str = "") -> tuple[float, str]:
+        """The fallback's seconds for an op no table holds; its source names the table it fell out of, if any."""
+        which = f": {self.name} {table}" if table else ""
         if self.fallback is not None:  # no table for this op's kind and dtype: plain roofline, else flagged
-            return self.fallback.single_seconds(op), OUT_OF_RANGE \
+            return self.fallback.single_seconds(op), OUT_OF_RANGE + which \
                 if clamped is not None and self.fallback.has_curve(op) else self.fallback.provenance(op)
         if clamped is None:
             raise ValueError(f"no measured table for {op.kind} {op.dtype} ({op.name}) and no roofline fallback")
-        return clamped(), CLAMPED
+        return clamped(), CLAMPED + which
 
     def _kernel_tables(self, rows: Sequence[MemoryBoundRow]) -> dict[tuple[str, str], CurveTable]:
         """Curves per (kernel, dtype class) and per kernel over every dtype ("*")."""

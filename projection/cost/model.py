@@ -6,7 +6,7 @@ A cost model answers three questions about the ops of projection/workload/ops.py
 - `collective_seconds(kind, size_bytes, group)`: seconds for one collective (nccl-tests size convention) over a group
   placed as `group` (projection.cost.collectives.GroupPlacement);
 - `provenance(op)`: where the number comes from: "roofline", "calibrated: <source>" or
-  "calibrated (out of range -> roofline)".
+  "calibrated (out of range -> roofline): <source>" (the table the op fell out of).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class CostModel(Protocol):
         ...
 
     def provenance(self, op: Op) -> str:
-        """'roofline', 'calibrated: <source>' or 'calibrated (out of range -> roofline)'."""
+        """'roofline', 'calibrated: <source>' or 'calibrated (out of range -> roofline): <source>'."""
         ...
 
     def collective_provenance(self, kind: CollectiveKind, size_bytes: float, group: GroupPlacement) -> str:

@@ -8,16 +8,15 @@ the rank pair) -> optimizer step (optimizer.py) and exposed parameter all-gather
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Literal
 
 from projection.cost.model import CostModel
 from projection.cost.roofline import peak_dtype
 from projection.errors import ConfigError, PlanError, Problem
 from projection.memory.report import MemoryReport
+from projection.perf.calibration_notes import calibration_notes
 from projection.perf.costmodel import check_arguments, default_cost_model, nic_gpus
 from projection.perf.dp import DPComm, dp_comm_tasks, param_gather_exposed_s
 from projection.perf.optimizer import optimizer_step_seconds
@@ -39,7 +38,6 @@ from projection.sim.lockstep import lockstep_walk
 from projection.sim.p2p_walk import megatron_walk, torch_1f1b_walk
 from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.accumulation import one_round, rounds, schedule_microbatches
-from projection.specs.device_names import device_match
 from projection.specs.plan import MEGATRON_SCHEDULES, ScheduleName
 from projection.specs.scenario import Scenario
 from projection.workload.model_flops import model_flops_per_step
@@ -117,7 +115,7 @@ def project(scenario: Scenario, cost_model: CostModel | None = None, *, schedule
     step = sim.step_time_s + max(tails, default=0.0)
     if not math.isfinite(step):
         raise _not_finite(sc, f"the step takes {step} s")
-    notes = _unmodelled(sc) + _foreign_calibration(sc, cm) + _partial_calibration(sc, cm)
+    notes = _unmodelled(sc) + calibration_notes(sc, cm, {*priced.provenance, *dp.provenance, *opt_sources})
     memory = _memory(sc, notes)
     return _assemble(sc, sched, engine, priced, dp, sim, step, tails, opt, pg, memory, notes, opt_sources)
 
@@ -246,64 +244,6 @@ def _unmodelled(sc: Scenario) -> list[str]:
             and not sc.cluster.device.host_link_bytes_per_s:
         notes.append(f"offload copies not priced: device '{sc.cluster.device.name}' has no host_link_bytes_per_s")
     return notes
-
-
-def _foreign_calibration(sc: Scenario, cm: CostModel) -> list[str]:
-    """A note when the cost model's calibration was measured on another device than the scenario's (its seconds are
-    used as they are: a mismatched --calibration is most often a mistake), or was matched by the ISA alone (hipBLASLt
-    prints gfx942 for MI300X and MI325X alike)."""
-    cal = getattr(cm, "calibration", None)
-    measured = sorted({p.device_name for p in getattr(cal, "provenance", ()) if p.device_name})
-    dev = sc.cluster.device
-    verdicts = {m: device_match(m, dev) for m in measured}
-    foreign = [m for m, v in verdicts.items() if v == "other"]
-    by_arch = [m for m, v in verdicts.items() if v == "arch"]
-    notes = []
-    if foreign and len(foreign) < len(measured):  # a mixed calibration (--allow-mixed-devices)
-        rows_note = getattr(cm, "device_rows_note", None)  # which tables are its own, which fell back (device_rows.py)
-        notes.append((rows_note() if callable(rows_note) else None)
-                     or f"calibration {getattr(cm, 'name', '')} also holds measurements of {', '.join(foreign)}, not "
-                        f"of {dev.name}: {dev.name} is priced from its own rows only (projection/cost/device_rows.py)")
-    elif foreign:
-        notes.append(f"calibration {getattr(cm, 'name', '')} was measured on {', '.join(foreign)}, not on {dev.name}: "
-                     "its seconds are used as they are (calibrate on this device, or pass --hardware with the device "
-                     "it was measured on)")
-    if by_arch:
-        notes.append(f"calibration {getattr(cm, 'name', '')} names {', '.join(by_arch)}: matched to {dev.name} by its "
-                     f"architecture ({dev.gpu_arch}) only, which other parts share")
-    return notes
-
-
-def _partial_calibration(sc: Scenario, cm: CostModel) -> list[str]:
-    """A note when a calibration file other than the device's shipped one lacks tables the shipped one has: those
-    ops fall back to the roofline, not to the shipped tables (a host-only --calibration drops the shipped GEMMs)."""
-    from projection.calibrate.calibration import TABLES
-    from projection.perf.costmodel import shipped_calibration
-
-    cal, path = getattr(cm, "calibration", None), getattr(cm, "path", None)
-    shipped = shipped_calibration(sc.cluster.device.name)
-    if cal is None or path is None or shipped is None or Path(path).resolve() == shipped.resolve():
-        return []
-    ship, shipped_devices = _shipped_tables(str(shipped))
-    have = cal.row_counts()
-    missing = [t for t in TABLES if t != "host" and ship.get(t) and not have.get(t)]
-    if not missing:
-        return []
-    devices = shipped_devices | {p.device_name for p in cal.provenance if p.device_name}
-    mixed = " --allow-mixed-devices" if len(devices) > 1 else ""
-    return [f"calibration {path} has no {', '.join(missing)} rows: those ops are priced by the "
-            f"{sc.cluster.device.name} roofline, not by the shipped {shipped} (to keep both, combine them: "
-            f"projection calibrate import {shipped} {path} --out CAL.json{mixed})"]
-
-
-@functools.lru_cache(maxsize=8)
-def _shipped_tables(path: str) -> tuple[dict[str, int], frozenset[str]]:
-    """Rows per table and device names of a shipped calibration file (read once: a --scaling run or a schedule
-    comparison projects many times with the same --calibration)."""
-    from projection.calibrate.calibration import load_calibration
-
-    cal = load_calibration(Path(path))
-    return cal.row_counts(), frozenset(p.device_name for p in cal.provenance if p.device_name)
 
 
 def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:

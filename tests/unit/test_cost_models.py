@@ -190,10 +190,11 @@ def test_calibrated_is_monotone_between_measured_points() -> None:
 def test_calibrated_falls_back_to_roofline_outside_and_flags_it() -> None:
     rf = RooflineCostModel(DEVICE)
     cm = CalibratedCostModel(table(), rf)
-    for op in (gemm(16384, 16384, 16384), gemm(256, 256, 256), gemm(1024, 1024, 8192),
-               Op("m", "memory_bound", "F", bytes_read=1e11)):
+    for op, label in ((gemm(16384, 16384, 16384), "gemm bf16 TN"), (gemm(256, 256, 256), "gemm bf16 TN"),
+                      (gemm(1024, 1024, 8192), "gemm bf16 TN"), (Op("m", "memory_bound", "F", bytes_read=1e11),
+                                                                  "memory_bound")):
         assert cm.op_seconds(op) == pytest.approx(rf.op_seconds(op))
-        assert cm.provenance(op) == OUT_OF_RANGE
+        assert cm.provenance(op) == f"{OUT_OF_RANGE}: calibration {label}"  # the table it fell out of, named
     fp8 = gemm(1024, 1024, 1024, "fp8")  # no fp8 rows at all: plain roofline
     assert cm.provenance(fp8) == "roofline" and cm.op_seconds(fp8) == pytest.approx(rf.op_seconds(fp8))
     nn = gemm(2048, 2048, 2048, layout="NN")  # another layout: the pooled table of the dtype
@@ -204,7 +205,7 @@ def test_calibrated_falls_back_to_roofline_outside_and_flags_it() -> None:
 def test_calibrated_without_fallback_clamps_to_the_nearest_measured_rate() -> None:
     cm = CalibratedCostModel(table())
     op = gemm(16384, 16384, 16384)
-    assert cm.provenance(op) == CLAMPED
+    assert cm.provenance(op) == f"{CLAMPED}: calibration gemm bf16 TN"
     assert cm.op_seconds(op) == pytest.approx(op.flop / 700e12, rel=1e-12)
 
 
