@@ -91,11 +91,16 @@ def explain(report: MemoryReport) -> str:
         for (name, expr, subs), category in zip(state_formulas(sc, r.pp_rank), _MAIN_TERMS, strict=True):
             value = float(expr.subs(subs))
             lines.append(f"  {name:<30} {sp.sstr(expr):<44} = {_subs_text(subs)} -> {value:,.0f}")
+            main = sum(r.terms.get(k, 0) for k in _MAIN_TERMS[category])
+            fp8_params = sc.training.fp8 is not None and sc.training.fp8.param_gather and category == "weights"
+            if fp8_params and round(value) != main:  # the fp8 linear weights, 1 B each (model_states.py)
+                lines.append(f"    - {'fp8 linear weights (1 B, --fp8-param-gather)':<48} "
+                             f"{round(value) - main:,.0f}")
             extra = {k: v for k, v in r.terms.items() if k.startswith(category + ".") and k not in
                      _MAIN_TERMS[category]}
             for k, v in extra.items():  # addends the formula does not hold (fp8 copies, FSDP units in flight, ...)
                 lines.append(f"    + {k:<48} {v:,.0f}")
-            if extra:
+            if extra or (fp8_params and round(value) != main):
                 lines.append(f"    = {category:<48} {r.bytes[category]:,.0f}")
         done: set[str] = set()
         layers = per_rank_params(sc.model, sc.plan)[r.pp_rank].layers

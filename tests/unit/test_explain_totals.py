@@ -96,3 +96,41 @@ def test_the_saved_activations_are_rebuilt_from_the_printed_numbers() -> None:
         # a block recompute keeps the first 2 layers of each chunk as inputs, the other 2 whole: no one size a
         # layer to print (a mean of the two would mislead)
         assert ("a layer)" in explain(report)) == (over is not block), over
+
+
+BRIDGE = Path(__file__).resolve().parents[2] / "benchmarks" / "bridge_runs"
+
+
+def _weights_add_up(report: object) -> int:
+    """Ranks whose weights lines add up: the formula's value, less the fp8 linear weights' saving, plus each addend,
+    equals the '= weights' total and the table's weights (an audit read 4.80e9 + 2.14e9 printed as = 4.80e9)."""
+    checked = 0
+    for block in explain(report).split("pp_rank ")[1:]:  # type: ignore[arg-type]
+        rank = int(block.split(":", 1)[0])
+        lines = block.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith("weights (params)"))
+        total = int(lines[start].rsplit("-> ", 1)[1].replace(",", ""))
+        for line in lines[start + 1:]:
+            words = line.split()
+            value = int(words[-1].replace(",", ""))
+            if words[0] == "-":
+                total -= value
+            elif words[0] == "+":
+                total += value
+            else:
+                assert words[:2] == ["=", "weights"] and value == total, (rank, line, total)
+                break
+        else:
+            raise AssertionError("no '= weights' line")
+        assert total == report.ranks[rank].bytes["weights"]  # type: ignore[attr-defined]
+        checked += 1
+    return checked
+
+
+def test_fp8_param_gather_weights_add_up() -> None:
+    for name, nodes in (("perf_llama3_70b_64xh100_fp8cs.yaml", 8), ("perf_llama3_8b_8xh100_fp8cs.yaml", 1),
+                        ("perf_qwen3_30b_a3b_16xh100_fp8cs.yaml", 2)):
+        sc = api.load(BRIDGE / name, hardware="h100-sxm", nodes=nodes)
+        assert sc.training.fp8 is not None and sc.training.fp8.param_gather
+        report = estimate_memory(sc)
+        assert _weights_add_up(report) == len(report.ranks)
