@@ -109,6 +109,7 @@ class Projection:
             "source": self.scenario.source, "device": self.scenario.cluster.device.name,
             "schedule": self.schedule, "engine": self.engine, "world_size": self.world_size,
             "nodes": self.scenario.cluster.nodes, "n_microbatches": self.n_microbatches,
+            "plan": plan_dict(self.scenario),
             "rounds": self.rounds,
             "step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
@@ -138,6 +139,17 @@ class Projection:
             "notes": list(self.notes),
         }
 
+    def _ratio_split(self) -> str:
+        """The bubble ratio's two parts where the second is not nil: the ranks' idle time and their waits on exposed
+        communication outside the actions (pipeline p2p, the data-parallel tail), which Primus's ratio also counts."""
+        sim = self.sim
+        if sim.step_time_s <= 0.0 or not sim.n_ranks:
+            return ""
+        idle = sum(sim.bubble_s) / (sim.n_ranks * sim.step_time_s)
+        waits = sim.bubble_ratio - idle
+        return f"\n                       = {100 * idle:.1f}% idle + {100 * waits:.1f}% waiting on exposed p2p / " \
+               "data-parallel communication" if waits >= 0.0005 else ""
+
     def to_table(self) -> str:
         sc = self.scenario
         p = sc.plan
@@ -157,7 +169,7 @@ class Projection:
                  "(recompute counted, same convention)",
                  f"bubble ratio         {100 * self.sim.bubble_ratio:.1f}%   (mean over pp ranks, Primus pp_vis: "
                  "the share of the simulated pipeline, optimizer excluded, outside F/B/W actions; in-layer "
-                 "communication counts as busy)",
+                 "communication counts as busy)" + self._ratio_split(),
                  f"  idle per pp rank   {min(self.sim.bubble_s, default=0.0):.4f} - "
                  f"{max(self.sim.bubble_s, default=0.0):.4f} s   (JSON bubble_s_per_rank: the simulated pipeline's, "
                  "before the optimizer; the breakdown's bubble adds its rank's wait for the slowest optimizer step "
@@ -189,6 +201,15 @@ class Projection:
 def category_key(category: str) -> str | None:
     """Breakdown key of an action-time category (None for categories outside the step breakdown)."""
     return _CATEGORY.get(category)
+
+
+def plan_dict(sc: Scenario) -> dict[str, Any]:
+    """The layout and batch the table's `plan:` line prints, as JSON (the job --target-nodes projects)."""
+    p, t = sc.plan, sc.training
+    return {"tp": p.tp, "sp": p.sp_, "pp": p.pp, "vpp": p.vpp_, "cp": p.cp, "ep": p.ep, "etp": p.etp_,
+            "dp": p.dp_(), "dp_replicate": p.sharding.dp_replicate, "zero_stage": p.sharding.zero_stage,
+            "micro_batch_size": t.micro_batch_size, "global_batch_size": t.resolved_global_batch(p.dp_()),
+            "seq_length": t.seq_length}
 
 
 def _hsdp(plan: ParallelPlan) -> str:

@@ -57,6 +57,26 @@ def test_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> Non
     assert len(idle) == 2 and all(0 < b < doc["step_time_s"] for b in idle)
 
 
+@pytest.mark.parametrize("extra", [(), ("--target-nodes", "4")])
+def test_json_plan_is_the_tables_plan_line(capsys: pytest.CaptureFixture[str], extra: tuple[str, ...]) -> None:
+    """An audit found the layout the table prints (dp and microbatches after --target-nodes above all) nowhere in
+    the JSON. Its `plan` holds each number of the table's `plan:` line."""
+    import re
+
+    doc = perf_json(capsys, "--config", str(LLAMA), *extra)
+    code, out, _ = perf(capsys, "--config", str(LLAMA), *extra)
+    line = next(x for x in out.splitlines() if x.startswith("plan: "))
+    nums = {k: int(v) for k, v in re.findall(r"\b(tp|pp|vpp|cp|ep|dp|zero|microbatches) (\d+)", line)}
+    gbs, seq = (int(v) for v in re.search(r"global batch (\d+) x (\d+) tokens", line).groups())  # type: ignore
+    plan = doc["plan"]
+    assert {k: plan[k] for k in ("tp", "pp", "vpp", "cp", "ep", "dp")} == {k: nums[k] for k in
+                                                                          ("tp", "pp", "vpp", "cp", "ep", "dp")}
+    assert plan["zero_stage"] == nums["zero"] and doc["n_microbatches"] == nums["microbatches"]
+    assert (plan["global_batch_size"], plan["seq_length"]) == (gbs, seq) == (64, SEQ)
+    assert plan["sp"] == (" sp," in line) and plan["dp"] == (2 if not extra else 8)
+    assert plan["global_batch_size"] == plan["dp"] * plan["micro_batch_size"] * doc["n_microbatches"]
+
+
 def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = perf(capsys, "--config", str(LLAMA))
     assert code == 0
