@@ -133,7 +133,10 @@ def activated_params(model: ModelSpec, vocab_tp: int = 1) -> int:
 
 @dataclass(frozen=True)
 class RankParams:
-    """Parameters held by one rank of pipeline stage `pp_rank` (every TP/EP rank of a stage holds the same count)."""
+    """Parameters held by one rank of pipeline stage `pp_rank` (every TP/EP rank of a stage holds the same count).
+    `by_component["experts"]` holds every routed expert the rank holds, an MTP depth's among them (sharded over the
+    expert grid like the decoder's, Megatron builds the depth's layer like the last decoder layer); "mtp" the rest of
+    the depths."""
 
     pp_rank: int
     params: int
@@ -165,7 +168,10 @@ def per_rank_params(model: ModelSpec, plan: ParallelPlan) -> list[RankParams]:
             # Tied embeddings: the output layer reuses the embedding on the same stage, else a copy is kept.
             if not model.tie_embeddings or not slot.embedding:
                 c["output"] += output_params(model, plan.tp)
-        c["mtp"] += slot.mtp_layers * mtp_params(model, sh)
+        if slot.mtp_layers:
+            mtp_experts = layer_params(model, model.num_layers - 1, sh)["experts"]
+            c["mtp"] += slot.mtp_layers * (mtp_params(model, sh) - mtp_experts)
+            c["experts"] += slot.mtp_layers * mtp_experts
         if slot.mtp_layers and not slot.embedding:
             # MTP depths embed their shifted inputs: Megatron GPTModel builds `embedding` when mtp_process.
             c["embedding"] += embedding_params(model, plan.tp)
