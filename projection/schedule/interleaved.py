@@ -52,9 +52,12 @@ def megatron_group_size(pp: int, n_microbatches: int, group: int | None) -> int:
                                            if group is None else ""))
     rem = m % g
     if 0 < rem < pp:
+        fits = [k for k in range(pp, m + 1) if not 0 < m % k < pp]  # m itself always fits
+        other = "set --microbatch-group-size-per-virtual-pipeline-stage" if group is None else \
+            "change --microbatch-group-size-per-virtual-pipeline-stage"
         raise ValueError(f"interleaved_1f1b (Megatron): n_microbatches % group size = {m} % {g} = {rem}, which must be "
                          f"0 or >= pp = {pp} (Megatron rejects the dependency bubble); use a multiple of {g} "
-                         "microbatches or set --microbatch-group-size-per-virtual-pipeline-stage")
+                         f"microbatches or {other} to one that leaves no remainder below pp, e.g. {fits[0]}")
     return g
 
 

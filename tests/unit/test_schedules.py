@@ -337,3 +337,17 @@ def test_peak_candidates_give_the_weighted_peak(name: str, pp: int, m: int, vpp:
             full = max(sum(n * w[k] for k, n in d.items()) for d in inflight_timeline(s)[r])
             cand = max(sum(n * w[k] for k, n in st) for st in peak_candidates(s)[r])
             assert cand == pytest.approx(full, rel=1e-12)
+
+
+def test_a_group_size_the_user_gave_is_to_be_changed_and_the_hint_is_one_megatron_accepts() -> None:
+    """An audit: with --microbatch-group-size 5 given, the refusal said 'or set --microbatch-group-size'. The hint now
+    says change it, and its example is one Megatron's check accepts."""
+    from projection.schedule.interleaved import megatron_group_size
+
+    for group, verb in ((5, "change"), (None, "set")):
+        with pytest.raises(ValueError) as e:
+            megatron_group_size(4, 16 if group else 10, group)
+        text = str(e.value)
+        assert f"or {verb} --microbatch-group-size-per-virtual-pipeline-stage" in text
+        example = int(text.rsplit("e.g. ", 1)[1])
+        assert megatron_group_size(4, 16 if group else 10, example) == example
