@@ -42,10 +42,10 @@ from projection.formats.megatron_checks import (
 )
 from projection.formats.megatron_kernels import attention_backend, cuda_graphs, unmodelled_options
 from projection.formats.megatron_model import MegatronArgs, model_section
-from projection.specs.scenario import Origin, RawScenario
+from projection.specs.scenario import SET, Origin, RawScenario
 from projection.workload.stages import LayoutError, expand_layout
 
-SET_ORIGIN = "--set"
+SET_ORIGIN = SET  # a value a --set key gave (RawScenario.set refuses two spellings that disagree)
 
 
 def args_to_raw(args: Mapping[str, Any], origins: Mapping[str, Origin], *, source: str, framework: str = "megatron",

@@ -41,7 +41,7 @@ from projection.perf.search_reload import (
     runs_megatron_fsdp,
 )
 from projection.specs.plan import ParallelPlan, RecomputeSpec, ShardingSpec
-from projection.specs.scenario import RawScenario, Scenario
+from projection.specs.scenario import CLASH_FIX, RawScenario, Scenario
 from projection.specs.training import TrainingSpec
 from projection.specs.validate import layout_problems
 
@@ -170,7 +170,7 @@ def _candidate(sc: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: 
         try:
             cand = reload(over)
         except ProjectionError as err:  # every reason the loader gives, as `projection memory --set` lists them
-            return refused(err.problems)
+            return refused([_searched_clash(p) for p in err.problems])
         if not divides:  # a loader that took it anyway: the world-size rule (specs/validate.py) still holds
             return refused([_world_problem(world, tp, cp, pp)])
         _check_reloaded(sc, cand, tp, pp, cp)  # a reload that loads another job would misprice every layout
@@ -254,6 +254,16 @@ def _priced(cand: Scenario, tp: int, pp: int, vpp: int, cp: int, ep: int, mbs: i
     except ProjectionError as err:
         return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, zero, None, problems=tuple(err.problems))
     return Candidate(tp, pp, vpp, cp, ep, mbs, recompute, zero, cand, memory, proj)
+
+
+def _searched_clash(problem: Problem) -> Problem:
+    """A loader's refusal of two --set keys that disagree (RawScenario.set), where one is the search's own key for
+    the layout: said as the user's --set key holding a searched axis, which is what it is."""
+    if problem.fix != CLASH_FIX:
+        return problem
+    return Problem(f"a --set override of yours holds an axis this layout sets ({problem.message}; the first is the "
+                   "search's)", key=problem.key, file=COMMAND_LINE,
+                   fix=f"drop --set {problem.key}, or leave its axis out of the search")
 
 
 def _held_by_overrides(cand: Scenario, tp: int, pp: int, cp: int, ep: int, vpp: int | None, mbs: int | None,

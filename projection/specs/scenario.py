@@ -46,6 +46,10 @@ class Origin:
         return s
 
 
+SET = "--set"  # the Origin.file of a value a --set key gave (projection.formats.megatron.SET_ORIGIN is this)
+CLASH_FIX = "give one of them (or the same value to both)"  # the fix of two --set keys that disagree (RawScenario.set)
+
+
 @dataclass
 class RawScenario:
     """What a loader hands over: canonical nested dict + provenance. Mutable only while a loader builds it."""
@@ -75,6 +79,13 @@ class RawScenario:
                 raise ConfigError(Problem(f"{held} is a single value, so it has no key {parts[i + 1]!r}",
                                           key=origin.key or dotted, file=origin.file, line=origin.line,
                                           fix=f"set {held} itself (e.g. {held}=VALUE)"))
+        was, before = node.get(parts[-1]), self.origins.get(dotted)
+        if before is not None and before.file == origin.file == SET and before.key != origin.key and was != value:
+            # two --set keys of different spellings for one quantity (Bridge's model.tensor_model_parallel_size and
+            # plan.tp): which wins would be an accident of the loader's order
+            self.deferred.append(Problem(
+                f"--set {before.key}={was!r} and --set {origin.key}={value!r} both set {dotted}", key=origin.key,
+                file=SET, fix=CLASH_FIX))
         node[parts[-1]] = value
         # what was below `dotted` is replaced: its keys' old origins would blame the file for values --set gave
         below = dotted + "."
