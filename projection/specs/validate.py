@@ -31,7 +31,7 @@ def resolve_dp(raw: RawScenario, plan: ParallelPlan, world: int) -> tuple[Parall
         return plan, [origin_problem(
             raw, _blamed_size(raw, plan, world), f"world size {world} is not divisible by tp * cp * pp = {plan.tp} * "
             f"{plan.cp} * {plan.pp} = {mp}", "change --nodes/--gpus-per-node or the tp/cp/pp sizes so that tp*cp*pp "
-            "divides the number of GPUs")]
+            "divides the number of GPUs" + _assumed_nodes(raw))]
     dp = world // mp
     if plan.dp is not None and plan.dp != dp:
         origin = raw.origins.get("plan.dp")

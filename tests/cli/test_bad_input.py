@@ -268,6 +268,15 @@ def test_expert_grid_on_the_assumed_single_node(tmp_path: Path) -> None:
                       "1 node was assumed: give it with --nodes")
 
 
+def test_world_size_on_the_assumed_single_node(tmp_path: Path) -> None:
+    """An audit: tp x pp beyond one node's GPUs, in a file without a cluster size, named --nodes in one format's
+    message and not in another's. The world-size rule names it too."""
+    text = GOOD.replace("  pp: 2", "  pp: 8").replace("cluster:\n  hardware: mi300x\n  nodes: 1\n",
+                                                         "cluster:\n  hardware: mi300x\n")
+    assert_user_error(run("memory", "--config", str(write(tmp_path, text))), "world size 8 is not divisible",
+                      "1 node was assumed: give it with --nodes")
+
+
 def test_plans_megatron_core_refuses_at_start_up(tmp_path: Path) -> None:
     """Megatron's own start-up checks (transformer_config.py, arguments.py validate_args), all listed at once: EP with
     TP needs sequence parallelism; --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce;
