@@ -8,7 +8,8 @@ Rules, after Megatron-LM / Transformer Engine:
   `_Linear.backward`): the re-gather of the sequence-parallel input is launched before the dgrad GEMM and waited for
   before the wgrad GEMM; the reduce-scatter (all-reduce without SP) of the input gradient is launched after the dgrad
   GEMM and overlaps the next GEMM. With `overlap.tp_comm` (TE userbuffers, needs SP) the waited-for TP collectives
-  are split into tp chunks pipelined with their GEMM (action_time.pipelined_exposed_s).
+  are split into pieces pipelined with their GEMM, itself run as that many GEMMs of a share of the token rows
+  (perf/tp_overlap.py; action_time.pipelined_exposed_s).
 - CP ring attention (TE): each of the cp - 1 K/V exchanges overlaps one 1/cp chunk of the attention kernel, so the
   exposed time is (cp - 1) x max(0, step - attention / cp).
 - EP all-to-all: waited for, unless `overlap.ep_comm` (Megatron's combined 1F1B all-to-all overlap): then launched
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from projection.perf.action_time import Item, blocking, launch, pipelined_exposed_s, run, sync, wait
+from projection.perf.tp_overlap import split_gemm_s, splits
 from projection.specs.plan import ParallelPlan
 from projection.workload.ops import Op
 
@@ -137,15 +139,23 @@ class ItemBuilder:
 
     def _entries(self, entries: Sequence[Entry], backward: bool) -> list[Item]:
         out: list[Item] = []
+        ops = [e.op for e in entries]
+        split: dict[int, int] = {}  # position of a GEMM split with its overlapped TP collective -> pieces
+        if self.plan.overlap.tp_comm and self.plan.sp_:
+            for k, e in enumerate(entries):
+                if e.op.kind == "collective" and (e.op.group or "dp") == "tp" and not e.asynchronous:
+                    at = _pair_index(ops, k, forward=e.op.coll == "all_gather", kinds=GEMMS)
+                    if at is not None:
+                        split[at] = splits(self.plan, e.op.coll)
         after_next: list[int] = []  # tokens waited for after the next compute op
         before: dict[str, int] = {}  # wgrad op name -> token waited for before it
-        ops = [e.op for e in entries]
         for k, e in enumerate(entries):
             op = e.op
             if op.kind != "collective":
                 if op.name in before:
                     out.append(wait(before.pop(op.name)))
-                out.append(run("recompute" if op.recompute else op.kind, self.compute_s(op), op.count))
+                seconds = split_gemm_s(op, split[k], self.compute_s) if k in split else self.compute_s(op)
+                out.append(run("recompute" if op.recompute else op.kind, seconds, op.count))
                 if op.name in self.sync_after:
                     out.append(sync())
                 if after_next:
@@ -164,9 +174,10 @@ class ItemBuilder:
                 else:
                     after_next.append(tok)
             elif group == "tp" and self.plan.overlap.tp_comm and self.plan.sp_:
-                gemm = _pair(ops, k, forward=op.coll == "all_gather", kinds=GEMMS)
-                g = self.compute_s(gemm) if gemm is not None else 0.0
-                out.append(blocking("tp", pipelined_exposed_s(full, g, self.plan.tp), full, op.count))
+                at = _pair_index(ops, k, forward=op.coll == "all_gather", kinds=GEMMS)
+                pieces = splits(self.plan, op.coll)
+                g = split_gemm_s(ops[at], pieces, self.compute_s) if at is not None else 0.0
+                out.append(blocking("tp", pipelined_exposed_s(full, g, pieces), full, op.count))
             elif group in ("cp", "cp_a2a", "cp_ring"):
                 attn = _pair(ops, k, forward=op.recompute or not backward, kinds=("attention",))
                 # a ring step hides behind one of the ring's chunks of attention: cp of them, or the hierarchical
@@ -191,8 +202,14 @@ class ItemBuilder:
         return out
 
 
+def _pair_index(ops: Sequence[Op], k: int, *, forward: bool, kinds: tuple[str, ...]) -> int | None:
+    """Position of the nearest op of `kinds` after position k (forward=True) or before it, else on the other side."""
+    after = next((i for i in range(k + 1, len(ops)) if ops[i].kind in kinds), None)
+    before = next((i for i in range(k - 1, -1, -1) if ops[i].kind in kinds), None)
+    return (after if after is not None else before) if forward else (before if before is not None else after)
+
+
 def _pair(ops: Sequence[Op], k: int, *, forward: bool, kinds: tuple[str, ...]) -> Op | None:
     """The nearest op of `kinds` after position k (forward=True) or before it, else on the other side."""
-    after = next((o for o in ops[k + 1:] if o.kind in kinds), None)
-    before = next((o for o in reversed(ops[:k]) if o.kind in kinds), None)
-    return (after or before) if forward else (before or after)
+    i = _pair_index(ops, k, forward=forward, kinds=kinds)
+    return None if i is None else ops[i]
