@@ -44,16 +44,19 @@ PERFORMANCE: dict[str, str | None] = {
     "T3 8B fsdp128 compile fp8": ("projected 11,531.0 tokens/s/GPU (1.421 s) against 8,380 measured: +37.6 %"
                                   + _EAGER_FP8),
     "T4 70B fsdp32 tp8": None,  # +18.7 % (983.8 projected, 829 measured), 2026-12-01
-    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,166.3 tokens/s/GPU (14.048 s) against 876 measured: +33.1 %; async TP "
-                                  "gains 18.5 % in the projection and 5.7 % in the measurement" + _H100),
-    "T5 405B 3D 1F1B": "projected 145.2 tokens/s/GPU (28.202 s) against 100 measured: +45.2 %" + _PP + _H100,
-    "T5 405B 3D interleaved": ("projected 217.6 tokens/s/GPU (18.823 s, torch's lock-step runtime of the period) "
-                               "against 128 measured: +70.0 % (2026-12-01; +75.8 % before); Interleaved 1F1B gains "
-                               "50 % over 1F1B in the projection and 28 % in the measurement" + _PP),
-    "T6 405B 4D fsdp8 cp1 32k": "projected 105.2 tokens/s/GPU (38.931 s) against 76 measured: +38.4 %" + _PP + _H100,
-    "T6 405B 4D fsdp4 cp2 64k": "projected 73.3 tokens/s/GPU (55.888 s) against 47 measured: +55.9 %" + _PP,
-    "T6 405B 4D fsdp2 cp4 128k": "projected 47.1 tokens/s/GPU (86.901 s) against 31 measured: +52.0 %" + _PP,
-    "T6 405B 4D fsdp1 cp8 256k": "projected 25.5 tokens/s/GPU (160.527 s) against 16 measured: +59.5 %" + _PP,
+    "T4 70B fsdp32 tp8 asyncTP": ("projected 1,195.9 tokens/s/GPU (13.700 s) against 876 measured: +36.5 % "
+                                  "(2026-12-02, its matmuls priced as the tp pieces async TP splits them into, perf/tp_overlap.py; "
+                                  "+33.1 % before); async TP gains 21.6 % in the projection and 5.7 % in the "
+                                  "measurement" + _H100),
+    "T5 405B 3D 1F1B": "projected 143.5 tokens/s/GPU (28.534 s) against 100 measured: +43.5 %" + _PP + _H100,
+    "T5 405B 3D interleaved": ("projected 206.3 tokens/s/GPU (19.851 s, torch's lock-step runtime of the period) "
+                               "against 128 measured: +61.2 % (2026-12-02; +70.0 % before the TP-overlapped matmuls "
+                               "were priced split, +75.8 % before 2026-12-01); Interleaved 1F1B gains 44 % over "
+                               "1F1B in the projection and 28 % in the measurement" + _PP),
+    "T6 405B 4D fsdp8 cp1 32k": "projected 104.3 tokens/s/GPU (39.263 s) against 76 measured: +37.3 %" + _PP + _H100,
+    "T6 405B 4D fsdp4 cp2 64k": "projected 72.9 tokens/s/GPU (56.221 s) against 47 measured: +55.0 %" + _PP,
+    "T6 405B 4D fsdp2 cp4 128k": "projected 47.0 tokens/s/GPU (87.233 s) against 31 measured: +51.5 %" + _PP,
+    "T6 405B 4D fsdp1 cp8 256k": "projected 25.5 tokens/s/GPU (160.860 s) against 16 measured: +59.1 %" + _PP,
     # eager FSDP2 rows on the part they ran on, within the limit since the eager elementwise chains are priced
     # (2026-11-30; before: +26.6 / +29.0 / +20.1 %)
     "A 8B fsdp64 sel layer": None,  # 3,172.4 projected, 2,904 measured: +9.2 %
