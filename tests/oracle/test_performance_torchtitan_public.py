@@ -46,8 +46,8 @@ PERFORMANCE: dict[str, str | None] = {
     "T4 70B fsdp32 tp8": None,  # +18.7 % (983.8 projected, 829 measured), 2026-12-01
     "T4 70B fsdp32 tp8 asyncTP": ("projected 1,195.9 tokens/s/GPU (13.700 s) against 876 measured: +36.5 % "
                                   "(2026-12-02, its matmuls priced as the tp pieces async TP splits them into, "
-                                  "perf/tp_overlap.py; +33.1 % before); async TP gains 21.6 % in the projection and 5.7 % in the "
-                                  "measurement" + _H100),
+                                  "perf/tp_overlap.py; +33.1 % before); async TP gains 21.6 % in the projection "
+                                  "and 5.7 % in the measurement" + _H100),
     "T5 405B 3D 1F1B": "projected 143.5 tokens/s/GPU (28.534 s) against 100 measured: +43.5 %" + _PP + _H100,
     "T5 405B 3D interleaved": ("projected 206.3 tokens/s/GPU (19.851 s, torch's lock-step runtime of the period) "
                                "against 128 measured: +61.2 % (2026-12-02; +70.0 % before the TP-overlapped matmuls "
