@@ -54,6 +54,14 @@ class MemoryReport:
             return f"expandable segments: {EXPANDABLE_PAGE_BYTES // 2**20} MiB pages, no fragmentation allowance"
         return f"default caching allocator: + {FRAGMENTATION_OF_ACTIVATIONS:.0%} of activations for fragmentation"
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the job runs that the estimate prices as something else (the table's and JSON's notes)."""
+        from projection.specs.validate import FP8_WITHOUT_AMP, torchtitan_fp8_without_amp
+
+        sc = self.scenario
+        return (FP8_WITHOUT_AMP,) if torchtitan_fp8_without_amp(sc.framework, sc.plan, sc.training) else ()
+
     def to_dict(self) -> dict[str, Any]:
         sc = self.scenario
         return {
@@ -66,6 +74,7 @@ class MemoryReport:
                        "cpu_bytes": r.cpu_bytes, "bytes": dict(r.bytes), "terms": dict(r.terms),
                        "inflight_microbatches": {str(k): v for k, v in r.inflight.items()}, "layers": r.layers}
                       for r in self.ranks],
+            "notes": list(self.notes),
         }
 
     def to_table(self) -> str:
@@ -94,6 +103,7 @@ class MemoryReport:
         if cpu:
             lines.append(f"CPU (offloaded optimizer state and activations, pinned host memory) per rank: "
                          f"{cpu / GiB:.2f} GiB")
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 

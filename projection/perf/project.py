@@ -40,6 +40,7 @@ from projection.sim.result import SimResult, uncovered_length, union_intervals
 from projection.specs.accumulation import one_round, rounds, schedule_microbatches
 from projection.specs.plan import MEGATRON_SCHEDULES, ScheduleName
 from projection.specs.scenario import Scenario
+from projection.specs.validate import FP8_WITHOUT_AMP, torchtitan_fp8_without_amp
 from projection.workload.model_flops import model_flops_per_step
 
 Engine = Literal["des", "dag"]
@@ -229,13 +230,12 @@ def _unmodelled(sc: Scenario) -> list[str]:
         notes.append("Muon: the Newton-Schulz orthogonalisation of each weight matrix (about 5 x (4 m^2 n + 2 m^3) "
                      "FLOPs for an m x n matrix, m <= n) is not priced; the optimizer step is priced as its "
                      "elementwise update with one moment")
-    if "torchtitan" in sc.framework and plan.sharding.zero_stage == 0:  # specs/validate.torchtitan_without_fsdp
-        fp8_no_amp = sc.training.fp8 is not None and (plan.tp > 1 or plan.pp > 1)
+    if torchtitan_fp8_without_amp(sc.framework, plan, sc.training):
+        notes.append(FP8_WITHOUT_AMP)
+    elif "torchtitan" in sc.framework and plan.sharding.zero_stage == 0:  # specs/validate.torchtitan_without_fsdp
         notes.append("TorchTitan applies no FSDP at dp_shard x cp = 1"
                      + (", and under TP or PP no mixed precision: the job is priced in fp32"
-                        if sc.training.params_dtype == "fp32" else "")
-                     + (" (float8 converters keep fp32 master weights and outputs there, which is not modelled: "
-                        "priced with bf16 mixed precision)" if fp8_no_amp else ""))
+                        if sc.training.params_dtype == "fp32" else ""))
     if k.compiled:
         notes.append("torch.compile: memory follows the compiled blocks' saved tensors, and each norm, RoPE and "
                      "activation is priced as one fused kernel a direction (uncompiled, TorchTitan's blocks run them "

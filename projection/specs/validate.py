@@ -87,6 +87,20 @@ def torchtitan_without_fsdp(framework: str, plan: ParallelPlan, training: Traini
     return plan, training
 
 
+def torchtitan_fp8_without_amp(framework: str, plan: ParallelPlan, training: TrainingSpec) -> bool:
+    """A TorchTitan job torchtitan_without_fsdp leaves without mixed precision (no FSDP, TP or PP) that converts its
+    linears to float8: torchao's Float8Linear keeps fp32 weights and returns fp32 outputs there, which projection
+    does not model (fp8 is modelled over bf16 or fp16 params); it is priced with bf16 mixed precision instead."""
+    return "torchtitan" in framework and plan.sharding.zero_stage == 0 and training.fp8 is not None \
+        and (plan.tp > 1 or plan.pp > 1)
+
+
+FP8_WITHOUT_AMP = ("TorchTitan applies no FSDP at dp_shard x cp = 1 and, under TP or PP, no mixed precision: the job "
+                   "runs in fp32, and float8 converters keep fp32 master weights and outputs there, which is not "
+                   "modelled: memory and time are priced with bf16 mixed precision (in fp32 the weights and "
+                   "activations take twice the bytes and the optimizer keeps no separate master copy)")
+
+
 def torchtitan_ddp_problem(framework: str, asked: ParallelPlan, runs: ParallelPlan) -> Problem | None:
     """TorchTitan replicas whose shard group resolved to one rank run as DDP (torchtitan_without_fsdp), which
     TorchTitan refuses beside TP or PP (apply_ddp: "DDP has not supported > 1D parallelism")."""

@@ -1,0 +1,31 @@
+"""A TorchTitan job without FSDP under TP or PP runs in fp32; with float8 converters projection prices it with bf16
+mixed precision (fp8 is modelled over bf16 or fp16 params). `performance` said so; an audit found `memory` printing
+the same bf16 figures without a word. Both now carry one note, in the table and in the JSON; a job that does run
+mixed precision carries none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.memory.estimate import estimate_memory
+from projection.perf import project
+from projection.specs.validate import FP8_WITHOUT_AMP
+
+TOML = Path(__file__).resolve().parents[2].parent / "shared/fixtures/torchtitan/llama3_405b.toml"
+
+
+def test_memory_and_performance_say_what_they_price() -> None:
+    if not TOML.is_file():
+        pytest.skip("shared/fixtures/torchtitan absent (user clone)")
+    sc = api.load(TOML)
+    assert sc.training.fp8 is not None and sc.plan.sharding.zero_stage == 0 and sc.plan.tp * sc.plan.pp > 1
+    report = estimate_memory(sc)
+    assert report.notes == (FP8_WITHOUT_AMP,) and report.to_dict()["notes"] == [FP8_WITHOUT_AMP]
+    assert f"note: {FP8_WITHOUT_AMP}" in report.to_table()
+    assert FP8_WITHOUT_AMP in project(sc).notes
+    fsdp = api.load(TOML, nodes=4)  # dp_shard 4: FSDP's mixed precision, as priced
+    assert fsdp.plan.sharding.zero_stage == 3 and estimate_memory(fsdp).notes == ()
+    assert FP8_WITHOUT_AMP not in project(fsdp).notes
