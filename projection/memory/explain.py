@@ -72,7 +72,10 @@ def state_formulas(sc: Scenario, pp_rank: int) -> list[tuple[str, sp.Expr, Mappi
     return [
         ("weights (params)", n(3) * w_bytes * state_gpu, subs),
         ("gradients (main grads)", n(2) * g_bytes * state_gpu, subs),
-        ("optimizer (master + moments)", n(1) * (master + moment_bytes) * on_gpu, subs),
+        # FSDP2's fp32 master is the sharded parameter itself (the weights line); mixed precision elsewhere keeps a
+        # master copy beside the moments; without mixed precision there is none
+        ("optimizer (master + moments)" if master else "optimizer (moments)", n(1) * (master + moment_bytes)
+         * on_gpu, subs),
     ]
 
 

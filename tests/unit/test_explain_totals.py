@@ -134,3 +134,14 @@ def test_fp8_param_gather_weights_add_up() -> None:
         assert sc.training.fp8 is not None and sc.training.fp8.param_gather
         report = estimate_memory(sc)
         assert _weights_add_up(report) == len(report.ranks)
+
+
+def test_the_optimizer_line_names_a_master_copy_only_where_one_is_kept() -> None:
+    """FSDP2 keeps its fp32 master as the sharded parameter (the weights line, 4 B each): the optimizer line holds
+    the moments only; an audit read 'optimizer (master + moments) 8*P/d' on a TorchTitan job."""
+    megatron = explain(estimate_memory(api.load(EXAMPLE)))
+    assert "optimizer (master + moments)   12*P_dense" in megatron
+    titan = Path(__file__).resolve().parents[2] / "benchmarks" / "torchtitan_runs" / "t1_llama31_8b_fsdp8.toml"
+    text = explain(estimate_memory(api.load(titan, hardware="h100-sxm")))
+    assert "optimizer (moments)            8*P_dense/d_dense" in text and "master" not in text.split("optimizer (")[1][:9]
+    assert "weights (params)               4*P_dense/d_dense" in text
