@@ -57,10 +57,18 @@ class MemoryReport:
     @property
     def notes(self) -> tuple[str, ...]:
         """What the job runs that the estimate prices as something else (the table's and JSON's notes)."""
+        from projection.schedule.registry import SPLIT_BACKWARD
         from projection.specs.validate import FP8_WITHOUT_AMP, torchtitan_fp8_without_amp
 
         sc = self.scenario
-        return (FP8_WITHOUT_AMP,) if torchtitan_fp8_without_amp(sc.framework, sc.plan, sc.training) else ()
+        out = [FP8_WITHOUT_AMP] if torchtitan_fp8_without_amp(sc.framework, sc.plan, sc.training) else []
+        if sc.plan.schedule in SPLIT_BACKWARD and sc.plan.pp > 1:
+            out.append(f"{sc.plan.schedule} splits each backward into an input-gradient pass and a deferred "
+                       "weight-gradient pass: what a microbatch keeps between the two (each linear's input, "
+                       "recomputed under activation recompute, and its output gradient) is not counted, so the "
+                       "activation peak can be higher than shown (schedule/inflight.py counts those microbatches; "
+                       "their bytes are not modelled)")
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         sc = self.scenario

@@ -41,6 +41,7 @@ from projection.perf.items import GEMMS, Entry, ItemBuilder, Unit, mark_async
 from projection.perf.placement import boundary_placement, op_placements
 from projection.perf.stage_params import StageParams, stage_params
 from projection.schedule.action import Schedule
+from projection.schedule.registry import SPLIT_BACKWARD
 from projection.sim.costs import CommTask, StageCosts
 from projection.specs.model import keys_per_query
 from projection.specs.scenario import Scenario
@@ -49,7 +50,6 @@ from projection.workload.ops import Op, embedding_ops, layer_ops, mtp_ops, outpu
 from projection.workload.ops_base import cp_exchange
 from projection.workload.stages import StageSlot, split_stages
 
-SPLIT_BACKWARD = frozenset({"zb_h1", "zb_h2", "zbv", "v_half", "v_min", "dualpipe", "dualpipev"})
 """Schedules whose action lists hold separate I and W actions (checked against build_schedule in the tests)."""
 
 

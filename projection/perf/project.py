@@ -250,10 +250,12 @@ def _memory(sc: Scenario, notes: list[str]) -> MemoryReport | None:
     from projection.memory.estimate import estimate_memory
 
     try:
-        return estimate_memory(sc)
+        report = estimate_memory(sc)
     except PlanError as e:
         notes.append(f"memory not estimated: {e.problems[0].message}")
         return None
+    notes += [n for n in report.notes if n not in notes]  # what the memory verdict leaves out, said here too
+    return report
 
 
 def _peak(sc: Scenario) -> tuple[str, float]:

@@ -33,6 +33,9 @@ _TWO_STAGES = {"zbv": zbv, "v_half": v_half, "v_min": v_min, "dualpipev": dualpi
 # The schedules torch.distributed.pipelining runs (GPipe, 1F1B, Interleaved1F1B, LoopedBFS as looped gpipe,
 # ZBVZeroBubble, DualPipeV): the ones `--schedule all` compares for a torch-style (TorchTitan) plan.
 TORCH_SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev"})
+# schedules whose backward runs as an input-gradient pass I and a weight-gradient pass W (checked against the built
+# action lists in tests/unit/test_perf_core.py)
+SPLIT_BACKWARD = frozenset({"zb_h1", "zb_h2", "zbv", "v_half", "v_min", "dualpipe", "dualpipev"})
 
 
 def stages_per_rank_problem(name: str, vpp: int) -> str | None:

@@ -1,4 +1,5 @@
-"""A TorchTitan job without FSDP under TP or PP runs in fp32; with float8 converters projection prices it with bf16
+"""What the memory estimate prices as something else says so (MemoryReport.notes). A TorchTitan job without FSDP
+under TP or PP runs in fp32; with float8 converters projection prices it with bf16
 mixed precision (fp8 is modelled over bf16 or fp16 params). `performance` said so; an audit found `memory` printing
 the same bf16 figures without a word. Both now carry one note, in the table and in the JSON; a job that does run
 mixed precision carries none."""
@@ -29,3 +30,16 @@ def test_memory_and_performance_say_what_they_price() -> None:
     fsdp = api.load(TOML, nodes=4)  # dp_shard 4: FSDP's mixed precision, as priced
     assert fsdp.plan.sharding.zero_stage == 3 and estimate_memory(fsdp).notes == ()
     assert FP8_WITHOUT_AMP not in project(fsdp).notes
+
+
+def test_a_split_backward_schedule_says_its_deferred_weight_gradients_are_not_counted() -> None:
+    """The memory estimate counts microbatches in flight until their input-gradient pass; what a zero-bubble
+    schedule keeps until the deferred weight-gradient pass is not counted. The report says so, for the split
+    schedules only (Primus's own projection refuses recompute with them for this reason, primus-projection.md
+    §4.7), and the performance projection's memory verdict carries the same note."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3.1_70B-mi300x.yaml"
+    for schedule, split in (("1f1b", False), ("zb_h1", True), ("zb_h2", True)):
+        sc = api.load(example, overrides={"plan.schedule": schedule, "plan.vpp": 1})
+        notes = [n for n in estimate_memory(sc).notes if "weight-gradient pass" in n]
+        assert bool(notes) == split, schedule
+        assert [n for n in project(sc).notes if "weight-gradient pass" in n] == notes
