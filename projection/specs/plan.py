@@ -68,6 +68,15 @@ class RecomputeSpec(Spec):
     modules: tuple[str, ...] = ()
     distribute_saved_activations: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _selective_default(cls, data: Any) -> Any:
+        """selective without modules recomputes Megatron's default `--recompute-modules`, core_attn (arguments.py),
+        as a Megatron file resolves it; an empty list would recompute nothing, silently."""
+        if isinstance(data, dict) and data.get("granularity") == "selective" and not data.get("modules"):
+            return {**data, "modules": ("core_attn",)}
+        return data
+
     @field_validator("modules")
     @classmethod
     def _known_modules(cls, modules: tuple[str, ...]) -> tuple[str, ...]:

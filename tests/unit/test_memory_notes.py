@@ -43,3 +43,4 @@ def test_a_split_backward_schedule_says_its_deferred_weight_gradients_are_not_co
         notes = [n for n in estimate_memory(sc).notes if "weight-gradient pass" in n]
         assert bool(notes) == split, schedule
         assert [n for n in project(sc).notes if "weight-gradient pass" in n] == notes
+
