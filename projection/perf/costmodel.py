@@ -67,8 +67,8 @@ def nic_gpus(scenario: Scenario) -> int | None:
     """The GPUs that share a node's NICs where the NIC count is stated for the cluster's own node (a what-if edit of
     `cluster.device.nic.count_per_node`): the cluster's GPUs per node; None (the device's node) otherwise, so that
     `--gpus-per-node` keeps each GPU's NIC share (Fabric.from_specs)."""
-    before = scenario.device_as_loaded
-    edited = before is not None and before.nic.count_per_node != scenario.cluster.device.nic.count_per_node
+    # stated, whatever its value (the device's own count stated for a node of other GPUs is a what-if too)
+    edited = scenario.device_as_loaded is not None and "cluster.device.nic.count_per_node" in scenario.origins
     return scenario.cluster.gpus_per_node if edited else None
 
 

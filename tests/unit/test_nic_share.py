@@ -44,3 +44,17 @@ def test_four_gpu_nodes_price_as_their_nics_stated(capsys: pytest.CaptureFixture
     assert not any("NIC share" in n for n in stated["notes"])
     eight = _perf(capsys, "--nodes", "4")
     assert kept["comm_total_s"]["tp"] > 1.5 * eight["comm_total_s"]["tp"]
+
+
+def test_a_stated_nic_count_counts_even_when_it_equals_the_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    """An audit stated 4, 6, 7, 8, 9 and 16 NICs for 4-GPU H100 nodes: 8, the device's own count, was priced as if
+    nothing were stated (each GPU its one NIC: 0.1099 s of data-parallel communication, the 4-NIC figure), between
+    7 (0.0628 s) and 9 (0.0489 s). A stated count is shared by the node's GPUs whatever its value."""
+    llama = REPO / "examples" / "llama3_8b_inline.yaml"
+    dp = {}
+    for n in (4, 7, 8, 9):
+        doc = perf_json(capsys, "--config", str(llama), "--hardware", "h100", "--nodes", "8", "--gpus-per-node", "4",
+                        "--set", f"cluster.device.nic.count_per_node={n}")
+        dp[n] = doc["comm_total_s"]["dp"]
+    assert dp[4] > dp[7] > dp[8] > dp[9]
+    assert dp[8] == pytest.approx(dp[4] / 2, rel=0.05)  # bandwidth-bound: 8 NICs for 4 GPUs, twice 4's share
