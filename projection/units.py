@@ -33,7 +33,12 @@ GB = 10**9
 
 
 def parse_bytes(text: str | int | float) -> float:
-    """Bytes from '192GB' (1.92e11), '64GiB' (68719476736), '1.5e9' or a bare number (123 -> 123.0)."""
+    """Bytes from '192GB' (1.92e11), '64GiB' (68719476736), '1.5e9' or a bare number (123 -> 123.0). An upper-case
+    prefix before a lower-case 'b' ('192Gb') is refused: datasheets write bits so (parse_bandwidth reads '400Gb/s' as
+    bits), a factor of 8 away from the bytes meant."""
+    m = _QTY.match(text) if isinstance(text, str) else None
+    if m and m.group(3) == "b" and m.group(2) and m.group(2)[0].isupper():
+        raise ValueError(f"{text!r} reads as bits ({m.group(2)}b), not bytes: write {m.group(1)}{m.group(2)}B")
     return _parse(text, "bytes", lambda unit: 1.0 if unit.lower() in _BYTE_UNITS else None)
 
 

@@ -48,8 +48,13 @@ def _number(parse: Callable[[str], float] | None = None, *, integer: bool = Fals
 # (a host issue time of 1e300 s) rather than project anything
 FlopPerS = Annotated[float, _number(parse_flop_rate), Field(ge=1e6, le=1e18)]
 Bytes = Annotated[int, _number(parse_bytes, integer=True), Field(gt=0)]
+# a device's memory: at least 256 MiB (every accelerator here holds GiBs; a bare '192' or '40' is a unit slip)
+MemoryBytes = Annotated[int, _number(parse_bytes, integer=True), Field(ge=2**28, le=2**50)]
 BytesPerS = Annotated[float, _number(parse_bandwidth), Field(ge=1e3, le=1e15)]
 Seconds = Annotated[float, _number(parse_duration), Field(gt=0, le=3600)]
+# a message's latency across a link or fabric: at most 100 ms (GPU fabrics' are microseconds, a CPU's gloo a few
+# hundred; a bare 5, meant as 5 us, is a unit slip)
+Latency = Annotated[float, _number(parse_duration), Field(gt=0, le=0.1)]
 Count = Annotated[int, _number(), Field(gt=0)]
 Watts = Annotated[float, _number(), Field(gt=0)]
 
@@ -65,7 +70,7 @@ class IntraNodeLinkSpec(Spec):
     topology: Literal["mesh", "switch"]
     links_per_gpu: Count
     bandwidth_per_direction_bytes_per_s: BytesPerS
-    latency_s: Seconds
+    latency_s: Latency
     efficiency: Annotated[float, _number(), Field(gt=0, le=1)] | None = None
     """The bus-bandwidth fraction of the per-direction line rate a ring collective reaches (protocol overhead);
     None = line rate."""
@@ -79,7 +84,7 @@ class NicSpec(Spec):
 
     count_per_node: Count
     bandwidth_bytes_per_s: BytesPerS
-    latency_s: Seconds
+    latency_s: Latency
     efficiency: Annotated[float, _number(), Field(gt=0, le=1)] | None = None
 
 
@@ -137,7 +142,7 @@ class DeviceSpec(Spec):
     Transformer Engine's MXFP8 recipes need it."""
     peak_flop_per_s: dict[Dtype, FlopPerS] = Field(min_length=1)
     """Datasheet peak, dense, FLOP/s per dtype. A dtype the part cannot run (or whose peak is unknown) is absent."""
-    hbm_bytes: Bytes
+    hbm_bytes: MemoryBytes
     hbm_bandwidth_bytes_per_s: BytesPerS
     gpus_per_node: Count  # GPUs in the typical node of this part (8 for every bundled device)
     intra_node: IntraNodeLinkSpec
@@ -228,6 +233,11 @@ _EXAMPLES = {  # dotted key, else leaf key -> an example value for the fix line;
     "bandwidth_bytes_per_s": "400Gbps or 5.0e+10", "latency_s": "2us or 2.0e-6", "gpus_per_node": "8",
     "links_per_gpu": "7", "count_per_node": "8", "nic.efficiency": "0.96",
     "host_link_bytes_per_s": "63GB/s or 6.3e+10"}
+
+
+def value_example(loc: tuple[str, ...]) -> str:
+    """An example value for a device field's fix line ('' where none is listed)."""
+    return _EXAMPLES.get(".".join(loc), _EXAMPLES.get(loc[-1] if loc else "", ""))
 
 
 def list_devices(search_dir: Path = HARDWARE_DIR) -> list[str]:
@@ -357,7 +367,7 @@ def _problem(err: Any, path: Path, lines: dict[tuple[str, ...], int]) -> Problem
     key = ".".join(loc) or None
     line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
     kind = err["type"]
-    example = _EXAMPLES.get(key or "", _EXAMPLES.get(loc[-1] if loc else "", ""))
+    example = value_example(loc)
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         message = "unknown key"

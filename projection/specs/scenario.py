@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from projection.errors import ConfigError, PlanError, Problem, shown
 from projection.specs.base import Spec
-from projection.specs.hardware import ClusterSpec, DeviceSpec
+from projection.specs.hardware import ClusterSpec, DeviceSpec, value_example
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import TrainingSpec
@@ -259,7 +259,9 @@ def _edited_device(raw: RawScenario, device: DeviceSpec, edits: Any) -> tuple[De
                                       e["msg"].removeprefix("Value error, "),
                                       "use a field of the device YAML (hardware_specs/README.md), e.g. "
                                       "cluster.device.nic.count_per_node" if unknown else
-                                      f"give cluster.device.{loc} a valid value"))
+                                      f"give cluster.device.{loc} a valid value"
+                                      + (f" with its unit, e.g. {ex}" if (ex := value_example(
+                                          tuple(loc.split(".")))) else "")))
         return device, out
 
 

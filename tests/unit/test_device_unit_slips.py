@@ -1,0 +1,34 @@
+"""Device values a unit slip makes, refused at their key with an example (an audit: `hbm_bytes: 192` projected
+"46.18 GiB of 0.0 GiB -> OUT OF MEMORY"; `nic.latency_s: 5`, meant as 5 us, priced 70 s of data-parallel
+communication; `192Gb` read as 192 GB where datasheets write bits so)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+from projection.errors import ConfigError
+from projection.units import parse_bytes
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_inline.yaml"
+
+
+@pytest.mark.parametrize("key,value,fix", [("hbm_bytes", "192", "192GB"), ("hbm_bytes", 40, "192GB"),
+                                           ("hbm_bytes", "192Gb", "192GB"), ("nic.latency_s", 5, "2us"),
+                                           ("intra_node.latency_s", "0.5", "2us")])
+def test_refused_at_its_key_with_an_example(key: str, value: object, fix: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        api.load(EXAMPLE, overrides={f"cluster.device.{key}": value})
+    (problem,) = err.value.problems
+    assert problem.key == f"--set cluster.device.{key}" and fix in (problem.fix or "")
+
+
+def test_the_real_values_still_load() -> None:
+    for key, value in (("hbm_bytes", "60GiB"), ("hbm_bytes", "192GB"), ("nic.latency_s", "5us"),
+                       ("nic.latency_s", 5e-6), ("hbm_bytes", 2.0e11)):
+        api.load(EXAMPLE, overrides={f"cluster.device.{key}": value})
+    assert parse_bytes("192GB") == parse_bytes("192gb") == 1.92e11 and parse_bytes("64GiB") == 2**36
+    with pytest.raises(ValueError, match="reads as bits"):
+        parse_bytes("80Mb")
