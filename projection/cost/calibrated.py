@@ -47,7 +47,8 @@ from projection.cost.collectives import (
 )
 from projection.cost.device_rows import DeviceRows, own_device_rows
 from projection.cost.model import collective_op_seconds
-from projection.cost.roofline import RooflineCostModel
+from projection.cost.roofline import RooflineCostModel, peak_dtype
+from projection.specs.hardware import DeviceSpec
 from projection.workload.ops import Op
 from projection.workload.ops_base import kernel_fn
 
@@ -172,8 +173,12 @@ class CalibratedCostModel:
 
     def __init__(self, calibration: Calibration, fallback: RooflineCostModel | None = None, *,
                  fabric: Fabric | None = None, groups: Mapping[str, GroupPlacement] | None = None,
-                 name: str = "calibration", path: Path | None = None, measured_on: Fabric | None = None) -> None:
+                 name: str = "calibration", path: Path | None = None, measured_on: Fabric | None = None,
+                 measured_device: DeviceSpec | None = None) -> None:
         self.calibration, self.fallback, self.name = calibration, fallback, name
+        # the device the compute tables were measured on, where the priced one is an edit of it (a what-if's peak
+        # FLOP/s or HBM bandwidth): a measured time is scaled by the ratio of the two (compute_ratio)
+        self.measured_device = measured_device
         # a mixed-device calibration prices the projected device from its own rows only (cost/device_rows.py)
         self.device_rows = own_device_rows(calibration, fallback.device) if fallback is not None \
             else DeviceRows(calibration)
@@ -263,9 +268,24 @@ class CalibratedCostModel:
         return "roofline"
 
     # ---- lookups
+    def compute_ratio(self, op: Op) -> float:
+        """measured / priced device's rate for a compute op's bound: the dtype's peak for GEMMs and attention, the HBM
+        bandwidth for memory-bound ops; 1 without a measured device or where either lacks the number."""
+        was, now = self.measured_device, self.fallback.device if self.fallback is not None else None
+        if was is None or now is None or was == now:
+            return 1.0
+        if op.kind == "memory_bound":
+            return was.hbm_bandwidth_bytes_per_s / now.hbm_bandwidth_bytes_per_s
+        a = {str(k): v for k, v in was.peak_flop_per_s.items()}.get(peak_dtype(was, op.dtype))
+        b = {str(k): v for k, v in now.peak_flop_per_s.items()}.get(peak_dtype(now, op.dtype))
+        return a / b if a and b else 1.0
+
     def _priced(self, op: Op) -> tuple[float, str]:
         if op not in self._cache:
             seconds, label = self._lookup(op)
+            ratio = self.compute_ratio(op) if label.startswith("calibrated:") else 1.0
+            if ratio != 1.0:  # a measured table on an edited device (the roofline fallback prices the edit already)
+                seconds, label = seconds * ratio, f"{label} (x {1 / ratio:.3g} the measured rate: the device edit)"
             # A measured rate above the device's datasheet peak cannot be this device's (another part's table, or a
             # bad row): never price a compute op faster than its peak.
             bound = self.fallback.peak_seconds(op) if self.fallback is not None else 0.0

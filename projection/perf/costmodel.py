@@ -59,8 +59,13 @@ def default_cost_model(scenario: Scenario, calibration: Path | None = None) -> C
     path = Path(calibration) if calibration is not None else shipped_calibration(device.name)
     if path is None:
         return roofline
+    # the compute tables' device: the shipped file's bundled part, or for one's own file the device before the
+    # what-if edits (None without edits: measured on the device as priced)
+    measured_device = (_bundled_device(device.name) if calibration is None else scenario.device_as_loaded) \
+        if scenario.device_as_loaded is not None else None
     return CalibratedCostModel(load_calibration(path), roofline, groups=roofline.groups, name=path.name, path=path,
-                               measured_on=_shipped_machine(scenario) if calibration is None else _unedited(scenario))
+                               measured_on=_shipped_machine(scenario) if calibration is None else _unedited(scenario),
+                               measured_device=measured_device)
 
 
 def nic_gpus(scenario: Scenario) -> int | None:

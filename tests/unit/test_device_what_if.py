@@ -93,3 +93,31 @@ def test_an_own_calibration_prices_the_edit_from_the_cluster_as_loaded() -> None
     explicit = default_cost_model(sc, calibration=own).collective_seconds("reduce_scatter", SIZE, DP)
     assert explicit == pytest.approx(default_cost_model(sc).collective_seconds("reduce_scatter", SIZE, DP), rel=1e-9)
     assert explicit / seconds() == pytest.approx(8.0, rel=0.01)
+
+
+def test_peak_and_hbm_edits_reach_the_calibrated_compute_tables(tmp_path: Path) -> None:
+    """An audit doubled and halved the bf16 peak on mi300x: the calibrated GEMMs moved -2.6 / +9 % (the halved peak
+    only capping them), the fp8 step not at all, while MFU was quoted against the edited peak. A measured time is now
+    scaled by the measured / edited rate (the dtype's peak for GEMMs and attention, HBM bandwidth for memory-bound
+    ops), as the collectives are by their fabric; the roofline fallback prices the edited device by itself."""
+    from projection.workload.ops_base import gemm, mem
+
+    def priced(*edits: str, calibration: Path | None = None) -> tuple[tuple[float, str], tuple[float, str]]:
+        sc = api.load(EXAMPLE, overrides=dict(e.split("=", 1) for e in edits))
+        model = default_cost_model(sc, calibration=calibration)
+        g = gemm("fc1", "F", 4096, 4096, 4096, "bf16", 2, layout="TN")  # inside the measured bf16 table
+        m = mem("add", "F", 2**27, 2**27)
+        return (model.op_seconds(g), model.provenance(g)), (model.op_seconds(m), model.provenance(m))
+
+    (g1, g1_src), (m1, m1_src) = priced()
+    (g2, g2_src), (m2, _) = priced("cluster.device.peak_flop_per_s.bf16=2614.8TFLOP/s",
+                                   "cluster.device.hbm_bandwidth_bytes_per_s=10.6TB/s")
+    assert g1_src.startswith("calibrated: mi300x.json gemm bf16") and m1_src.startswith("calibrated: mi300x.json")
+    assert g2 == pytest.approx(g1 / 2, rel=1e-9) and m2 == pytest.approx(m1 / 2, rel=1e-9)
+    assert "the device edit" in g2_src
+    # one's own calibration is taken as measured on the device as loaded: scaled by the edit the same way
+    own = tmp_path / "own.json"
+    own.write_text((Path(__file__).resolve().parents[2] / "calibrations" / "mi300x.json").read_text())
+    (o1, _), _ = priced(calibration=own)
+    (o2, _), _ = priced("cluster.device.peak_flop_per_s.bf16=653.7TFLOP/s", calibration=own)
+    assert o1 == pytest.approx(g1) and o2 == pytest.approx(2 * o1, rel=1e-9)
