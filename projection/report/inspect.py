@@ -30,7 +30,9 @@ class InspectReport:
             "cluster": {"hardware": sc.cluster.device.name, "nodes": sc.cluster.nodes,
                         "gpus_per_node": sc.cluster.gpus_per_node, "world_size": sc.world_size,
                         "inter_node_topology": sc.cluster.inter_node_topology,
-                        "oversubscription": sc.cluster.oversubscription},
+                        "oversubscription": sc.cluster.oversubscription,
+                        "device_edits": {k[len("cluster.device."):]: v for k, v, _ in self.resolved
+                                         if k.startswith("cluster.device.")}},
             "origins": {k: o for k, _, o in self.resolved},
             "derived": self.derived,
             "params": {
@@ -87,6 +89,14 @@ def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
         out.append((prefix, value))
 
 
+def _device_value(sc: Scenario, dotted: str) -> Any:
+    """The value of field `cluster.device.<path>` of the scenario's (edited) device."""
+    node: Any = sc.cluster.device.model_dump()
+    for part in dotted.split(".")[2:]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def build_inspect_report(sc: Scenario) -> InspectReport:
     flat: list[tuple[str, Any]] = []
     for name in ("model", "training", "plan"):
@@ -95,6 +105,8 @@ def build_inspect_report(sc: Scenario) -> InspectReport:
              ("cluster.gpus_per_node", sc.cluster.gpus_per_node),
              ("cluster.inter_node_topology", sc.cluster.inter_node_topology),
              ("cluster.oversubscription", sc.cluster.oversubscription)]
+    # what-if edits of the device (--set cluster.device.*): each edited field as the projection uses it
+    flat += [(k, _device_value(sc, k)) for k in sorted(sc.origins) if k.startswith("cluster.device.")]
     resolved = tuple((k, v, origin_of(sc, k)) for k, v in flat)
     m, p, t = sc.model, sc.plan, sc.training
     dp = p.dp_()

@@ -121,3 +121,17 @@ def test_peak_and_hbm_edits_reach_the_calibrated_compute_tables(tmp_path: Path) 
     (o1, _), _ = priced(calibration=own)
     (o2, _), _ = priced("cluster.device.peak_flop_per_s.bf16=653.7TFLOP/s", calibration=own)
     assert o1 == pytest.approx(g1) and o2 == pytest.approx(2 * o1, rel=1e-9)
+
+
+def test_inspect_shows_the_device_edits() -> None:
+    """An audit: `inspect --set cluster.device.hbm_bytes=60GiB` printed nothing of the edit that `memory` used."""
+    from projection.report.inspect import build_inspect_report
+
+    sc = api.load(EXAMPLE, overrides={"cluster.device.hbm_bytes": "60GiB", "cluster.device.nic.count_per_node": 4})
+    report = build_inspect_report(sc)
+    rows = {k: (v, o) for k, v, o in report.resolved}
+    assert rows["cluster.device.hbm_bytes"][0] == 60 * 2**30 == sc.cluster.device.hbm_bytes
+    assert rows["cluster.device.nic.count_per_node"][0] == 4 and "--set" in rows["cluster.device.hbm_bytes"][1]
+    assert report.to_dict()["cluster"]["device_edits"] == {"hbm_bytes": 60 * 2**30, "nic.count_per_node": 4}
+    assert "cluster.device.hbm_bytes" in report.to_table()
+    assert "device_edits" in build_inspect_report(api.load(EXAMPLE)).to_dict()["cluster"]
