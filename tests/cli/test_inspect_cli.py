@@ -27,7 +27,7 @@ def test_inspect_json_matches_meta_model() -> None:
 
     d = run_json()
     assert d["cluster"] == {"hardware": "mi300x", "nodes": 4, "gpus_per_node": 8, "world_size": 32,
-                            "inter_node_topology": "rail_optimized", "oversubscription": 1.0}
+                            "inter_node_topology": "rail_optimized", "oversubscription": 1.0, "device_edits": {}}
     model = ModelSpec.model_validate(d["model"])
     plan = ParallelPlan.model_validate(d["plan"])
     assert (plan.tp, plan.pp, plan.vpp, plan.dp) == (8, 4, 5, 1)
