@@ -195,6 +195,13 @@ def _unmodelled(sc: Scenario) -> list[str]:
     """What the configuration runs that the model prices as something else (said in the projection's notes)."""
     notes = []
     k, plan = sc.training.kernels, sc.plan
+    if sc.cluster.oversubscription != 1.0 and sc.cluster.inter_node_topology == "rail_optimized":
+        # cost/collectives.Fabric.nic_bandwidth: only cross-rail traffic crosses the upper tier there
+        notes.append(f"oversubscription {sc.cluster.oversubscription:g} on a rail-optimised fabric slows only "
+                     "traffic between rails (GPUs of different local ranks); same-rail collectives, the data-parallel "
+                     "ones among them, are priced as if each rail's switch reached every node (a rail's own upper "
+                     "tier, past one switch's ports, is not modelled; --set cluster.inter_node_topology=fat_tree "
+                     "applies it to all inter-node traffic)")
     if sc.model.moe is not None:
         # every MoE run with a published measurement is projected fast: the strict xfails of
         # tests/oracle/test_performance_bridge_public.py and test_performance_amd_public.py hold the figures

@@ -44,3 +44,13 @@ def test_a_split_backward_schedule_says_its_deferred_weight_gradients_are_not_co
         assert bool(notes) == split, schedule
         assert [n for n in project(sc).notes if "weight-gradient pass" in n] == notes
 
+
+
+def test_oversubscription_on_rails_says_where_it_applies() -> None:
+    """An audit set oversubscription 2 on the default rail-optimised fabric at 1024 nodes: nothing moved and nothing
+    was said. The projection now says which traffic it slows there; on a fat tree, where it slows every inter-node
+    byte, and at 1, it says nothing."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3.1_70B-mi300x.yaml"
+    for topology, over, said in (("rail_optimized", 2, True), ("rail_optimized", 1, False), ("fat_tree", 2, False)):
+        sc = api.load(example, overrides={"cluster.oversubscription": over, "cluster.inter_node_topology": topology})
+        assert any("slows only traffic between rails" in n for n in project(sc).notes) == said
