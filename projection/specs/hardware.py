@@ -171,6 +171,26 @@ class DeviceSpec(Spec):
             raise ValueError("; ".join(errors))
         return sources
 
+    @model_validator(mode="after")
+    def _mesh_reaches_every_peer(self) -> DeviceSpec:
+        """A mesh gives each GPU a link to every peer of its node (Fabric.intra_bandwidth prices a pair at one link's
+        share): fewer links than peers would be a node the mesh formula cannot price."""
+        links, peers = self.intra_node.links_per_gpu, self.gpus_per_node - 1
+        if self.intra_node.topology == "mesh" and links < peers:
+            raise ValueError(f"{MESH_LINKS}: a mesh needs a link to each of the node's {peers} other GPUs, not "
+                             f"{links} (give links_per_gpu >= gpus_per_node - 1 = {peers}, or topology: switch)")
+        return self
+
+
+MESH_LINKS = "intra_node.links_per_gpu"  # the key DeviceSpec's mesh rule names (whole-model errors carry no loc)
+
+
+def model_error_key(err: Any) -> tuple[str | None, str]:
+    """(the field a whole-model error names at the head of its message, the message after it), else (None, it)."""
+    detail = str(err.get("ctx", {}).get("error", err["msg"])).removeprefix("Value error, ")
+    head, _, rest = detail.partition(": ")
+    return (head, rest) if head == MESH_LINKS else (None, detail)
+
 
 class ClusterSpec(Spec):
     """A homogeneous cluster: `nodes` nodes of `gpus_per_node` devices, joined by a rail-optimized or fat-tree
@@ -364,6 +384,11 @@ def _index_lines(node: yaml.Node, path: tuple[str, ...], lines: dict[tuple[str, 
 def _problem(err: Any, path: Path, lines: dict[tuple[str, ...], int]) -> Problem:
     """Turn one pydantic error into a Problem at the key's file and line."""
     loc = tuple(str(x) for x in err["loc"] if x != "[key]")
+    named, said = model_error_key(err) if not loc else (None, "")
+    if named is not None:  # a rule over several fields, said at the field it names
+        loc = tuple(named.split("."))
+        line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
+        return Problem(said, key=named, file=str(path), line=line, fix="see hardware_specs/README.md")
     key = ".".join(loc) or None
     line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
     kind = err["type"]

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from projection.errors import ConfigError, PlanError, Problem, shown
 from projection.specs.base import Spec
-from projection.specs.hardware import ClusterSpec, DeviceSpec, value_example
+from projection.specs.hardware import ClusterSpec, DeviceSpec, model_error_key, value_example
 from projection.specs.model import ModelSpec
 from projection.specs.plan import ParallelPlan
 from projection.specs.training import TrainingSpec
@@ -254,6 +254,11 @@ def _edited_device(raw: RawScenario, device: DeviceSpec, edits: Any) -> tuple[De
         out = []
         for e in err.errors():
             loc = ".".join(str(x) for x in e["loc"] if not isinstance(x, int))
+            named, detail = model_error_key(e) if not loc else (None, "")
+            if named is not None:  # a rule over several fields (DeviceSpec's mesh), said at the field it names
+                out.append(origin_problem(raw, f"cluster.device.{named}", detail,
+                                          f"give cluster.device.{named} a value the rule allows"))
+                continue
             unknown = e["type"] == "extra_forbidden"
             out.append(origin_problem(raw, f"cluster.device.{loc}", "unknown device field" if unknown else
                                       e["msg"].removeprefix("Value error, "),
