@@ -67,14 +67,15 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
     out += [("model.norm", "rmsnorm", const), ("model.gated_mlp", True, const), ("model.activation", "silu", const),
             ("model.position_embedding", "rope", const), ("model.vocab_divisible_by", 1, const)]
     bias = bool(cfg.get("attention_bias", False))
-    out.append(("model.add_qkv_bias", bias or mt in ("qwen2", "qwen2_moe"), o("attention_bias")))
-    out.append(("model.add_bias_linear", bool(cfg.get("mlp_bias", False)) and bias, o("mlp_bias")))
+    out.append(("model.add_qkv_bias", bias or mt in ("qwen2", "qwen2_moe"), _where(o, cfg, "attention_bias", const)))
+    out.append(("model.add_bias_linear", bool(cfg.get("mlp_bias", False)) and bias, _where(o, cfg, "mlp_bias", const)))
     out.append(("model.qk_norm", mt in ("qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3"), const))
     if mt.startswith("deepseek"):
-        out.append(("model.mla", {
-            "q_lora_rank": cfg.get("q_lora_rank") or 0, "kv_lora_rank": cfg["kv_lora_rank"],
-            "qk_head_dim": cfg["qk_nope_head_dim"], "qk_rope_head_dim": cfg["qk_rope_head_dim"],
-            "v_head_dim": cfg["v_head_dim"]}, o("kv_lora_rank")))
+        mla = {"q_lora_rank": cfg.get("q_lora_rank") or 0, "kv_lora_rank": cfg["kv_lora_rank"],
+               "qk_head_dim": cfg["qk_nope_head_dim"], "qk_rope_head_dim": cfg["qk_rope_head_dim"],
+               "v_head_dim": cfg["v_head_dim"]}
+        out.append(("model.mla", mla, o("kv_lora_rank")))
+        out += [(f"model.mla.{k}", v, _where(o, cfg, _HF_KEY.get(k, k), const)) for k, v in mla.items()]
         take("model.mtp_num_layers", "num_nextn_predict_layers", 0)
     else:
         take("model.num_kv_heads", "num_key_value_heads", heads)
@@ -86,9 +87,30 @@ def hf_model_fields(cfg: dict[str, Any], file: str, lines: dict[tuple[str, ...],
         key = {"mixtral": "num_local_experts", "deepseek_v2": "n_routed_experts",
                "deepseek_v3": "n_routed_experts"}.get(mt, "num_experts")
         out.append(("model.moe", moe, o(key)))
+        # each field at the key it came from (where the file has it; else the architecture's default)
+        out += [(f"model.moe.{k}", v, _where(o, cfg, _MOE_KEY.get((mt[:8], k), _MOE_KEY.get(("", k), key)), const))
+                for k, v in moe.items() if k != "num_experts"]
     if missing:
         raise ConfigError(missing)
     return out
+
+
+# the config.json key a canonical MLA / MoE field is read from (for its origin), by family prefix where they differ
+_HF_KEY = {"qk_head_dim": "qk_nope_head_dim"}
+_MOE_KEY = {("", "top_k"): "num_experts_per_tok", ("", "expert_ffn_hidden_size"): "moe_intermediate_size",
+            ("mixtral", "expert_ffn_hidden_size"): "intermediate_size", ("", "layer_pattern"): "decoder_sparse_step",
+            ("", "shared_expert_ffn_hidden_size"): "shared_expert_intermediate_size",
+            ("deepseek", "shared_expert_ffn_hidden_size"): "n_shared_experts",
+            ("", "num_shared_experts"): "shared_expert_intermediate_size",
+            ("deepseek", "num_shared_experts"): "n_shared_experts",
+            ("", "shared_expert_gate"): "shared_expert_intermediate_size",
+            ("", "first_k_dense"): "first_k_dense_replace", ("", "layer_freq"): "moe_layer_freq"}
+
+
+def _where(o: Any, cfg: dict[str, Any], key: str, default: Origin) -> Origin:
+    """The origin of a value read from `key`: its line where the file has the key, else `default` (the
+    architecture's own value)."""
+    return o(key) if key in cfg else default
 
 
 # the value kinds of the keys read (transformers' config classes): counts, non-negative counts, numbers, flags, lists
