@@ -2,8 +2,12 @@
 
 What is understood (config-formats.md §1.1 "bash scripts building arrays such as MODEL_ARGS=( --num-layers 32 ... ),
 often with $VAR-style values set earlier in the script"):
-* flag tokens everywhere: bash arrays `X=( --a 1 --b )` and `X+=(...)`, strings `X="--a 1 --b"` (also inside array
-  elements: `"--fp8-format hybrid"`), and command lines (`torchrun ... pretrain_gpt.py --a 1 \\`);
+* the flags a command passes, in its order (argparse: the last wins): its words, with `"${ARR[@]}"` / `$ARGS` of a
+  variable holding flags (bash arrays `X=( --a 1 --b )` and `X+=(...)`, strings `X="--a 1 --b"`, also inside array
+  elements: `"--fp8-format hybrid"`) expanded to the words the variable holds where the command runs, each with the
+  line it was written on; an array or string the command does not use passes nothing. Where several commands pass
+  flags and one runs a training script (`pretrain_gpt.py`, `train*.py`), that one's; a file without a command (a
+  flag list, or assignments alone) is read as written;
 * variables: `NAME=value` (also after export/local/declare/readonly) in script order, starting from the `env` mapping
   as bash starts from its environment, and `unset NAME` (a name unset is empty again, and not the job's; not
   followed: that a later assignment is no longer exported, and functions, whose bodies run as if called); `$NAME`,
@@ -70,6 +74,7 @@ _ARG_LIST_REF = re.compile(r'^"?\$\{?([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?\}?"?$')
 _FLAGGY = re.compile(r"(^|\s)--[A-Za-z]")
 _QUIET_COMMANDS = frozenset({"echo", "printf"})
 _PREFIXES = frozenset({"export", "local", "declare", "readonly", "typeset"})
+_TRAINING = re.compile(r"(pretrain\w*|train\w*)\.py$|pretrain_", re.I)  # a training entry point among a command's words
 
 
 def parse_shell(text: str, env: Mapping[str, str] | None = None) -> ShellResult:
@@ -89,6 +94,11 @@ class _Interpreter:
         self.result = ShellResult(variables={k: Var(str(v)) for k, v in env.items()})
         self.vars = self.result.variables
         self.frames: list[list[bool]] = []  # per open `if`: [parent_active, branch_taken, active]
+        # the flag words each variable holds, with the lines they were written on (expanded where a command uses the
+        # variable: what argparse sees is the command's words, in its order, not every array the script defines)
+        self.var_fields: dict[str, list[_Field]] = {}
+        self.assigned: list[FlagHit] = []  # flags as assigned: used only where no command passes any
+        self.commands: list[tuple[list[FlagHit], bool]] = []  # per command with flags: (its flags, a training run?)
 
     @property
     def active(self) -> bool:
@@ -115,7 +125,17 @@ class _Interpreter:
             words = []
             i += 1
         self._command(words)
+        self.result.flags = self._chosen()
         return self.result
+
+    def _chosen(self) -> list[FlagHit]:
+        """The flags argparse gets: the commands' in their order (the one training run's where several commands pass
+        flags and one runs a training script), else, for a file of assignments alone, the flags as assigned."""
+        if not self.commands:
+            return self.assigned
+        training = [hits for hits, train in self.commands if train]
+        runs = training if len(training) == 1 else [hits for hits, _ in self.commands]
+        return [h for hits in runs for h in hits]
 
     def _keyword(self, toks: list[Tok], i: int) -> int:
         kw = toks[i].raw
@@ -219,7 +239,8 @@ class _Interpreter:
             raise ShellValueTooLong(name, head.line)
         self.vars[name] = Var(values, frozenset().union(*(f.unresolved for f in fields)))
         self.result.assigned_at[name] = head.line
-        self._flags(emitted)
+        self.var_fields[name] = (self.var_fields.get(name, []) if append else []) + self._use_fields(elements)
+        self.assigned += self._flags(emitted)
         return i + 1
 
     def _command(self, words: list[Tok]) -> None:
@@ -240,11 +261,22 @@ class _Interpreter:
             words = words[1:]
         if not words or words[0].raw in _QUIET_COMMANDS:
             return
+        fields = self._use_fields(words)
+        hits = self._flags(fields)
+        if hits:
+            self.commands.append((hits, any(_TRAINING.search(f.text) for f in fields if not is_flag(f.text))))
+
+    def _use_fields(self, words: list[Tok]) -> list[_Field]:
+        """The words as a command (or an array element list) receives them: a reference to a variable holding flags
+        as the words it holds, with the lines they were written on."""
         fields: list[_Field] = []
         for w in words:
-            if not self._is_arg_list_ref(w.raw):
+            m = _ARG_LIST_REF.match(w.raw)
+            if m and self._is_arg_list_ref(w.raw) and m.group(1) in self.var_fields:
+                fields += self.var_fields[m.group(1)]
+            else:
                 fields += self._fields(w)
-        self._flags(fields)
+        return fields
 
     def _assign(self, word: Tok) -> None:
         m = _ASSIGN.match(word.raw)
@@ -260,8 +292,12 @@ class _Interpreter:
         unresolved = frozenset(ex.unresolved) | (old.unresolved if append and old else frozenset())
         self.vars[name] = Var(value, unresolved)
         self.result.assigned_at[name] = word.line
-        if _FLAGGY.search(value):
-            self._flags(_split_flag_string(value, raw_value, word.line, unresolved))
+        fields = _split_flag_string(value, raw_value, word.line, unresolved) if _FLAGGY.search(value) else []
+        # `X="$X --more"`: the words X held keep their own lines
+        kept = self.var_fields.get(name, []) if append or re.search(rf"\$\{{?{name}\b", raw_value) else []
+        self.var_fields[name] = kept + [f for f in fields if f.text not in {k.text for k in kept}] if kept else fields
+        if fields:
+            self.assigned += self._flags(fields)
 
     def _fields(self, word: Tok) -> list[_Field]:
         ex = Expander(self.vars, keep_unresolved=True)
@@ -281,7 +317,8 @@ class _Interpreter:
         var = self.vars.get(m.group(1))
         return var is not None and (not isinstance(var.value, str) or bool(_FLAGGY.search(var.value)))
 
-    def _flags(self, fields: list[_Field]) -> None:
+    def _flags(self, fields: list[_Field]) -> list[FlagHit]:
+        hits: list[FlagHit] = []
         i = 0
         while i < len(fields):
             f = fields[i]
@@ -300,8 +337,9 @@ class _Interpreter:
                     values, j = values[:1], i + 1 + len(values[:1])
             value: object = True if not values else values[0].text if len(values) == 1 else [v.text for v in values]
             unresolved = frozenset().union(*(v.unresolved for v in values)) if values else frozenset()
-            self.result.flags.append(FlagHit(name, dest, inverted, value, f.line, unresolved))
+            hits.append(FlagHit(name, dest, inverted, value, f.line, unresolved))
             i = j
+        return hits
 
 
 def _split_flag_string(value: str, raw: str, line: int, unresolved: frozenset[str]) -> list[_Field]:

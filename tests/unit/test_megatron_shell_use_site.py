@@ -1,0 +1,32 @@
+"""A launch script's flags are what its command passes, in the command's order (argparse: the last one wins), not
+every array or string the script assigns. An audit's scripts (tests/data/shell/use_site_*.sh) were read wrong:
+an unused 70B array beat the 8B one the command used; an array placed after the command's own flags lost to them; a
+flag string emptied before use still counted; an evaluation run's flags after the training run's overrode them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projection import api
+
+SHELL = Path(__file__).resolve().parents[1] / "data" / "shell"
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("t5", {"layers": 32, "hidden": 4096, "tp": 8}),  # the array the command expands, not the last one defined
+    ("t6", {"tp": 2, "pp": 2}),  # "${PAR_ARGS[@]}" comes after the command's own --tensor-model-parallel-size 8
+    ("t6b", {"tp": 4}),  # "${BASE[@]}" "${OVERRIDE[@]}": OVERRIDE, assigned first, comes last
+    ("t7", {"recompute": "none"}),  # RECOMPUTE_ARGS="" before the command
+    ("t20", {"tp": 4, "mbs": 1, "seq": 4096, "gpus_per_node": 8}),  # the training run, not the evaluation after it
+])
+def test_the_commands_flags_in_its_order(name: str, expected: dict[str, object]) -> None:
+    sc = api.load(SHELL / f"use_site_{name}.sh")
+    got = {"layers": sc.model.num_layers, "hidden": sc.model.hidden_size, "tp": sc.plan.tp, "pp": sc.plan.pp,
+           "recompute": sc.plan.recompute.granularity, "mbs": sc.training.micro_batch_size,
+           "seq": sc.training.seq_length, "gpus_per_node": sc.cluster.gpus_per_node}
+    assert {k: got[k] for k in expected} == expected
+    # the origin is the line the flag was written on, inside the array where it comes from one
+    if name == "t5":
+        assert sc.origins["model.num_layers"].endswith("use_site_t5.sh:2 (--num-layers)")
