@@ -134,7 +134,7 @@ def _bad_shape(text: str, form: str, why: str = "") -> Problem:
 
 def _dims(text: str, counts: tuple[int, ...], form: str) -> tuple[list[int] | None, list[Problem]]:
     dims = text.lower().split("x")
-    if len(dims) not in counts or not all(d.isdigit() for d in dims):
+    if len(dims) not in counts or not all(d.isascii() and d.isdigit() for d in dims):
         return None, [_bad_shape(text, form)]
     zero = [i for i, d in enumerate(dims) if int(d) < 1]
     if zero:

@@ -57,7 +57,7 @@ def shape_limit_problems(shapes: Sequence[str], command: str | None) -> list[Pro
            "than any accelerator's memory)")
     for text in shapes:
         parts = text.split(":")[0].lower().split("x")
-        if not all(p.isdigit() for p in parts) or len(parts) < 3:
+        if not all(p.isascii() and p.isdigit() for p in parts) or len(parts) < 3:
             continue
         dims = [int(p) for p in parts]
         big = [d for d in dims if d > MAX_DIMENSION]

@@ -122,7 +122,7 @@ def parse_nccl_text(text: str, source: str = "<text>") -> Calibration:
             run.halves.extend(half)
             continue
         tokens = line.split()
-        if len(tokens) >= 3 and tokens[0].isdigit() and tokens[1].isdigit() and tokens[2] in _NCCL_TYPES:
+        if len(tokens) >= 3 and tokens[0].isdecimal() and tokens[1].isdecimal() and tokens[2] in _NCCL_TYPES:
             malformed.append(number)  # a data row's start, but its numbers cannot be read: said, not dropped silently
             continue
         for lib, pattern in _VERSIONS.items():
@@ -221,7 +221,7 @@ def _data_row(line: str, number: int) -> list[_Half]:
     tokens = line.split()
     if len(tokens) > 2 and _STAMP.fullmatch(tokens[-2]) and re.fullmatch(r"\d{2}:\d{2}:\d{2}", tokens[-1]):
         tokens = tokens[:-2]
-    if len(tokens) < 7 or not tokens[0].isdigit() or not tokens[1].isdigit() or tokens[2] not in _NCCL_TYPES:
+    if len(tokens) < 7 or not tokens[0].isdecimal() or not tokens[1].isdecimal() or tokens[2] not in _NCCL_TYPES:
         return []
     tail = tokens[3:]
     for halves in (2, 1):
@@ -230,7 +230,7 @@ def _data_row(line: str, number: int) -> list[_Half]:
             groups = [tail[mids + 4 * i: mids + 4 * i + 4] for i in range(halves)]
             if all(_numbers(g) for g in groups):
                 return [_Half(number, int(tokens[0]), tokens[2], tuple(tail[:mids]), i == 1, float(g[0]), float(g[1]),
-                              float(g[2]), g[3].endswith("*") or (g[3].isdigit() and int(g[3]) > 0))
+                              float(g[2]), g[3].endswith("*") or (g[3].isdecimal() and int(g[3]) > 0))
                         for i, g in enumerate(groups)]
     return []
 

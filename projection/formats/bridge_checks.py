@@ -173,7 +173,7 @@ def structure_problems(data: Mapping[str, Any], lines: Mapping[tuple[str, ...], 
 def _one_letter(a: str, b: str) -> bool:
     """One character replaced by another, not a digit by a digit (fp4_param / fp8_param are both real fields)."""
     diff = [(x, y) for x, y in zip(a, b, strict=False) if x != y] if len(a) == len(b) else []
-    return len(diff) == 1 and not (diff[0][0].isdigit() and diff[0][1].isdigit())
+    return len(diff) == 1 and not (diff[0][0].isdecimal() and diff[0][1].isdecimal())
 
 
 def _near_misses(data: Mapping[str, Any], at: Any, file: str) -> list[Problem]:

@@ -271,7 +271,7 @@ def _primus_schedule(a: MegatronArgs, raw: RawScenario, pp: int) -> None:
             name, origin = _ZBV_MEM_SETUPS[setup], a.origin("zero_bubble_v_schedule")
         else:
             pending = str(a.get("zero_bubble_max_pending_backward"))
-            name = "zb_h2" if pending.isdigit() and int(pending) >= 2 * pp else "zb_h1"
+            name = "zb_h2" if pending.isdecimal() and int(pending) >= 2 * pp else "zb_h1"
             origin = a.origin("patch_zero_bubble")
         zero_bubble_rules(a)
     if name is None or origin is None:

@@ -221,7 +221,7 @@ def _cluster_from_vars(variables: Mapping[str, Var], lines: Mapping[str, int], f
     for name, key in (("GPUS_PER_NODE", "cluster.gpus_per_node"), ("NUM_NODES", "cluster.nodes"),
                       ("NNODES", "cluster.nodes")):
         var = variables.get(name)
-        if name in lines and var is not None and isinstance(var.value, str) and var.value.strip().isdigit():
+        if name in lines and var is not None and isinstance(var.value, str) and var.value.strip().isdecimal():
             out[key] = (int(var.value), Origin(file, lines[name], name))
     return out
 
@@ -239,7 +239,7 @@ def _cluster_from_launcher(hits: list[FlagHit], file: str, problems: list[Proble
         if not key or h.unresolved or not isinstance(value, str):
             continue
         text = value.strip()
-        if text.isdigit() and int(text) > 0:
+        if text.isdecimal() and int(text) > 0:
             out[key] = (int(text), Origin(file, h.line, h.flag))
         elif not (text in _TORCHRUN_COUNTS if h.dest == "nproc_per_node" else _ELASTIC.fullmatch(text)):
             # torchrun: --nproc-per-node is "auto", "cpu", "gpu", "xpu" or an int; --nnodes is N or MIN:MAX
@@ -301,7 +301,7 @@ def nodes_from_dump(path: Path, overrides: Mapping[str, Any] | None, env: Mappin
 
 def _whole(value: Any) -> int | None:
     """A count >= 1 written as a number or digits (a `${WORLD_SIZE}` the environment gave), else None."""
-    number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+    number = int(value) if isinstance(value, str) and value.strip().isdecimal() else value
     return number if isinstance(number, int) and not isinstance(number, bool) and number >= 1 else None
 
 

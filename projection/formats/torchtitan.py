@@ -278,7 +278,7 @@ def _recompute(job: JobReader, raw: RawScenario) -> None:
         option = str(job.get(opt_key, "2")).strip()
         if option == "op":
             modules: tuple[str, ...] = ("op",)
-        elif option.isdigit():  # every N-th block fully checkpointed; 0 means every block (`not ac_freq` in apply_ac)
+        elif option.isdecimal():  # every N-th block fully checkpointed; 0 means every block (`not ac_freq` in apply_ac)
             modules = (f"layer:{max(1, int(option))}",)
         else:
             job.problem(opt_key, f"selective_ac_option {option!r} is neither 'op' nor an integer",

@@ -84,7 +84,7 @@ class RecomputeSpec(Spec):
         with N >= 1 (TorchTitan selective_ac_option: every N-th block); anything else is refused, as Megatron does."""
         for m in modules:
             n = m[6:] if m.startswith("layer:") else None
-            if m not in RECOMPUTE_MODULES and not (n is not None and n.isdigit() and int(n) >= 1):
+            if m not in RECOMPUTE_MODULES and not (n is not None and n.isdecimal() and int(n) >= 1):
                 raise ValueError(f"unknown recompute module {m!r}: use {', '.join(RECOMPUTE_MODULES)} or 'layer:N' "
                                  "(N >= 1)")
         return modules

@@ -261,3 +261,15 @@ def test_argparse_errors_use_the_projects_format(argv: list[str], needle: str) -
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith(f"error: <command line>: {needle}") and "usage:" not in res.stderr
     assert "fix: see `projection" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("shape", ["\u00b2x64x64", "\u0663x64x64"])
+def test_a_shape_with_a_digit_int_does_not_read_or_not_ascii_is_refused(capsys: pytest.CaptureFixture[str],
+                                                                         shape: str) -> None:
+    """An audit: `calibrate gemm --shape ²x64x64` ended in a ValueError traceback (str.isdigit accepts '²', int()
+    does not), and `٣x64x64` was benchmarked as m = 3. Both are refused at --shape, with the form to write."""
+    from projection.cli import main
+
+    assert main(["calibrate", "gemm", "--device", "cpu", "--shape", shape, "--dtype", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert "key '--shape': cannot read shape" in err and "Traceback" not in err
