@@ -66,6 +66,10 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                                       line=err.line, key=err.name, fix=f"assign {err.name} its value directly")) \
                 from None
         hits = shell.flags
+        problems += [Problem(f"{flag} is a switch and takes no value: argparse stops at {word!r} (unrecognized "
+                             "arguments) and the job does not start", key=flag, file=file, line=line,
+                             fix=f"write {flag} alone to turn it on, or leave it out to keep it off")
+                     for flag, word, line in shell.switch_values]
         cluster = dict(_cluster_from_vars(shell.variables, shell.assigned_at, file))
         cluster.update(_cluster_from_launcher(hits, file, problems))
         exported = exported_names(text)

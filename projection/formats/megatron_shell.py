@@ -60,6 +60,9 @@ class ShellResult:
     flags: list[FlagHit] = field(default_factory=list)
     variables: dict[str, Var] = field(default_factory=dict)
     assigned_at: dict[str, int] = field(default_factory=dict)  # variable -> line of its last (taken) assignment
+    # a switch (store_true / store_false) followed by a true/false word: argparse takes no value there and stops at
+    # the word ("unrecognized arguments"), so the job would not start; (flag, word, line)
+    switch_values: list[tuple[str, str, int | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ _ARG_LIST_REF = re.compile(r'^"?\$\{?([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?\}?"?$')
 _FLAGGY = re.compile(r"(^|\s)--[A-Za-z]")
 _QUIET_COMMANDS = frozenset({"echo", "printf"})
 _PREFIXES = frozenset({"export", "local", "declare", "readonly", "typeset"})
+_BOOL_WORDS = frozenset({"true", "false", "1", "0", "yes", "no", "on", "off"})
 _TRAINING = re.compile(r"(pretrain\w*|train\w*)\.py$|pretrain_", re.I)  # a training entry point among a command's words
 
 
@@ -329,6 +333,8 @@ class _Interpreter:
             dest, inverted = flag_to_dest(name)
             values = [_Field(inline, f.line, f.unresolved)] if eq else []
             j = i + 1
+            if not eq and is_bool_dest(dest) and j < len(fields) and fields[j].text.lower() in _BOOL_WORDS:
+                self.result.switch_values.append((name, fields[j].text, f.line))
             if not eq and not is_bool_dest(dest):
                 while j < len(fields) and not is_flag(fields[j].text):
                     values.append(fields[j])

@@ -30,3 +30,21 @@ def test_the_commands_flags_in_its_order(name: str, expected: dict[str, object])
     # the origin is the line the flag was written on, inside the array where it comes from one
     if name == "t5":
         assert sc.origins["model.num_layers"].endswith("use_site_t5.sh:2 (--num-layers)")
+
+
+def test_a_switch_given_a_value_is_refused(tmp_path: Path) -> None:
+    """`--sequence-parallel false` was read as on (an audit): argparse takes no value after a switch and stops at
+    the word, so the job would not start. Refused at the flag's line."""
+    from projection.errors import ConfigError
+
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 512 "
+                      "--num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 "
+                      "--global-batch-size 8 --vocab-size 32000 --bf16 \\\n  --tensor-model-parallel-size 2 "
+                      "--sequence-parallel false\n")
+    with pytest.raises(ConfigError) as err:
+        api.load(script)
+    (problem,) = [p for p in err.value.problems if p.key == "--sequence-parallel"]
+    assert problem.line == 2 and "'false'" in problem.message
+    script.write_text(script.read_text().replace(" false", ""))
+    assert api.load(script).plan.sp_
