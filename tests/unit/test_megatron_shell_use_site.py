@@ -20,6 +20,7 @@ SHELL = Path(__file__).resolve().parents[1] / "data" / "shell"
     ("t6b", {"tp": 4}),  # "${BASE[@]}" "${OVERRIDE[@]}": OVERRIDE, assigned first, comes last
     ("t7", {"recompute": "none"}),  # RECOMPUTE_ARGS="" before the command
     ("t20", {"tp": 4, "mbs": 1, "seq": 4096, "gpus_per_node": 8}),  # the training run, not the evaluation after it
+    ("t12", {"tp": 2, "pp": 1}),  # a comment line ends the continued command: the flag after it is a command of its own
 ])
 def test_the_commands_flags_in_its_order(name: str, expected: dict[str, object]) -> None:
     sc = api.load(SHELL / f"use_site_{name}.sh")
