@@ -45,6 +45,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     cluster: dict[str, tuple[Any, Origin]] = {}
     job_vars: dict[str, tuple[str, Origin]] = {}
     problems: list[Problem] = []
+    unread_sources: list[tuple[str, int]] = []  # `source FILE` lines of a script whose FILE could not be read
     flat = False  # a flat YAML of dests (a models/ preset) rather than a functional test's MODEL_ARGS
     if path.suffix.lower() in (".yaml", ".yml"):
         hits = _yaml_hits(path, text, env or {})
@@ -60,12 +61,12 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                                       "rest of the script as one word", file=file, line=line, key=quote,
                                       fix=f"close the quote with a matching {quote}"))
         try:
-            shell = parse_shell(text, env)
+            shell = parse_shell(text, env, path.parent)
         except ShellValueTooLong as err:
             raise ConfigError(Problem(f"{err}: bash would build it, but it is not a launch setting", file=file,
                                       line=err.line, key=err.name, fix=f"assign {err.name} its value directly")) \
                 from None
-        hits = shell.flags
+        hits, unread_sources = shell.flags, shell.unread_sources
         problems += [Problem(f"{flag} is a switch and takes no value: argparse stops at {word!r} (unrecognized "
                              "arguments) and the job does not start", key=flag, file=file, line=line,
                              fix=f"write {flag} alone to turn it on, or leave it out to keep it off")
@@ -148,7 +149,10 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
                                     fix=f"pass the value it has in your job with --set {dest}=VALUE"))
         else:
             names = ", ".join(f"${n}" for n in sorted(h.unresolved))
-            problems.append(Problem(f"{h.flag} uses {names}, which is not set in the file or the environment",
+            unread = "; ".join(f"line {line} sources {name}, which projection could not read"
+                               for name, line in unread_sources)
+            problems.append(Problem(f"{h.flag} uses {names}, which is not set in the file or the environment"
+                                    + (f" ({unread})" if unread else ""),
                                     key=h.flag, file=file, line=h.line,
                                     fix=f"set {sorted(h.unresolved)[0]} in the script or environment, or pass "
                                         f"--set {dest}=VALUE"))

@@ -8,6 +8,8 @@ often with $VAR-style values set earlier in the script"):
   line it was written on; an array or string the command does not use passes nothing. Where several commands pass
   flags and one runs a training script (`pretrain_gpt.py`, `train*.py`), that one's; a file without a command (a
   flag list, or assignments alone) is read as written;
+* `source FILE` / `. FILE`: the file's lines run there, FILE relative to the script's folder (one that cannot be
+  read is named where a value it might have set is missing);
 * variables: `NAME=value` (also after export/local/declare/readonly) in script order, starting from the `env` mapping
   as bash starts from its environment, and `unset NAME` (a name unset is empty again, and not the job's; not
   followed: that a later assignment is no longer exported, and functions, whose bodies run as if called); `$NAME`,
@@ -22,10 +24,12 @@ it only where the value is used.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from projection.formats.megatron_args import flag_to_dest, is_bool_dest, takes_one_value
 from projection.formats.megatron_shell_lex import Expander, Tok, Var, eval_test, lex
@@ -45,6 +49,7 @@ class FlagHit:
 
 
 MAX_VALUE_CHARS = 1_000_000  # a launch script's variable holds flags and paths: far less
+MAX_SOURCE_DEPTH = 8  # sourced files sourcing others (a loop of them stops here)
 
 
 class ShellValueTooLong(ValueError):
@@ -63,6 +68,7 @@ class ShellResult:
     # a switch (store_true / store_false) followed by a true/false word: argparse takes no value there and stops at
     # the word ("unrecognized arguments"), so the job would not start; (flag, word, line)
     switch_values: list[tuple[str, str, int | None]] = field(default_factory=list)
+    unread_sources: list[tuple[str, int]] = field(default_factory=list)  # (file as written, line) of `source` not read
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,10 @@ _BOOL_WORDS = frozenset({"true", "false", "1", "0", "yes", "no", "on", "off"})
 _TRAINING = re.compile(r"(pretrain\w*|train\w*)\.py$|pretrain_", re.I)  # a training entry point among a command's words
 
 
-def parse_shell(text: str, env: Mapping[str, str] | None = None) -> ShellResult:
-    """Collect every Megatron flag of a bash script or flag file, in script order (a later flag overrides)."""
-    return _Interpreter(env or {}).run(lex(text))
+def parse_shell(text: str, env: Mapping[str, str] | None = None, base_dir: Path | None = None) -> ShellResult:
+    """Collect the Megatron flags a bash script or flag file passes, in order (a later flag overrides). `base_dir`:
+    where a relative `source FILE` / `. FILE` is looked up (the script's folder; None: sourced files are not read)."""
+    return _Interpreter(env or {}, base_dir).run(lex(text))
 
 
 def is_flag(text: str) -> bool:
@@ -94,8 +101,9 @@ def is_flag(text: str) -> bool:
 
 
 class _Interpreter:
-    def __init__(self, env: Mapping[str, str]):
+    def __init__(self, env: Mapping[str, str], base_dir: Path | None = None):
         self.result = ShellResult(variables={k: Var(str(v)) for k, v in env.items()})
+        self.base_dir, self.sourcing = base_dir, 0
         self.vars = self.result.variables
         self.frames: list[list[bool]] = []  # per open `if`: [parent_active, branch_taken, active]
         # the flag words each variable holds, with the lines they were written on (expanded where a command uses the
@@ -109,6 +117,11 @@ class _Interpreter:
         return not self.frames or self.frames[-1][2]
 
     def run(self, toks: list[Tok]) -> ShellResult:
+        self._run(toks)
+        self.result.flags = self._chosen()
+        return self.result
+
+    def _run(self, toks: list[Tok]) -> None:
         words: list[Tok] = []
         i, n = 0, len(toks)
         while i < n:
@@ -129,8 +142,6 @@ class _Interpreter:
             words = []
             i += 1
         self._command(words)
-        self.result.flags = self._chosen()
-        return self.result
 
     def _chosen(self) -> list[FlagHit]:
         """The flags argparse gets: the commands' in their order (the one training run's where several commands pass
@@ -258,6 +269,9 @@ class _Interpreter:
                         self.vars.pop(name, None)
                         self.result.assigned_at.pop(name, None)
             return
+        if words[0].raw in ("source", ".") and len(words) > 1:  # runs the file's lines here, as bash does
+            self._source(words[1])
+            return
         while words and words[0].raw in _PREFIXES:
             words = [w for w in words[1:] if not w.raw.startswith("-")] if words[0].raw == "declare" else words[1:]
         while words and _ASSIGN.match(words[0].raw):
@@ -269,6 +283,25 @@ class _Interpreter:
         hits = self._flags(fields)
         if hits:
             self.commands.append((hits, any(_TRAINING.search(f.text) for f in fields if not is_flag(f.text))))
+
+    def _source(self, word: Tok) -> None:
+        """Read `source FILE` where FILE (relative to the script's folder) can be read; else say at which line a
+        sourced file went unread (ShellResult.unread_sources), for the problems of what it may have set."""
+        ex = Expander(self.vars, keep_unresolved=True)
+        name = ex.string(word.raw)
+        path = Path(name) if Path(name).is_absolute() or self.base_dir is None else self.base_dir / name
+        text = None
+        if not ex.unresolved and self.sourcing < MAX_SOURCE_DEPTH and path.is_file():
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                text = path.read_text() if path.stat().st_size <= MAX_VALUE_CHARS else None
+        if text is None:
+            self.result.unread_sources.append((name, word.line))
+            return
+        self.sourcing += 1
+        try:
+            self._run(lex(text))
+        finally:
+            self.sourcing -= 1
 
     def _use_fields(self, words: list[Tok]) -> list[_Field]:
         """The words as a command (or an array element list) receives them: a reference to a variable holding flags

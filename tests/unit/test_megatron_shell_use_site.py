@@ -49,3 +49,25 @@ def test_a_switch_given_a_value_is_refused(tmp_path: Path) -> None:
     assert problem.line == 2 and "'false'" in problem.message
     script.write_text(script.read_text().replace(" false", ""))
     assert api.load(script).plan.sp_
+
+
+def test_a_sourced_file_is_read_where_it_is_sourced(tmp_path: Path) -> None:
+    """`source ./common.sh` was skipped (an audit: the script's tp 2 / pp 1 / 32 layers were read where the job
+    runs common.sh's 8 / 4 / 80). The sourced file runs at its line, relative to the script's folder; one that
+    cannot be read is named where a value it might have set is missing."""
+    from projection.errors import ConfigError
+
+    (tmp_path / "common.sh").write_text("TP=8\nPP=4\nNUM_LAYERS=80\n")
+    command = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $NUM_LAYERS --hidden-size 8192 "
+               "--num-attention-heads 64 --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 "
+               "--global-batch-size 64 --tensor-model-parallel-size $TP --pipeline-model-parallel-size $PP "
+               "--vocab-size 32000 --bf16\n")
+    script = tmp_path / "run.sh"
+    script.write_text("TP=2\nPP=1\nNUM_LAYERS=32\nsource ./common.sh\n" + command)
+    sc = api.load(script, nodes=4)
+    assert (sc.plan.tp, sc.plan.pp, sc.model.num_layers) == (8, 4, 80)
+    script.write_text(". ./missing.sh\n" + command)
+    with pytest.raises(ConfigError) as err:
+        api.load(script, nodes=4)
+    assert any("line 1 sources ./missing.sh, which projection could not read" in p.message
+               for p in err.value.problems)
