@@ -17,7 +17,8 @@ often with $VAR-style values set earlier in the script"):
   `$(( integer arithmetic ))`. Positional parameters (`$1`) are unset; command substitution `$(...)` is never run,
   so it stays unresolved;
 * `if / elif / else / fi` with `[ ]` / `[[ ]]` tests (-z, -n, ==, =, !=, -eq ...), joined by && and ||, so only the
-  branch bash would take contributes flags. A test the parser cannot decide (-f file, a command) counts as true.
+  branch bash would take contributes flags, and `TEST && CMD` / `TEST || CMD` run CMD as a decided TEST says. A test
+  the parser cannot decide (-f file, a command) counts as true.
 An unresolved variable is kept as the literal `${NAME}` in the value and reported with it, so the caller can refuse
 it only where the value is used.
 """
@@ -123,6 +124,7 @@ class _Interpreter:
 
     def _run(self, toks: list[Tok]) -> None:
         words: list[Tok] = []
+        skip = False  # the command after `false-test &&` or `true-test ||`: bash does not run it
         i, n = 0, len(toks)
         while i < n:
             t = toks[i]
@@ -138,10 +140,19 @@ class _Interpreter:
                 i = self._array(toks, i + 1, words[-1])
                 words = []
                 continue
-            self._command(words)
+            if t.raw in ("&&", "||"):  # a list: the next command runs as the decided test before it says
+                status = None if skip else self._test(words)
+                if not skip:
+                    self._command(words)
+                skip = status is not None and status == (t.raw == "||")
+            else:
+                if not skip:
+                    self._command(words)
+                skip = False
             words = []
             i += 1
-        self._command(words)
+        if not skip:
+            self._command(words)
 
     def _chosen(self) -> list[FlagHit]:
         """The flags argparse gets: the commands' in their order (the one training run's where several commands pass

@@ -71,3 +71,19 @@ def test_a_sourced_file_is_read_where_it_is_sourced(tmp_path: Path) -> None:
         api.load(script, nodes=4)
     assert any("line 1 sources ./missing.sh, which projection could not read" in p.message
                for p in err.value.problems)
+
+
+def test_a_decided_test_guards_the_command_after_and_or(tmp_path: Path) -> None:
+    """`[ "$NNODES" -gt 8 ] && TP=8` set tp 8 on 4 nodes, and `[[ -z "$SKIP" ]] || TP=4` set 4 (an audit): the
+    assignment after `&&` runs only when the test holds, after `||` only when it fails, as in bash."""
+    from projection.formats.megatron_shell import parse_shell
+
+    def tp(script: str) -> str:
+        return parse_shell(script + "\ntorchrun pretrain_gpt.py --tensor-model-parallel-size $TP\n").flags[0].value
+
+    assert tp('NNODES=4\nTP=1\n[ "$NNODES" -gt 8 ] && TP=8') == "1"
+    assert tp('NNODES=16\nTP=1\n[ "$NNODES" -gt 8 ] && TP=8') == "8"
+    assert tp('TP=1\n[[ -z "$SKIP" ]] || TP=4') == "1"
+    assert tp('SKIP=yes\nTP=1\n[[ -z "$SKIP" ]] || TP=4') == "4"
+    assert tp('TP=1\n[ -f /no/such/file ] && TP=2') == "2"  # undecided here: run, as before
+    assert tp('TP=1\n[ 1 -eq 2 ] && TP=2 || TP=3') == "3"
