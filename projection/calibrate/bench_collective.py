@@ -49,7 +49,8 @@ def _runner(kind: str, size: int, n: int, rank: int, device: torch.device) -> An
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.10
         return lambda: gather(full, part)
     if kind == "reduce_scatter":
-        return lambda: dist.reduce_scatter_tensor(part, full)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in torch 2.10
+        return lambda: scatter(part, full)
     if kind == "all_to_all":
         out = torch.empty_like(full)
         return lambda: dist.all_to_all_single(out, full)

@@ -92,7 +92,7 @@ def _command(args: argparse.Namespace) -> str:
     skip = {"command", "calibrate_command", "calibrate_run", "calibrate_name", "quiet"}
     parts = [f"projection calibrate {args.calibrate_name}"]
     for key, value in vars(args).items():
-        if key in skip or value in (None, [], False):
+        if key in skip or value is None or value is False or value == []:  # 0 (--warmup 0) is a value
             continue
         flag = "--" + key.replace("_", "-")
         values = value if isinstance(value, list) else [value]
@@ -235,7 +235,10 @@ def gemm_shapes(args: argparse.Namespace) -> list[GemmShape]:
         raise _no_shapes(args, "GEMM")
     if args.dtype:
         shapes = [GemmShape(s.m, s.n, s.k, args.dtype, s.layout, s.batch, s.groups) for s in shapes]
-    return list(dict.fromkeys(shapes))[: max(args.max_shapes, 1)]
+    shapes = list(dict.fromkeys(shapes))
+    if args.shape:  # "at most this many shapes, largest first" (a job's are ordered by their FLOPs a step already)
+        shapes.sort(key=lambda s: -(s.m * s.n * s.k * s.batch * s.groups))
+    return shapes[: max(args.max_shapes, 1)]
 
 
 def attention_shapes(args: argparse.Namespace) -> list[AttentionShape]:
@@ -251,7 +254,10 @@ def attention_shapes(args: argparse.Namespace) -> list[AttentionShape]:
     if args.dtype:
         shapes = [AttentionShape(s.batch, s.heads, s.kv_heads, s.head_dim, s.seq_q, s.seq_kv, s.causal, args.dtype)
                   for s in shapes]
-    return list(dict.fromkeys(shapes))[: max(args.max_shapes, 1)]
+    shapes = list(dict.fromkeys(shapes))
+    if args.shape:
+        shapes.sort(key=lambda s: -(s.batch * s.heads * s.seq_q * s.seq_kv * s.head_dim))
+    return shapes[: max(args.max_shapes, 1)]
 
 
 def _run_gemm(args: argparse.Namespace) -> int:

@@ -1,0 +1,46 @@
+"""`projection calibrate` details an audit found: the provenance command dropped `--warmup 0` (so a re-run warmed
+up 3 times), `--max-shapes` kept the first given shapes rather than the largest, and every reduce-scatter run
+printed torch's deprecation warning for reduce_scatter_tensor."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+from projection.calibrate.cli_bench import _command, attention_shapes, gemm_shapes
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base = {"calibrate_name": "gemm", "shape": [], "config": None, "dtype": None, "max_shapes": 8, "warmup": 3,
+            "repeat": 10, "device": "cpu"}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_warmup_zero_is_recorded() -> None:
+    assert "--warmup 0" in _command(_args(warmup=0))
+    assert "--warmup 3" in _command(_args())
+
+
+def test_max_shapes_keeps_the_largest_given() -> None:
+    (kept,) = gemm_shapes(_args(shape=["64x64x64", "512x512x512"], max_shapes=1))
+    assert (kept.m, kept.n, kept.k) == (512, 512, 512)
+    (att,) = attention_shapes(_args(calibrate_name="attention", shape=["1x2x2x16x64", "1x2x2x16x256"], max_shapes=1))
+    assert att.seq_q == 256
+
+
+def test_reduce_scatter_runs_without_a_deprecation_warning() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from projection.calibrate.bench_collective import _runner
+
+    if not dist.is_available():
+        return
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            _runner("reduce_scatter", 1024, 1, 0, torch.device("cpu"))()
+    finally:
+        dist.destroy_process_group()
