@@ -74,8 +74,8 @@ def register(calibrate_subparsers: Any) -> None:
             p.add_argument("--sizes", help="comma-separated sizes (collectives: nccl-tests convention; memory: bytes "
                            "read + written): 4096,1MiB,...")
         if name == "memory":
-            p.add_argument("--dtype", help="element type of the buffers (default: bf16 for the add, the job's dtype "
-                           "for its kernels)")
+            p.add_argument("--dtype", help="element type of the buffers (default: the job's dtype with --config, "
+                           "bf16 without)")
         elif name == "collective":
             p.add_argument("--kinds", help=f"comma-separated, from {', '.join(SUPPORTED)}")
             p.add_argument("--world-size", type=int, help="processes (default 2 on the CPU, every visible GPU)")
@@ -344,13 +344,24 @@ def kernel_shapes(args: argparse.Namespace) -> list[KernelShape]:
     return list(dict.fromkeys(KernelShape(r.op, r.m, r.n, args.dtype or r.dtype, r.size_bytes) for r in rows))
 
 
+def _job_dtype(args: argparse.Namespace) -> str | None:
+    """The dtype most of a --config job's memory-bound bytes move in (the add curve prices its unnamed memory-bound
+    ops whatever their dtype, so it is measured in theirs: an fp32 job's in fp32; an audit found a bf16 add 3.3x
+    slower per byte than fp32 on a CPU)."""
+    by: dict[str, float] = {}
+    for r in _config_rows(args):
+        if r.kind == "memory_bound" and r.dtype:
+            by[r.dtype] = by.get(r.dtype, 0.0) + r.size_bytes
+    return max(by, key=lambda d: by[d]) if by else None
+
+
 def _run_memory(args: argparse.Namespace) -> int:
     device = check_args(args)
     sizes = _sizes(args) or list(DEFAULT_CPU_SIZES if device.type == "cpu" else DEFAULT_GPU_SIZES)
     kernels = kernel_shapes(args)
     progress = _progress(args, len(sizes) + len(kernels))
-    rows = bench_memory(sizes, device, dtype=args.dtype or "bf16", warmup=args.warmup, repeat=args.repeat,
-                        progress=progress)
+    rows = bench_memory(sizes, device, dtype=args.dtype or _job_dtype(args) or "bf16", warmup=args.warmup,
+                        repeat=args.repeat, progress=progress)
     rows += bench_kernels(kernels, device, warmup=args.warmup, repeat=args.repeat, progress=progress)
     return _write(Calibration(provenance=(provenance(device, _command(args)),), memory_bound=rows), args)
 
