@@ -263,6 +263,10 @@ def attention_shapes(args: argparse.Namespace) -> list[AttentionShape]:
 def _run_gemm(args: argparse.Namespace) -> int:
     device = check_args(args)
     shapes = gemm_shapes(args)
+    if device.type != "cuda" and any(s.dtype == "fp8" for s in shapes):  # before any shape runs (bench_gemm agrees)
+        raise ConfigError(Problem(f"fp8 GEMMs need a GPU (torch._scaled_mm); this run is on {device.type}",
+                                  key="--dtype" if args.dtype else "--shape", file=COMMAND_LINE,
+                                  fix="benchmark fp8 on a GPU, or give the shapes another dtype (e.g. :TN:bf16)"))
     gemms, grouped = bench_gemms(shapes, device, warmup=args.warmup, repeat=args.repeat,
                                  progress=_progress(args, len(shapes)))
     return _write(Calibration(provenance=(provenance(device, _command(args)),), gemm=gemms, grouped_gemm=grouped),
