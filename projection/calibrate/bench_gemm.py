@@ -11,7 +11,8 @@ device provide it, else a batched GEMM of the same per-group shape (an equal-spl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +92,21 @@ def _fp8_callable(shape: GemmShape, device: torch.device) -> Callable[[], object
                                    fix="benchmark bf16 instead, or update PyTorch"))
 
 
+@contextlib.contextmanager
+def _tf32(on: bool) -> Iterator[None]:
+    """fp32 matmuls on TF32 tensor cores while a tf32 row is timed (torch keeps them in full fp32 by default:
+    torch.backends.cuda.matmul.allow_tf32 is False), restored after; a CPU has no TF32 mode and runs fp32."""
+    if not on:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def bench_gemms(shapes: Iterable[GemmShape], device: torch.device, *, warmup: int = 5, repeat: int = 20,
                 progress: Progress | None = None) -> tuple[tuple[GemmRow, ...], tuple[GroupedGemmRow, ...]]:
     """Time every shape; plain GEMMs become GemmRow, grouped ones GroupedGemmRow (time_s = median of `repeat`)."""
@@ -99,7 +115,8 @@ def bench_gemms(shapes: Iterable[GemmShape], device: torch.device, *, warmup: in
     where = device_name(device)
     for shape in shapes:
         label = f"{shape.m}x{shape.n}x{shape.k} {shape.dtype} {shape.layout}"
-        with within_memory(f"the GEMM {label}" + (f" x {shape.groups} groups" if shape.groups > 1 else ""), device):
+        with within_memory(f"the GEMM {label}" + (f" x {shape.groups} groups" if shape.groups > 1 else ""), device), \
+                _tf32(shape.dtype == "tf32"):
             t = time_call(gemm_callable(shape, device), device, warmup, repeat)
         source = f"R: projection calibrate gemm on {where}, median of {repeat} after {warmup} warm-up"
         if shape.groups > 1:

@@ -73,3 +73,23 @@ def test_fp8_on_a_cpu_is_refused_before_anything_runs(capsys: object, monkeypatc
                  "64x64x64:TN:fp8"]) == 2
     err = capsys.readouterr().err  # type: ignore[attr-defined]
     assert "<command line>: key '--shape': fp8 GEMMs need a GPU" in err
+
+
+def test_a_tf32_row_is_timed_with_tf32_matmuls_on_and_the_setting_restored(monkeypatch: object) -> None:
+    """tf32 rows were plain fp32 timings (torch keeps fp32 matmuls off TF32 by default; an audit found nothing in
+    projection turning it on)."""
+    import torch
+
+    from projection.calibrate import bench_gemm
+
+    seen: list[bool] = []
+
+    def timed(fn: object, *_: object) -> float:
+        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        return 1e-3
+
+    monkeypatch.setattr(bench_gemm, "time_call", timed)  # type: ignore[attr-defined]
+    shapes = [bench_gemm.GemmShape(64, 64, 64, "tf32"), bench_gemm.GemmShape(64, 64, 64, "fp32")]
+    before = torch.backends.cuda.matmul.allow_tf32
+    bench_gemm.bench_gemms(shapes, torch.device("cpu"), warmup=0, repeat=1)
+    assert seen == [True, False] and torch.backends.cuda.matmul.allow_tf32 == before
