@@ -93,3 +93,25 @@ def test_a_tf32_row_is_timed_with_tf32_matmuls_on_and_the_setting_restored(monke
     before = torch.backends.cuda.matmul.allow_tf32
     bench_gemm.bench_gemms(shapes, torch.device("cpu"), warmup=0, repeat=1)
     assert seen == [True, False] and torch.backends.cuda.matmul.allow_tf32 == before
+
+
+def test_the_attention_backward_is_timed_alone(monkeypatch: object) -> None:
+    """The backward row was median(forward + backward) - median(forward): a noisy forward run left it at 0.28x an
+    own timing (an audit). It is now timed alone, each call's forward run untimed before it."""
+    import torch
+
+    from projection.calibrate import bench_attention
+
+    calls: list[bool] = []
+
+    def timed(fn: object, device: object, warmup: int, repeat: int, setup: object = None) -> float:
+        calls.append(setup is not None)
+        if setup is not None:
+            setup()  # type: ignore[operator]
+        fn()  # type: ignore[operator]
+        return 2e-3 if setup is not None else 1e-3
+
+    monkeypatch.setattr(bench_attention, "time_call", timed)  # type: ignore[attr-defined]
+    rows = bench_attention.bench_attention([bench_attention.AttentionShape(1, 2, 2, 16, 32, 32, dtype="fp32")],
+                                           torch.device("cpu"), warmup=0, repeat=1)
+    assert calls == [False, True] and [r.time_s for r in rows] == [1e-3, 2e-3]
