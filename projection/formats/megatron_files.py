@@ -46,6 +46,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
     job_vars: dict[str, tuple[str, Origin]] = {}
     problems: list[Problem] = []
     unread_sources: list[tuple[str, int]] = []  # `source FILE` lines of a script whose FILE could not be read
+    case_set: dict[str, int] = {}  # variables a `case` block may set (their value after it is unknown)
     flat = False  # a flat YAML of dests (a models/ preset) rather than a functional test's MODEL_ARGS
     if path.suffix.lower() in (".yaml", ".yml"):
         hits = _yaml_hits(path, text, env or {})
@@ -66,7 +67,7 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
             raise ConfigError(Problem(f"{err}: bash would build it, but it is not a launch setting", file=file,
                                       line=err.line, key=err.name, fix=f"assign {err.name} its value directly")) \
                 from None
-        hits, unread_sources = shell.flags, shell.unread_sources
+        hits, unread_sources, case_set = shell.flags, shell.unread_sources, shell.case_set
         problems += [Problem(f"{flag} is a switch and takes no value: argparse stops at {word!r} (unrecognized "
                              "arguments) and the job does not start", key=flag, file=file, line=line,
                              fix=f"write {flag} alone to turn it on, or leave it out to keep it off")
@@ -147,6 +148,12 @@ def load_megatron(path: Path, overrides: Mapping[str, Any] | None = None,
             problems.append(Problem(f"{h.flag} takes the output of {', '.join(commands)}, a command projection does "
                                     "not run", key=h.flag, file=file, line=h.line,
                                     fix=f"pass the value it has in your job with --set {dest}=VALUE"))
+        elif any(n in case_set for n in h.unresolved):  # a `case` block may set it: its value is not known
+            cased = sorted(n for n in h.unresolved if n in case_set)
+            problems.append(Problem(f"{h.flag} uses {', '.join(f'${n}' for n in cased)}, which the case block at line "
+                                    f"{case_set[cased[0]]} may set: projection does not evaluate case patterns",
+                                    key=h.flag, file=file, line=h.line,
+                                    fix=f"pass the value your job runs with --set {dest}=VALUE"))
         else:
             names = ", ".join(f"${n}" for n in sorted(h.unresolved))
             unread = "; ".join(f"line {line} sources {name}, which projection could not read"

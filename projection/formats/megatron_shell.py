@@ -18,7 +18,8 @@ often with $VAR-style values set earlier in the script"):
   so it stays unresolved;
 * `if / elif / else / fi` with `[ ]` / `[[ ]]` tests (-z, -n, ==, =, !=, -eq ...), joined by && and ||, so only the
   branch bash would take contributes flags, and `TEST && CMD` / `TEST || CMD` run CMD as a decided TEST says. A test
-  the parser cannot decide (-f file, a command) counts as true.
+  the parser cannot decide (-f file, a command) counts as true. `case` patterns are not evaluated: what a case block
+  may assign is unresolved after it (a flag using it is refused, naming the block).
 An unresolved variable is kept as the literal `${NAME}` in the value and reported with it, so the caller can refuse
 it only where the value is used.
 """
@@ -70,6 +71,7 @@ class ShellResult:
     # the word ("unrecognized arguments"), so the job would not start; (flag, word, line)
     switch_values: list[tuple[str, str, int | None]] = field(default_factory=list)
     unread_sources: list[tuple[str, int]] = field(default_factory=list)  # (file as written, line) of `source` not read
+    case_set: dict[str, int] = field(default_factory=dict)  # variable -> line of the `case` block that may set it
 
 
 @dataclass(frozen=True)
@@ -165,8 +167,15 @@ class _Interpreter:
 
     def _keyword(self, toks: list[Tok], i: int) -> int:
         kw = toks[i].raw
-        if kw == "case":  # patterns are not modelled: skip the whole block
+        if kw == "case":  # patterns are not modelled: skip the block, its assignments' values unknown after it
+            line = toks[i].line
             while i < len(toks) and not (toks[i].kind == "word" and toks[i].raw == "esac"):
+                m = _ASSIGN.match(toks[i].raw) if toks[i].kind == "word" else None
+                if m and self.active:
+                    name = m.group(1)
+                    self.vars[name] = Var(f"${{{name}}}", frozenset({name}))
+                    self.var_fields.pop(name, None)
+                    self.result.case_set[name] = line
                 i += 1
             return i + 1
         if kw in ("if", "elif"):

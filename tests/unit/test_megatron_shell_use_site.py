@@ -87,3 +87,21 @@ def test_a_decided_test_guards_the_command_after_and_or(tmp_path: Path) -> None:
     assert tp('SKIP=yes\nTP=1\n[[ -z "$SKIP" ]] || TP=4') == "4"
     assert tp('TP=1\n[ -f /no/such/file ] && TP=2') == "2"  # undecided here: run, as before
     assert tp('TP=1\n[ 1 -eq 2 ] && TP=2 || TP=3') == "3"
+
+
+def test_a_value_a_case_block_may_set_is_refused_naming_the_block(tmp_path: Path) -> None:
+    """`LAYERS=32` then `case ... in llama70b) LAYERS=80 ;; esac` was read as 32 with no word (an audit; the job ran
+    80): case patterns are not evaluated, so a flag using what the block may set is refused, naming the block, and
+    --set gives the value."""
+    from projection.errors import ConfigError
+
+    script = tmp_path / "run.sh"
+    script.write_text('LAYERS=32\ncase "${MODEL:-llama70b}" in\n  llama70b) LAYERS=80 ;;\nesac\n'
+                      "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $LAYERS --hidden-size 4096 "
+                      "--num-attention-heads 32 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 "
+                      "--global-batch-size 8 --vocab-size 32000 --bf16\n")
+    with pytest.raises(ConfigError) as err:
+        api.load(script)
+    (problem,) = err.value.problems
+    assert problem.key == "--num-layers" and "case block at line 2" in problem.message
+    assert api.load(script, overrides={"num_layers": 80}).model.num_layers == 80
