@@ -12,6 +12,10 @@ import pytest
 from projection import api
 
 SHELL = Path(__file__).resolve().parents[1] / "data" / "shell"
+# a small job's launch line, its layer count given by the caller
+LAUNCH = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers {layers} --hidden-size 512 --num-attention-heads 8 "
+          "--seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 8 "
+          "--vocab-size 32000 --bf16")
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -39,10 +43,7 @@ def test_a_switch_given_a_value_is_refused(tmp_path: Path) -> None:
     from projection.errors import ConfigError
 
     script = tmp_path / "run.sh"
-    script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 512 "
-                      "--num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 "
-                      "--global-batch-size 8 --vocab-size 32000 --bf16 \\\n  --tensor-model-parallel-size 2 "
-                      "--sequence-parallel false\n")
+    script.write_text(LAUNCH.format(layers=4) + " \\\n  --tensor-model-parallel-size 2 --sequence-parallel false\n")
     with pytest.raises(ConfigError) as err:
         api.load(script)
     (problem,) = [p for p in err.value.problems if p.key == "--sequence-parallel"]
@@ -97,9 +98,7 @@ def test_a_value_a_case_block_may_set_is_refused_naming_the_block(tmp_path: Path
 
     script = tmp_path / "run.sh"
     script.write_text('LAYERS=32\ncase "${MODEL:-llama70b}" in\n  llama70b) LAYERS=80 ;;\nesac\n'
-                      "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $LAYERS --hidden-size 4096 "
-                      "--num-attention-heads 32 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 "
-                      "--global-batch-size 8 --vocab-size 32000 --bf16\n")
+                      + LAUNCH.format(layers="$LAYERS") + "\n")
     with pytest.raises(ConfigError) as err:
         api.load(script)
     (problem,) = err.value.problems
